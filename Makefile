@@ -1,0 +1,23 @@
+# The README's commands. `make test` and `make demo` prepare the environment themselves.
+SHELL := /bin/bash
+export MAX_JOBS ?= 2
+export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
+# inductor's parallel compile workers only compete for the 2 cores of the dev machines
+export TORCHINDUCTOR_COMPILE_THREADS ?= 1
+
+PY = $(shell ./scripts/python_env.sh)
+
+.PHONY: build test demo bench clean
+
+# Incremental build of transformer_engine_cpp/_C.so in place (ninja: only changed files).
+build:
+	@py=$(PY); $$py setup.py -q build_ext --inplace
+
+test: build
+	@py=$(PY); $$py -m pytest -q $(PYTEST_ARGS)
+
+demo: build
+	@py=$(PY); $$py examples/train_residual_mlp.py
+
+clean:
+	rm -rf build transformer_engine_cpp/_C*.so

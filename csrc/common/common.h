@@ -1,0 +1,88 @@
+// Shared argument checks, dtype dispatch and (rows, features) canonicalisation.
+//
+// Every check names the op it guards ("te_cpp.<op>") and prints the offending values, so a user
+// sees which op rejected which tensor, never a crash or a silent wrong answer.
+#pragma once
+
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/SymInt.h>
+#include <c10/util/SmallVector.h>
+
+#include <sstream>
+#include <string>
+
+namespace te_cpp {
+
+using at::Tensor;
+
+// TORCH_CHECK with the op's name in front of the message.
+#define TE_CHECK(cond, op, ...) TORCH_CHECK((cond), "te_cpp.", op, ": ", __VA_ARGS__)
+// Same, raising ValueError (bad configuration rather than bad tensors).
+#define TE_CHECK_VALUE(cond, op, ...) \
+  TORCH_CHECK_VALUE((cond), "te_cpp.", op, ": ", __VA_ARGS__)
+
+inline std::string shape_str(const Tensor& t) {
+  std::ostringstream s;
+  s << t.sym_sizes();
+  return s.str();
+}
+
+inline bool is_supported_float(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kBFloat16 || t == at::kHalf;
+}
+
+// The input must be a floating tensor the kernels handle (fp32, fp64, bf16, fp16).
+inline void check_float(const char* op, const char* name, const Tensor& t) {
+  TE_CHECK(t.defined(), op, name, " is undefined");
+  TE_CHECK(is_supported_float(t.scalar_type()), op, name,
+           " must be float32, float64, bfloat16 or float16, got ", t.scalar_type());
+}
+
+inline void check_min_dim(const char* op, const char* name, const Tensor& t, int64_t dim) {
+  TE_CHECK(t.dim() >= dim, op, name, " must have at least ", dim, " dimension(s), got shape ",
+           shape_str(t));
+}
+
+inline void check_same_device(const char* op, const char* name_a, const Tensor& a,
+                              const char* name_b, const Tensor& b) {
+  TE_CHECK(a.device() == b.device(), op, name_a, " and ", name_b,
+           " must be on the same device, got ", a.device(), " and ", b.device());
+}
+
+inline void check_same_shape(const char* op, const char* name_a, const Tensor& a,
+                             const char* name_b, const Tensor& b) {
+  TE_CHECK(a.sym_sizes() == b.sym_sizes(), op, name_a, " and ", name_b,
+           " must have the same shape, got ", shape_str(a), " and ", shape_str(b));
+}
+
+inline void check_same_dtype(const char* op, const char* name_a, const Tensor& a,
+                             const char* name_b, const Tensor& b) {
+  TE_CHECK(a.scalar_type() == b.scalar_type(), op, name_a, " and ", name_b,
+           " must have the same dtype, got ", a.scalar_type(), " and ", b.scalar_type());
+}
+
+// Sizes as SymInts with the last dimension replaced (used by shape-changing ops).
+inline c10::SymDimVector sizes_with_last(const Tensor& t, c10::SymInt last) {
+  c10::SymDimVector out(t.sym_sizes().begin(), t.sym_sizes().end());
+  out.back() = std::move(last);
+  return out;
+}
+
+// Canonical 2-D view of a contiguous tensor: rows = product of leading dims, features = last.
+struct RowsFeatures {
+  int64_t rows;
+  int64_t features;
+};
+
+inline RowsFeatures rows_features(const Tensor& t) {
+  const int64_t features = t.dim() == 0 ? 1 : t.size(-1);
+  const int64_t rows = features == 0 ? 0 : t.numel() / features;
+  return {rows, features};
+}
+
+}  // namespace te_cpp
+
+// Floating dispatch shared by every kernel: fp32, fp64, bf16, fp16.
+#define TE_DISPATCH_FLOAT(TYPE, OP, ...) \
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, TYPE, OP, __VA_ARGS__)

@@ -1,0 +1,61 @@
+// at::vec helpers: load any supported scalar type as fp32 (fp64 stays fp64) vectors, with
+// partial loads for row tails, so kernels are written once over `Vectorized<acc_t>`.
+#pragma once
+
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+
+namespace te_cpp {
+
+// Accumulation type: double for double, float for float / bf16 / fp16.
+template <typename T>
+using acc_t = at::opmath_type<T>;
+
+template <typename T>
+using AccVec = at::vec::Vectorized<acc_t<T>>;
+
+// Load `n` (<= AccVec::size()) elements starting at p, converted to the accumulation type.
+template <typename T>
+inline AccVec<T> load_acc(const T* p, int64_t n = AccVec<T>::size()) {
+  using A = acc_t<T>;
+  if constexpr (std::is_same_v<T, A>) {
+    return n == AccVec<T>::size() ? AccVec<T>::loadu(p) : AccVec<T>::loadu(p, n);
+  } else {
+    alignas(64) A buf[AccVec<T>::size()];
+    for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<A>(p[i]);
+    for (int64_t i = n; i < AccVec<T>::size(); ++i) buf[i] = A(0);
+    return AccVec<T>::loadu(buf);
+  }
+}
+
+// Store `n` (<= AccVec::size()) elements of v to p, rounding to T.
+template <typename T>
+inline void store_acc(T* p, const AccVec<T>& v, int64_t n = AccVec<T>::size()) {
+  using A = acc_t<T>;
+  if constexpr (std::is_same_v<T, A>) {
+    if (n == AccVec<T>::size()) {
+      v.store(p);
+    } else {
+      v.store(p, n);
+    }
+  } else {
+    alignas(64) A buf[AccVec<T>::size()];
+    v.store(buf);
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(buf[i]);
+  }
+}
+
+// Rows are split into blocks of this many rows for deterministic column reductions: the
+// partial sums depend only on the shape, never on the thread count.
+constexpr int64_t kReduceRowBlock = 64;
+
+// Grain size (elements) for parallel_for over rows: below it one thread does the work.
+constexpr int64_t kParallelGrainElems = 32768;
+
+inline int64_t row_grain(int64_t features) {
+  return std::max<int64_t>(1, kParallelGrainElems / std::max<int64_t>(features, 1));
+}
+
+}  // namespace te_cpp

@@ -1,0 +1,201 @@
+// CPU kernels of the activation family (see ops/activation.h for the conventions).
+#include <torch/library.h>
+
+#include "common/vec.h"
+#include "kernels/cpu/activation_math.h"
+#include "kernels/cpu/reduce.h"
+#include "ops/activation.h"
+
+namespace te_cpp {
+namespace {
+
+// Geometry of a gated row: `segments` runs of `len` outputs; run s reads a at s*stride and b at
+// s*stride + len, and writes y at s*len. Halves: one run of n/2 (stride n). Interleaved with
+// size s: n/(2s) runs of s (stride 2s).
+struct GatedGeometry {
+  int64_t len, segments, stride;
+  GatedGeometry(int64_t n, int64_t interleave) {
+    len = interleave > 0 ? interleave : n / 2;
+    segments = len == 0 ? 0 : (n / 2) / len;
+    stride = 2 * len;
+  }
+};
+
+// Calls body(offset, count) over [0, n) in vector-width chunks, the last one partial.
+template <int64_t W, typename Body>
+inline void for_chunks(int64_t n, const Body& body) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) body(i, W);
+  if (i < n) body(i, n - i);
+}
+
+template <Act K>
+Tensor fwd_impl(const Tensor& x_in, const ActConfig& cfg) {
+  const char* op = act_op_name(K, ActOp::FWD);
+  ActivationFwd::check(op, x_in, cfg);
+  Tensor y = ActivationFwd::allocate(x_in, cfg);
+  const Tensor x = x_in.contiguous();
+  TE_DISPATCH_FLOAT(x.scalar_type(), "activation", [&] {
+    using T = scalar_t;
+    using A = acc_t<T>;
+    constexpr int64_t W = AccVec<T>::size();
+    const typename cpu::ActTraits<K, A>::Act act(cfg);
+    const T* xp = x.const_data_ptr<T>();
+    T* yp = y.mutable_data_ptr<T>();
+    if constexpr (!is_gated(K)) {
+      at::parallel_for(0, x.numel(), kParallelGrainElems, [&](int64_t i0, int64_t i1) {
+        for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
+          store_acc<T>(yp + i0 + i, act.f(load_acc<T>(xp + i0 + i, k)), k);
+        });
+      });
+    } else {
+      const typename cpu::ActTraits<K, A>::Lin lin(cfg);
+      const auto [rows, n] = rows_features(x);
+      const GatedGeometry g(n, cfg.interleave);
+      at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          for (int64_t s = 0; s < g.segments; ++s) {
+            const T* a = xp + r * n + s * g.stride;
+            const T* b = a + g.len;
+            T* yr = yp + r * (n / 2) + s * g.len;
+            for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
+              store_acc<T>(yr + i, act.f(load_acc<T>(a + i, k)) * lin.f(load_acc<T>(b + i, k)), k);
+            });
+          }
+        }
+      });
+    }
+  });
+  return y;
+}
+
+template <Act K>
+Tensor bwd_impl(const Tensor& dy_in, const Tensor& x_in, const ActConfig& cfg) {
+  const char* op = act_op_name(K, ActOp::BWD);
+  ActivationBwd::check(op, dy_in, x_in, cfg);
+  Tensor dx = ActivationBwd::allocate(x_in);
+  const Tensor x = x_in.contiguous();
+  const Tensor dy = dy_in.to(x.scalar_type()).contiguous();
+  TE_DISPATCH_FLOAT(x.scalar_type(), "activation", [&] {
+    using T = scalar_t;
+    using A = acc_t<T>;
+    using Vec = AccVec<T>;
+    constexpr int64_t W = Vec::size();
+    const typename cpu::ActTraits<K, A>::Act act(cfg);
+    const T* xp = x.const_data_ptr<T>();
+    const T* dyp = dy.const_data_ptr<T>();
+    T* dxp = dx.mutable_data_ptr<T>();
+    if constexpr (!is_gated(K)) {
+      at::parallel_for(0, x.numel(), kParallelGrainElems, [&](int64_t i0, int64_t i1) {
+        for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
+          Vec f, df;
+          act.both(load_acc<T>(xp + i0 + i, k), f, df);
+          store_acc<T>(dxp + i0 + i, load_acc<T>(dyp + i0 + i, k) * df, k);
+        });
+      });
+    } else {
+      const typename cpu::ActTraits<K, A>::Lin lin(cfg);
+      const auto [rows, n] = rows_features(x);
+      const GatedGeometry g(n, cfg.interleave);
+      at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          for (int64_t s = 0; s < g.segments; ++s) {
+            const int64_t a_off = r * n + s * g.stride;
+            const int64_t b_off = a_off + g.len;
+            const T* dyr = dyp + r * (n / 2) + s * g.len;
+            for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
+              Vec fa, dfa, fb, dfb;
+              act.both(load_acc<T>(xp + a_off + i, k), fa, dfa);
+              lin.both(load_acc<T>(xp + b_off + i, k), fb, dfb);
+              const Vec d = load_acc<T>(dyr + i, k);
+              store_acc<T>(dxp + a_off + i, d * dfa * fb, k);
+              store_acc<T>(dxp + b_off + i, d * fa * dfb, k);
+            });
+          }
+        }
+      });
+    }
+  });
+  return dx;
+}
+
+template <Act K>
+std::tuple<Tensor, Tensor> dbias_dact_impl(const Tensor& dy_in, const Tensor& x_in,
+                                           at::ScalarType bias_dtype, const ActConfig& cfg) {
+  static_assert(!is_gated(K), "dbias+dact is fused for unary activations only");
+  const char* op = act_op_name(K, ActOp::DBIAS);
+  DbiasDact::check(op, dy_in, x_in, bias_dtype);
+  auto [dx, db] = DbiasDact::allocate(x_in, bias_dtype);
+  const Tensor x = x_in.contiguous();
+  const Tensor dy = dy_in.to(x.scalar_type()).contiguous();
+  const auto [rows, n] = rows_features(x);
+  TE_DISPATCH_FLOAT(x.scalar_type(), "activation", [&] {
+    using T = scalar_t;
+    using A = acc_t<T>;
+    using Vec = AccVec<T>;
+    constexpr int64_t W = Vec::size();
+    const typename cpu::ActTraits<K, A>::Act act(cfg);
+    const T* xp = x.const_data_ptr<T>();
+    const T* dyp = dy.const_data_ptr<T>();
+    T* dxp = dx.mutable_data_ptr<T>();
+    // One pass per row: dx = dy * act'(x) is stored and added to the row block's partial dbias.
+    auto row_fn = [&](int64_t r, A* acc) {
+      const int64_t off = r * n;
+      for_chunks<W>(n, [&](int64_t i, int64_t k) {
+        Vec f, df;
+        act.both(load_acc<T>(xp + off + i, k), f, df);
+        const Vec d = load_acc<T>(dyp + off + i, k) * df;
+        store_acc<T>(dxp + off + i, d, k);
+        const Vec sum = Vec::loadu(acc + i, k) + d;
+        sum.store(acc + i, k);
+      });
+    };
+    TE_DISPATCH_FLOAT(bias_dtype, "dbias_dact", [&] {
+      cpu::blocked_column_sum<A>(rows, n, db.mutable_data_ptr<scalar_t>(), row_fn);
+    });
+  });
+  return {dx, db};
+}
+
+struct CpuBackend {
+  static Tensor fwd(const Tensor& x, const ActConfig& cfg) {
+    switch (cfg.act) {
+#define TE_CASE(K) case K: return fwd_impl<K>(x, cfg);
+      TE_CASE(Act::GELU) TE_CASE(Act::RELU) TE_CASE(Act::SILU) TE_CASE(Act::QGELU)
+      TE_CASE(Act::SRELU) TE_CASE(Act::GLU) TE_CASE(Act::GEGLU) TE_CASE(Act::QGEGLU)
+      TE_CASE(Act::REGLU) TE_CASE(Act::SREGLU) TE_CASE(Act::SWIGLU)
+      TE_CASE(Act::CLAMPED_SWIGLU) TE_CASE(Act::SITUGLU)
+#undef TE_CASE
+    }
+    TORCH_CHECK(false, "te_cpp: unknown activation");
+  }
+  static Tensor bwd(const Tensor& dy, const Tensor& x, const ActConfig& cfg) {
+    switch (cfg.act) {
+#define TE_CASE(K) case K: return bwd_impl<K>(dy, x, cfg);
+      TE_CASE(Act::GELU) TE_CASE(Act::RELU) TE_CASE(Act::SILU) TE_CASE(Act::QGELU)
+      TE_CASE(Act::SRELU) TE_CASE(Act::GLU) TE_CASE(Act::GEGLU) TE_CASE(Act::QGEGLU)
+      TE_CASE(Act::REGLU) TE_CASE(Act::SREGLU) TE_CASE(Act::SWIGLU)
+      TE_CASE(Act::CLAMPED_SWIGLU) TE_CASE(Act::SITUGLU)
+#undef TE_CASE
+    }
+    TORCH_CHECK(false, "te_cpp: unknown activation");
+  }
+  static std::tuple<Tensor, Tensor> dbias_dact(const Tensor& dy, const Tensor& x,
+                                               at::ScalarType bias_dtype, const ActConfig& cfg) {
+    switch (cfg.act) {
+#define TE_CASE(K) case K: return dbias_dact_impl<K>(dy, x, bias_dtype, cfg);
+      TE_CASE(Act::GELU) TE_CASE(Act::RELU) TE_CASE(Act::SILU) TE_CASE(Act::QGELU)
+      TE_CASE(Act::SRELU)
+#undef TE_CASE
+      default: break;
+    }
+    TORCH_CHECK(false, "te_cpp: dbias+dact is fused for unary activations only, got ",
+                act_op_name(cfg.act, ActOp::FWD));
+  }
+};
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(te_cpp, CPU, m) { ActivationRegistrar<CpuBackend>::register_all(m); }
+
+}  // namespace te_cpp

@@ -1,0 +1,194 @@
+// The activation functions and their derivatives, written once over at::vec::Vectorized<A>
+// (A = float, or double for fp64 inputs). Each functor holds its constants as vectors, built
+// once per kernel call.
+//   f(x)            value
+//   both(x, f, df)  value and derivative (shares the transcendental work)
+// Gated activations pair an "act" functor (applied to the first half, a) with a "lin" functor
+// (applied to the second half, b): y = act(a) * lin(b).
+#pragma once
+
+#include <ATen/cpu/vec/vec.h>
+
+#include "ops/activation.h"
+
+namespace te_cpp::cpu {
+
+template <typename A>
+using V = at::vec::Vectorized<A>;
+
+template <typename A>
+inline V<A> sigmoid(const V<A>& x) {
+  const V<A> one(A(1));
+  return one / (one + x.neg().exp());
+}
+
+template <typename A>
+struct Identity {
+  explicit Identity(const ActConfig&) {}
+  V<A> f(const V<A>& x) const { return x; }
+  void both(const V<A>& x, V<A>& f, V<A>& df) const {
+    f = x;
+    df = V<A>(A(1));
+  }
+};
+
+// tanh approximation: 0.5 x (1 + tanh(k0 (x + k1 x^3)))
+template <typename A>
+struct Gelu {
+  const V<A> half{A(0.5)}, one{A(1)}, k0{A(0.7978845608028654)}, k1{A(0.044715)},
+      k1x3{A(3 * 0.044715)};
+  explicit Gelu(const ActConfig&) {}
+  V<A> f(const V<A>& x) const {
+    const V<A> t = (k0 * (x + k1 * x * x * x)).tanh();
+    return half * x * (one + t);
+  }
+  void both(const V<A>& x, V<A>& f, V<A>& df) const {
+    const V<A> x2 = x * x;
+    const V<A> t = (k0 * (x + k1 * x2 * x)).tanh();
+    f = half * x * (one + t);
+    df = half * (one + t) + half * x * (one - t * t) * k0 * (one + k1x3 * x2);
+  }
+};
+
+template <typename A>
+struct Relu {
+  const V<A> zero{A(0)}, one{A(1)};
+  explicit Relu(const ActConfig&) {}
+  V<A> f(const V<A>& x) const { return at::vec::maximum(x, zero); }
+  void both(const V<A>& x, V<A>& f, V<A>& df) const {
+    f = at::vec::maximum(x, zero);
+    df = V<A>::blendv(zero, one, x > zero);
+  }
+};
+
+// x * sigmoid(alpha x): SiLU with alpha = 1, QGELU with alpha = 1.702.
+template <typename A>
+struct ScaledSilu {
+  const V<A> one{A(1)}, alpha;
+  ScaledSilu(const ActConfig&, A a) : alpha(a) {}
+  V<A> f(const V<A>& x) const { return x * sigmoid<A>(alpha * x); }
+  void both(const V<A>& x, V<A>& f, V<A>& df) const {
+    const V<A> s = sigmoid<A>(alpha * x);
+    f = x * s;
+    df = s + alpha * x * s * (one - s);
+  }
+};
+
+template <typename A>
+struct Silu : ScaledSilu<A> {
+  explicit Silu(const ActConfig& c) : ScaledSilu<A>(c, A(1)) {}
+};
+
+template <typename A>
+struct QGelu : ScaledSilu<A> {
+  explicit QGelu(const ActConfig& c) : ScaledSilu<A>(c, A(1.702)) {}
+};
+
+// relu(x)^2
+template <typename A>
+struct SRelu {
+  const V<A> zero{A(0)}, two{A(2)};
+  explicit SRelu(const ActConfig&) {}
+  V<A> f(const V<A>& x) const {
+    const V<A> r = at::vec::maximum(x, zero);
+    return r * r;
+  }
+  void both(const V<A>& x, V<A>& f, V<A>& df) const {
+    const V<A> r = at::vec::maximum(x, zero);
+    f = r * r;
+    df = two * r;
+  }
+};
+
+template <typename A>
+struct Sigmoid {
+  const V<A> one{A(1)};
+  explicit Sigmoid(const ActConfig&) {}
+  V<A> f(const V<A>& x) const { return sigmoid<A>(x); }
+  void both(const V<A>& x, V<A>& f, V<A>& df) const {
+    f = sigmoid<A>(x);
+    df = f * (one - f);
+  }
+};
+
+// ClampedSwiGLU's act half: a' = min(a, limit); a' * sigmoid(alpha a').
+template <typename A>
+struct ClampedSilu {
+  const V<A> zero{A(0)}, one{A(1)}, limit, alpha;
+  explicit ClampedSilu(const ActConfig& c) : limit(A(c.p0)), alpha(A(c.p1)) {}
+  V<A> f(const V<A>& x) const {
+    const V<A> c = at::vec::minimum(x, limit);
+    return c * sigmoid<A>(alpha * c);
+  }
+  void both(const V<A>& x, V<A>& f, V<A>& df) const {
+    const V<A> c = at::vec::minimum(x, limit);
+    const V<A> s = sigmoid<A>(alpha * c);
+    f = c * s;
+    df = V<A>::blendv(zero, s + alpha * c * s * (one - s), x <= limit);
+  }
+};
+
+// ClampedSwiGLU's linear half: clamp(b, -limit, limit) + offset.
+template <typename A>
+struct ClampOffset {
+  const V<A> zero{A(0)}, one{A(1)}, limit, neg_limit, offset;
+  explicit ClampOffset(const ActConfig& c)
+      : limit(A(c.p0)), neg_limit(A(-c.p0)), offset(A(c.p2)) {}
+  V<A> f(const V<A>& x) const { return at::vec::clamp(x, neg_limit, limit) + offset; }
+  void both(const V<A>& x, V<A>& f, V<A>& df) const {
+    f = at::vec::clamp(x, neg_limit, limit) + offset;
+    df = V<A>::blendv(zero, one, (x >= neg_limit) & (x <= limit));
+  }
+};
+
+// SiTUGLU's act half: beta1 tanh(a / beta1) sigmoid(a).
+template <typename A>
+struct SiTU {
+  const V<A> one{A(1)}, beta, inv_beta;
+  explicit SiTU(const ActConfig& c) : beta(A(c.p0)), inv_beta(A(1.0 / c.p0)) {}
+  V<A> f(const V<A>& x) const { return beta * (x * inv_beta).tanh() * sigmoid<A>(x); }
+  void both(const V<A>& x, V<A>& f, V<A>& df) const {
+    const V<A> t = (x * inv_beta).tanh();
+    const V<A> s = sigmoid<A>(x);
+    f = beta * t * s;
+    df = (one - t * t) * s + beta * t * s * (one - s);
+  }
+};
+
+// SiTUGLU's linear half: beta2 tanh(b / beta2).
+template <typename A>
+struct TanhScaled {
+  const V<A> one{A(1)}, beta, inv_beta;
+  explicit TanhScaled(const ActConfig& c) : beta(A(c.p1)), inv_beta(A(1.0 / c.p1)) {}
+  V<A> f(const V<A>& x) const { return beta * (x * inv_beta).tanh(); }
+  void both(const V<A>& x, V<A>& f, V<A>& df) const {
+    const V<A> t = (x * inv_beta).tanh();
+    f = beta * t;
+    df = one - t * t;
+  }
+};
+
+// Act -> (act functor, lin functor). Unary activations use only `Act`.
+template <Act K, typename A> struct ActTraits;
+#define TE_ACT_TRAITS(K, ACT, LIN)          \
+  template <typename A>                     \
+  struct ActTraits<K, A> {                  \
+    using Act = ACT<A>;                     \
+    using Lin = LIN<A>;                     \
+  };
+TE_ACT_TRAITS(Act::GELU, Gelu, Identity)
+TE_ACT_TRAITS(Act::RELU, Relu, Identity)
+TE_ACT_TRAITS(Act::SILU, Silu, Identity)
+TE_ACT_TRAITS(Act::QGELU, QGelu, Identity)
+TE_ACT_TRAITS(Act::SRELU, SRelu, Identity)
+TE_ACT_TRAITS(Act::GLU, Sigmoid, Identity)
+TE_ACT_TRAITS(Act::GEGLU, Gelu, Identity)
+TE_ACT_TRAITS(Act::QGEGLU, QGelu, Identity)
+TE_ACT_TRAITS(Act::REGLU, Relu, Identity)
+TE_ACT_TRAITS(Act::SREGLU, SRelu, Identity)
+TE_ACT_TRAITS(Act::SWIGLU, Silu, Identity)
+TE_ACT_TRAITS(Act::CLAMPED_SWIGLU, ClampedSilu, ClampOffset)
+TE_ACT_TRAITS(Act::SITUGLU, SiTU, TanhScaled)
+#undef TE_ACT_TRAITS
+
+}  // namespace te_cpp::cpu

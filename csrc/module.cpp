@@ -1,0 +1,38 @@
+// The extension module `transformer_engine_cpp._C`. Importing it loads the shared library, which
+// runs the static TORCH_LIBRARY registrations; ops are then reached only as torch.ops.te_cpp.*.
+// The module itself carries build information alone, through the limited Python C API (no
+// pybind11, no libtorch_python), so this translation unit stays light.
+#include <Python.h>
+
+namespace {
+
+PyObject* built_with_cuda(PyObject*, PyObject*) {
+#ifdef TECPP_WITH_CUDA
+  Py_RETURN_TRUE;
+#else
+  Py_RETURN_FALSE;
+#endif
+}
+
+PyObject* cpu_capability(PyObject*, PyObject*) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return PyUnicode_FromString("AVX512");
+#elif defined(CPU_CAPABILITY_AVX2)
+  return PyUnicode_FromString("AVX2");
+#else
+  return PyUnicode_FromString("DEFAULT");
+#endif
+}
+
+PyMethodDef kMethods[] = {
+    {"built_with_cuda", built_with_cuda, METH_NOARGS, "Whether the CUDA kernels were compiled."},
+    {"cpu_capability", cpu_capability, METH_NOARGS, "The at::vec ISA of the CPU kernels."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_C", "transformer_engine_cpp C++ extension", -1,
+                       kMethods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&kModule); }

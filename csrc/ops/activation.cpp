@@ -1,0 +1,134 @@
+// Checks, allocation and Meta kernels of the activation family.
+#include "ops/activation.h"
+
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <cmath>
+
+namespace te_cpp {
+
+const char* act_op_name(Act a, ActOp kind) {
+  static constexpr const char* kNames[][3] = {
+      {"gelu_fwd", "gelu_bwd", "dbias_dgelu"},
+      {"relu_fwd", "relu_bwd", "dbias_drelu"},
+      {"silu_fwd", "silu_bwd", "dbias_dsilu"},
+      {"qgelu_fwd", "qgelu_bwd", "dbias_dqgelu"},
+      {"srelu_fwd", "srelu_bwd", "dbias_dsrelu"},
+      {"glu_fwd", "glu_bwd", "dbias_dglu"},
+      {"geglu_fwd", "geglu_bwd", "dbias_dgeglu"},
+      {"qgeglu_fwd", "qgeglu_bwd", "dbias_dqgeglu"},
+      {"reglu_fwd", "reglu_bwd", "dbias_dreglu"},
+      {"sreglu_fwd", "sreglu_bwd", "dbias_dsreglu"},
+      {"swiglu_fwd", "swiglu_bwd", "dbias_dswiglu"},
+      {"clamped_swiglu_fwd", "clamped_swiglu_bwd", "dbias_dclamped_swiglu"},
+      {"situglu_fwd", "situglu_bwd", "dbias_dsituglu"},
+  };
+  return kNames[static_cast<int>(a)][static_cast<int>(kind)];
+}
+
+namespace {
+
+void check_config(const char* op, const ActConfig& cfg) {
+  if (!is_gated(cfg.act)) return;
+  TE_CHECK_VALUE(cfg.interleave >= 0, op, "glu_interleave_size must be >= 0, got ",
+                 cfg.interleave);
+  if (cfg.act == Act::CLAMPED_SWIGLU) {
+    TE_CHECK_VALUE(std::isfinite(cfg.p0) && cfg.p0 > 0, op, "limit must be finite and > 0, got ",
+                   cfg.p0);
+    TE_CHECK_VALUE(std::isfinite(cfg.p1), op, "alpha must be finite, got ", cfg.p1);
+    TE_CHECK_VALUE(std::isfinite(cfg.p2), op, "glu_linear_offset must be finite, got ", cfg.p2);
+  }
+  if (cfg.act == Act::SITUGLU) {
+    TE_CHECK_VALUE(std::isfinite(cfg.p0) && cfg.p0 > 0, op, "beta1 must be finite and > 0, got ",
+                   cfg.p0);
+    TE_CHECK_VALUE(std::isfinite(cfg.p1) && cfg.p1 > 0, op, "beta2 must be finite and > 0, got ",
+                   cfg.p1);
+  }
+}
+
+void check_gated_width(const char* op, const Tensor& x, const ActConfig& cfg) {
+  if (!is_gated(cfg.act)) return;
+  const c10::SymInt& n = x.sym_size(-1);
+  const int64_t block = cfg.interleave > 0 ? 2 * cfg.interleave : 2;
+  TE_CHECK((n % block) == 0, op, "the last dimension of the input (shape ", shape_str(x),
+           ") must be divisible by ", block,
+           cfg.interleave > 0 ? " (2 * glu_interleave_size)" : " (gated activations split it "
+                                                               "in two halves)");
+}
+
+}  // namespace
+
+void ActivationFwd::check(const char* op, const Tensor& x, const ActConfig& cfg) {
+  check_config(op, cfg);
+  check_float(op, "input", x);
+  if (is_gated(cfg.act)) {
+    check_min_dim(op, "input", x, 1);
+    check_gated_width(op, x, cfg);
+  }
+}
+
+Tensor ActivationFwd::allocate(const Tensor& x, const ActConfig& cfg) {
+  if (!is_gated(cfg.act)) return at::empty_symint(x.sym_sizes(), x.options());
+  return at::empty_symint(sizes_with_last(x, x.sym_size(-1) / 2), x.options());
+}
+
+void ActivationBwd::check(const char* op, const Tensor& dy, const Tensor& x,
+                          const ActConfig& cfg) {
+  ActivationFwd::check(op, x, cfg);
+  check_float(op, "grad_output", dy);
+  check_same_device(op, "grad_output", dy, "input", x);
+  if (is_gated(cfg.act)) {
+    TE_CHECK(dy.dim() == x.dim() && dy.sym_sizes().slice(0, x.dim() - 1) ==
+                                         x.sym_sizes().slice(0, x.dim() - 1) &&
+                 dy.sym_size(-1) * 2 == x.sym_size(-1),
+             op, "grad_output shape ", shape_str(dy),
+             " does not match the gated output shape of input ", shape_str(x));
+  } else {
+    check_same_shape(op, "grad_output", dy, "input", x);
+  }
+}
+
+Tensor ActivationBwd::allocate(const Tensor& x) {
+  return at::empty_symint(x.sym_sizes(), x.options());
+}
+
+void DbiasDact::check(const char* op, const Tensor& dy, const Tensor& x,
+                      at::ScalarType bias_dtype) {
+  check_float(op, "grad_output", dy);
+  check_float(op, "input", x);
+  check_min_dim(op, "input", x, 1);
+  check_same_device(op, "grad_output", dy, "input", x);
+  check_same_shape(op, "grad_output", dy, "input", x);
+  TE_CHECK(is_supported_float(bias_dtype), op,
+           "bias dtype must be float32, float64, bfloat16 or float16, got ", bias_dtype);
+}
+
+std::tuple<Tensor, Tensor> DbiasDact::allocate(const Tensor& x, at::ScalarType bias_dtype) {
+  return {at::empty_symint(x.sym_sizes(), x.options()),
+          at::empty_symint({x.sym_size(-1)}, x.options().dtype(bias_dtype))};
+}
+
+namespace {
+
+struct MetaBackend {
+  static Tensor fwd(const Tensor& x, const ActConfig& cfg) {
+    ActivationFwd::check(act_op_name(cfg.act, ActOp::FWD), x, cfg);
+    return ActivationFwd::allocate(x, cfg);
+  }
+  static Tensor bwd(const Tensor& dy, const Tensor& x, const ActConfig& cfg) {
+    ActivationBwd::check(act_op_name(cfg.act, ActOp::BWD), dy, x, cfg);
+    return ActivationBwd::allocate(x);
+  }
+  static std::tuple<Tensor, Tensor> dbias_dact(const Tensor& dy, const Tensor& x,
+                                               at::ScalarType bias_dtype, const ActConfig& cfg) {
+    DbiasDact::check(act_op_name(cfg.act, ActOp::DBIAS), dy, x, bias_dtype);
+    return DbiasDact::allocate(x, bias_dtype);
+  }
+};
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(te_cpp, Meta, m) { ActivationRegistrar<MetaBackend>::register_all(m); }
+
+}  // namespace te_cpp

@@ -1,0 +1,78 @@
+// The one TORCH_LIBRARY(te_cpp, m) of the project: every operator schema, grouped by family.
+//
+// Rules (docs/architecture.md): outputs are fresh tensors, never an input or a view of one; a
+// mutated argument is annotated Tensor(a!); output arity is fixed. Kernels are registered per
+// dispatch key elsewhere (ops/*.cpp: Meta; kernels/cpu/*.cpp: CPU; kernels/cuda/*.cu: CUDA).
+// No op is differentiable on its own: the Autograd key falls through, and gradients come only
+// from the pipeline autograd.Function in transformer_engine_cpp/ops/fuser.py.
+#include <torch/library.h>
+
+#include <array>
+
+namespace {
+
+// Every op defined below, for the Autograd fallthrough.
+constexpr std::array kOps = {
+    // elementwise
+    "bias_fwd", "bias_bwd", "constant_scale_fwd", "constant_scale_bwd",
+    "add_extra_input_fwd", "add_extra_input_fwd_inplace",
+    "make_extra_output_bwd", "make_extra_output_bwd_inplace",
+    // unary activations and their fused dbias+dact backward
+    "gelu_fwd", "gelu_bwd", "dbias_dgelu",
+    "relu_fwd", "relu_bwd", "dbias_drelu",
+    "silu_fwd", "silu_bwd", "dbias_dsilu",
+    "qgelu_fwd", "qgelu_bwd", "dbias_dqgelu",
+    "srelu_fwd", "srelu_bwd", "dbias_dsrelu",
+    // gated activations
+    "glu_fwd", "glu_bwd", "geglu_fwd", "geglu_bwd", "qgeglu_fwd", "qgeglu_bwd",
+    "reglu_fwd", "reglu_bwd", "sreglu_fwd", "sreglu_bwd", "swiglu_fwd", "swiglu_bwd",
+    "clamped_swiglu_fwd", "clamped_swiglu_bwd", "situglu_fwd", "situglu_bwd",
+};
+
+}  // namespace
+
+TORCH_LIBRARY(te_cpp, m) {
+  const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
+
+  // ---- Bias, ConstantScale, AddExtraInput, MakeExtraOutput --------------------------------
+  m.def("bias_fwd(Tensor x, Tensor bias) -> Tensor", tags);
+  m.def("bias_bwd(Tensor dy, ScalarType bias_dtype) -> Tensor", tags);
+  m.def("constant_scale_fwd(Tensor x, float scale) -> Tensor", tags);
+  m.def("constant_scale_bwd(Tensor dy, float scale) -> Tensor", tags);
+  m.def("add_extra_input_fwd(Tensor x, Tensor extra) -> Tensor", tags);
+  m.def("add_extra_input_fwd_inplace(Tensor(a!) extra, Tensor x) -> ()", tags);
+  m.def("make_extra_output_bwd(Tensor dy, Tensor dextra) -> Tensor", tags);
+  m.def("make_extra_output_bwd_inplace(Tensor(a!) dextra, Tensor dy) -> ()", tags);
+
+  // ---- Unary activations: y = act(x); dx = dy * act'(x); dbias_d<act>: (dx, sum_rows dx) ---
+  for (const char* stem : {"gelu", "relu", "silu", "qgelu", "srelu"}) {
+    const std::string s(stem);
+    m.def((s + "_fwd(Tensor x) -> Tensor").c_str(), tags);
+    m.def((s + "_bwd(Tensor dy, Tensor x) -> Tensor").c_str(), tags);
+    m.def(("dbias_d" + s + "(Tensor dy, Tensor x, ScalarType bias_dtype) -> (Tensor, Tensor)")
+              .c_str(),
+          tags);
+  }
+
+  // ---- Gated activations: y = act(a) * lin(b), (a, b) = halves (or interleaved runs) of x --
+  for (const char* stem : {"glu", "geglu", "qgeglu", "reglu", "sreglu", "swiglu"}) {
+    const std::string s(stem);
+    m.def((s + "_fwd(Tensor x, int glu_interleave_size=0) -> Tensor").c_str(), tags);
+    m.def((s + "_bwd(Tensor dy, Tensor x, int glu_interleave_size=0) -> Tensor").c_str(), tags);
+  }
+  m.def("clamped_swiglu_fwd(Tensor x, float limit, float alpha, float glu_linear_offset, "
+        "int glu_interleave_size=0) -> Tensor",
+        tags);
+  m.def("clamped_swiglu_bwd(Tensor dy, Tensor x, float limit, float alpha, "
+        "float glu_linear_offset, int glu_interleave_size=0) -> Tensor",
+        tags);
+  m.def("situglu_fwd(Tensor x, float beta1, float beta2, int glu_interleave_size=0) -> Tensor",
+        tags);
+  m.def("situglu_bwd(Tensor dy, Tensor x, float beta1, float beta2, "
+        "int glu_interleave_size=0) -> Tensor",
+        tags);
+}
+
+TORCH_LIBRARY_IMPL(te_cpp, Autograd, m) {
+  for (const char* op : kOps) m.impl(op, torch::CppFunction::makeFallthrough());
+}

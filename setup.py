@@ -1,0 +1,90 @@
+"""Build script for the transformer_engine_cpp extension (``transformer_engine_cpp._C``).
+
+The extension holds every ``torch.ops.te_cpp.*`` operator. It is built with
+``pip install --no-build-isolation -e .`` against the torch already installed.
+
+Environment variables:
+  TECPP_WITH_CUDA=0|1      force the CUDA kernels off/on (default: on when torch has CUDA and
+                           nvcc is found).
+  TECPP_CPU_CAPABILITY=... AVX512 | AVX2 | DEFAULT: the at::vec instruction set the CPU
+                           kernels are compiled for (default: the best this machine has).
+  TECPP_DEBUG=1            -O0 -g build.
+  MAX_JOBS                 parallel compile jobs (ninja).
+"""
+
+import glob
+import os
+
+from setuptools import find_packages, setup
+from torch.utils import cpp_extension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _cpu_flags():
+    """Pick the at::vec ISA for the CPU kernels (they are built on the machine that runs them)."""
+    choice = os.environ.get("TECPP_CPU_CAPABILITY", "").upper()
+    if not choice:
+        try:
+            with open("/proc/cpuinfo") as f:
+                flags = set(f.read().split())
+        except OSError:
+            flags = set()
+        if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"} <= flags:
+            choice = "AVX512"
+        elif {"avx2", "fma", "f16c"} <= flags:
+            choice = "AVX2"
+        else:
+            choice = "DEFAULT"
+    if choice == "AVX512":
+        return ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c",
+                "-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512"]
+    if choice == "AVX2":
+        return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
+    if choice == "DEFAULT":
+        return ["-DCPU_CAPABILITY=DEFAULT"]
+    raise ValueError(f"TECPP_CPU_CAPABILITY={choice!r}: expected AVX512, AVX2 or DEFAULT")
+
+
+def _with_cuda():
+    forced = os.environ.get("TECPP_WITH_CUDA")
+    if forced is not None:
+        return forced.strip() not in ("0", "", "false", "False")
+    import torch
+
+    return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+
+
+def _extension():
+    debug = os.environ.get("TECPP_DEBUG") == "1"
+    opt = ["-O0", "-g"] if debug else ["-O3"]
+    cxx = ["-std=c++17", "-fopenmp", "-DTORCH_ASSERT_ONLY_METHOD_OPERATORS",
+           *opt, *_cpu_flags()]
+    sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/ops/*.cpp")
+                     + glob.glob("csrc/kernels/cpu/*.cpp"))
+    kwargs = dict(
+        include_dirs=[os.path.join(ROOT, "csrc")],
+        extra_link_args=["-fopenmp"],
+        py_limited_api=True,
+    )
+    if _with_cuda():
+        sources += sorted(glob.glob("csrc/kernels/cuda/*.cu"))
+        nvcc = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DTECPP_WITH_CUDA"]
+        return cpp_extension.CUDAExtension(
+            "transformer_engine_cpp._C", sources,
+            extra_compile_args={"cxx": cxx + ["-DTECPP_WITH_CUDA"], "nvcc": nvcc},
+            libraries=["cublasLt", "cublas"], **kwargs)
+    return cpp_extension.CppExtension(
+        "transformer_engine_cpp._C", sources, extra_compile_args={"cxx": cxx}, **kwargs)
+
+
+setup(
+    name="transformer_engine_cpp",
+    version="0.1.0",
+    description="TransformerEngine's fusible ops (te.ops) as PyTorch C++ custom ops",
+    packages=find_packages(include=["transformer_engine_cpp", "transformer_engine_cpp.*"]),
+    ext_modules=[_extension()],
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(no_python_abi_suffix=True)},
+    options={"bdist_wheel": {"py_limited_api": "cp39"}},
+    python_requires=">=3.10",
+)

@@ -1,0 +1,21 @@
+"""transformer_engine_cpp: TransformerEngine's fusible operations (``te.ops``) as PyTorch C++
+custom ops, on CPU and CUDA.
+
+    import transformer_engine_cpp as te
+    model = te.ops.Sequential(te.ops.Bias(64), te.ops.GELU())
+"""
+
+import torch  # noqa: F401  (loads libtorch before the extension)
+
+from . import _C  # noqa: F401  (registers torch.ops.te_cpp.*)
+from . import ops
+
+__version__ = "0.1.0"
+
+
+def built_with_cuda() -> bool:
+    """Whether the CUDA kernels were compiled into the extension."""
+    return _C.built_with_cuda()
+
+
+__all__ = ["ops", "built_with_cuda", "__version__"]

@@ -1,0 +1,13 @@
+"""Fusible operations (the anchor's ``transformer_engine.pytorch.ops``)."""
+
+from . import fused
+from .basic import *  # noqa: F401,F403
+from .basic import __all__ as _basic_all  # type: ignore[attr-defined]
+from .fuser import (
+    OperationFuser,
+    register_backward_fusion,
+    register_forward_backward_fusion,
+    register_forward_fusion,
+)
+from .op import BasicOperation, FusedOperation, FusibleOperation, OperationContext
+from .sequential import Sequential

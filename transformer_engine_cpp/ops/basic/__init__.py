@@ -1,0 +1,27 @@
+"""Basic operations."""
+
+from .activation import (
+    GEGLU,
+    GELU,
+    GLU,
+    QGEGLU,
+    QGELU,
+    ClampedSwiGLU,
+    ReGLU,
+    ReLU,
+    SiLU,
+    SiTUGLU,
+    SReGLU,
+    SReLU,
+    SwiGLU,
+)
+from .bias import Bias
+from .constant_scale import ConstantScale
+from .extra_tensors import AddExtraInput, MakeExtraOutput
+from .identity import Identity, Reshape
+
+__all__ = [
+    "AddExtraInput", "Bias", "ClampedSwiGLU", "ConstantScale", "GEGLU", "GELU", "GLU",
+    "Identity", "MakeExtraOutput", "QGEGLU", "QGELU", "ReGLU", "ReLU", "Reshape", "SiLU",
+    "SiTUGLU", "SReGLU", "SReLU", "SwiGLU",
+]

@@ -1,0 +1,226 @@
+"""Activations: unary (GELU, ReLU, SiLU, QGELU, SReLU) and gated (GLU, GEGLU, QGEGLU, ReGLU,
+SReGLU, SwiGLU, ClampedSwiGLU, SiTUGLU).
+
+Gated activations follow the anchor's convention: the last dim is split into halves (a, b) and
+the activation applies to the *first* half, y = act(a) * b (the opposite of
+``torch.nn.functional.glu``). Each op saves its input and calls ``torch.ops.te_cpp.<name>_fwd``
+forward and ``torch.ops.te_cpp.<name>_bwd`` backward.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ..op import BasicOperation, OperationContext
+
+
+class _ActivationOperation(BasicOperation):
+    """Base of the activations: declares the custom ops and their extra arguments.
+
+    Subclasses set ``_op_stem`` (``torch.ops.te_cpp.<stem>_fwd`` / ``_bwd``) and may override
+    :meth:`_op_args` with the op's configuration arguments.
+    """
+
+    _op_stem: str = ""
+
+    def __init__(self, *, cache_quantized_input: bool = False) -> None:
+        super().__init__()
+        if not isinstance(cache_quantized_input, bool):
+            raise TypeError(
+                f"{self.__class__.__name__}: cache_quantized_input must be a bool, got "
+                f"{type(cache_quantized_input).__name__}"
+            )
+        if cache_quantized_input:
+            raise NotImplementedError(
+                f"{self.__class__.__name__}: cache_quantized_input=True needs FP8 quantization, "
+                "which is not available yet"
+            )
+        self.cache_quantized_input = cache_quantized_input
+        self._fwd_op = getattr(torch.ops.te_cpp, f"{self._op_stem}_fwd")
+        self._bwd_op = getattr(torch.ops.te_cpp, f"{self._op_stem}_bwd")
+
+    def _op_args(self) -> tuple:
+        return ()
+
+    def op_forward(
+        self,
+        ctx: OperationContext,
+        input_: torch.Tensor,
+        *,
+        prev_op_grad_output_quantizer=None,
+        next_op_input_quantizer=None,
+        **kwargs,
+    ) -> torch.Tensor:
+        if kwargs:
+            raise ValueError(f"{self.__class__.__name__} takes no forward kwargs, got {sorted(kwargs)}")
+        if ctx.requires_grad:
+            ctx.save_for_backward(input_)
+        return self._fwd_op(input_, *self._op_args())
+
+    def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
+        (x,) = ctx.saved_tensors
+        return self._bwd_op(grad_output, x, *self._op_args()), ()
+
+
+class GELU(_ActivationOperation):
+    """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+
+    _op_stem = "gelu"
+
+
+class ReLU(_ActivationOperation):
+    """max(x, 0)."""
+
+    _op_stem = "relu"
+
+
+class SiLU(_ActivationOperation):
+    """x * sigmoid(x)."""
+
+    _op_stem = "silu"
+
+
+class QGELU(_ActivationOperation):
+    """Quick GELU: x * sigmoid(1.702 x)."""
+
+    _op_stem = "qgelu"
+
+
+class SReLU(_ActivationOperation):
+    """Squared ReLU: max(x, 0)^2."""
+
+    _op_stem = "srelu"
+
+
+def _check_interleave(op: str, size: Optional[int]) -> int:
+    if size is None:
+        return 0
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise ValueError(f"{op}: glu_interleave_size must be a positive int or None, got {size!r}")
+    return size
+
+
+class _GatedActivation(_ActivationOperation):
+    """Gated activation y = act(a) * lin(b), (a, b) the halves of the last dim (or, with
+    ``glu_interleave_size=s``, alternating runs of s features)."""
+
+    def __init__(
+        self, *, cache_quantized_input: bool = False, glu_interleave_size: Optional[int] = None
+    ) -> None:
+        super().__init__(cache_quantized_input=cache_quantized_input)
+        self.glu_interleave_size = glu_interleave_size
+        self._interleave = _check_interleave(self.__class__.__name__, glu_interleave_size)
+
+    def _op_args(self) -> tuple:
+        return (self._interleave,)
+
+
+class GLU(_GatedActivation):
+    """sigmoid(a) * b."""
+
+    _op_stem = "glu"
+
+    def __init__(self, *, cache_quantized_input: bool = False) -> None:
+        super().__init__(cache_quantized_input=cache_quantized_input)
+
+
+class GEGLU(_GatedActivation):
+    """gelu_tanh(a) * b."""
+
+    _op_stem = "geglu"
+
+    def __init__(self, *, cache_quantized_input: bool = False) -> None:
+        super().__init__(cache_quantized_input=cache_quantized_input)
+
+
+class QGEGLU(_GatedActivation):
+    """a * sigmoid(1.702 a) * b."""
+
+    _op_stem = "qgeglu"
+
+    def __init__(self, *, cache_quantized_input: bool = False) -> None:
+        super().__init__(cache_quantized_input=cache_quantized_input)
+
+
+class ReGLU(_GatedActivation):
+    """relu(a) * b."""
+
+    _op_stem = "reglu"
+
+    def __init__(self, *, cache_quantized_input: bool = False) -> None:
+        super().__init__(cache_quantized_input=cache_quantized_input)
+
+
+class SReGLU(_GatedActivation):
+    """relu(a)^2 * b."""
+
+    _op_stem = "sreglu"
+
+    def __init__(self, *, cache_quantized_input: bool = False) -> None:
+        super().__init__(cache_quantized_input=cache_quantized_input)
+
+
+class SwiGLU(_GatedActivation):
+    """silu(a) * b, with optional ``glu_interleave_size``."""
+
+    _op_stem = "swiglu"
+
+
+class ClampedSwiGLU(_GatedActivation):
+    """GPT-OSS SwiGLU: a' = min(a, limit), b' = clamp(b, -limit, limit),
+    y = a' * sigmoid(alpha a') * (b' + glu_linear_offset)."""
+
+    _op_stem = "clamped_swiglu"
+
+    def __init__(
+        self,
+        *,
+        limit: float = 7.0,
+        alpha: float = 1.702,
+        glu_linear_offset: float = 1.0,
+        cache_quantized_input: bool = False,
+        glu_interleave_size: Optional[int] = None,
+    ) -> None:
+        for name, value in (("limit", limit), ("alpha", alpha),
+                            ("glu_linear_offset", glu_linear_offset)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"ClampedSwiGLU: {name} must be a finite number, got {value!r}")
+        if limit <= 0:
+            raise ValueError(f"ClampedSwiGLU: limit must be > 0, got {limit!r}")
+        super().__init__(cache_quantized_input=cache_quantized_input,
+                         glu_interleave_size=glu_interleave_size)
+        self.limit = float(limit)
+        self.alpha = float(alpha)
+        self.glu_linear_offset = float(glu_linear_offset)
+
+    def _op_args(self) -> tuple:
+        return (self.limit, self.alpha, self.glu_linear_offset, self._interleave)
+
+
+class SiTUGLU(_GatedActivation):
+    """beta1 tanh(a / beta1) sigmoid(a) * beta2 tanh(b / beta2)."""
+
+    _op_stem = "situglu"
+
+    def __init__(
+        self,
+        *,
+        beta1: float = 4.0,
+        beta2: float = 25.0,
+        cache_quantized_input: bool = False,
+        glu_interleave_size: Optional[int] = None,
+    ) -> None:
+        for name, value in (("beta1", beta1), ("beta2", beta2)):
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or value <= 0):
+                raise ValueError(f"SiTUGLU: {name} must be finite and > 0, got {value!r}")
+        super().__init__(cache_quantized_input=cache_quantized_input,
+                         glu_interleave_size=glu_interleave_size)
+        self.beta1 = float(beta1)
+        self.beta2 = float(beta2)
+
+    def _op_args(self) -> tuple:
+        return (self.beta1, self.beta2, self._interleave)

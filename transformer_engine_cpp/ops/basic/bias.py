@@ -1,0 +1,84 @@
+"""Bias: y = x + b, b broadcast over the leading dims."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .._common import canonicalize_device, canonicalize_dtype, check_float_dtype
+from ..op import BasicOperation, OperationContext
+
+
+class Bias(BasicOperation):
+    """Adds a learnable bias of shape ``(size,)`` to the last dim of the input.
+
+    Args:
+        size: number of features.
+        device, dtype: of the bias parameter (defaults: torch's default device and dtype).
+        tensor_parallel, tensor_parallel_group: accepted for API compatibility; tensor
+            parallelism is not supported (a single process owns the whole bias).
+    """
+
+    def __init__(
+        self,
+        size: int,
+        *,
+        device: Optional[torch.device | str] = None,
+        dtype: Optional[torch.dtype] = None,
+        tensor_parallel: bool = False,
+        tensor_parallel_group=None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+            raise ValueError(f"Bias: size must be a positive int, got {size!r}")
+        if tensor_parallel:
+            raise NotImplementedError("Bias: tensor_parallel=True is not supported")
+        del tensor_parallel_group
+        self.local_size = size
+        self.device = canonicalize_device(device)
+        dtype = canonicalize_dtype(dtype)
+        check_float_dtype("Bias", dtype)
+        self.bias = torch.nn.Parameter(torch.empty(size, device="meta", dtype=dtype))
+        if self.device.type != "meta":
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Zero the bias, materialising it on ``self.device`` (or the default device, if the
+        op was built on the meta device)."""
+        device = self.device if self.device.type != "meta" else torch.get_default_device()
+        if self.bias.device.type == "meta" or self.bias.device != device:
+            self.bias = torch.nn.Parameter(
+                torch.zeros(self.local_size, device=device, dtype=self.bias.dtype),
+                requires_grad=self.bias.requires_grad,
+            )
+        else:
+            with torch.no_grad():
+                self.bias.zero_()
+        self.device = device
+
+    def pre_first_fuser_forward(self) -> None:
+        if self.bias.device.type == "meta":
+            self.reset_parameters()
+
+    def op_forward(
+        self,
+        ctx: OperationContext,
+        input_: torch.Tensor,
+        *,
+        prev_op_grad_output_quantizer=None,
+        next_op_input_quantizer=None,
+        **kwargs,
+    ) -> torch.Tensor:
+        if kwargs:
+            raise ValueError(f"Bias takes no forward kwargs, got {sorted(kwargs)}")
+        ctx.bias_dtype = self.bias.dtype
+        ctx.bias_requires_grad = ctx.requires_grad and self.bias.requires_grad
+        return torch.ops.te_cpp.bias_fwd(input_, self.bias)
+
+    def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
+        db = None
+        if ctx.bias_requires_grad:
+            db = torch.ops.te_cpp.bias_bwd(grad_output, ctx.bias_dtype)
+        # dx = dy: a pass-through, never routed through a custom op.
+        return grad_output, (db,)

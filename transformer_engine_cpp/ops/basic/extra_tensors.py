@@ -1,0 +1,105 @@
+"""AddExtraInput and MakeExtraOutput: the residual branch ops.
+
+``MakeExtraOutput`` returns its input both as the main output and as an extra output (the
+residual); ``AddExtraInput`` adds an extra input to the main input. With ``in_place=True`` the
+anchor writes into the caller's buffers; here that happens in eager mode only, and under
+``torch.compile`` the same values come from the functional form (in-place writes inside the
+traced pipeline are unsafe on torch 2.11, see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._common import is_compiling
+from ..op import BasicOperation
+
+
+def _check_in_place(op: str, in_place) -> bool:
+    if not isinstance(in_place, bool):
+        raise TypeError(f"{op}: in_place must be a bool, got {type(in_place).__name__}")
+    return in_place
+
+
+class AddExtraInput(BasicOperation):
+    """y = x + extra. The gradient of both x and extra is dy.
+
+    Args:
+        in_place: write the sum into the extra input's buffer (eager mode only) and return it,
+            in the extra input's dtype.
+    """
+
+    num_extra_inputs = 1
+
+    def __init__(self, *, in_place: bool = False) -> None:
+        super().__init__()
+        self._in_place = _check_in_place("AddExtraInput", in_place)
+
+    def op_forward(self, *args, **kwargs):
+        raise RuntimeError("AddExtraInput runs through fuser_forward")
+
+    def op_backward(self, *args, **kwargs):
+        raise RuntimeError("AddExtraInput runs through fuser_backward")
+
+    def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs, basic_op_kwargs,
+                      **unused):
+        if basic_op_kwargs[0]:
+            raise ValueError(f"AddExtraInput takes no forward kwargs, got {sorted(basic_op_kwargs[0])}")
+        extra = basic_op_extra_inputs[0][0]
+        if self._in_place and not is_compiling():
+            out = extra.detach()
+            torch.ops.te_cpp.add_extra_input_fwd_inplace(out, input_)
+        else:
+            out = torch.ops.te_cpp.add_extra_input_fwd(input_, extra)
+            if self._in_place and out.dtype != extra.dtype:
+                out = out.to(extra.dtype)
+        return out, [()]
+
+    def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
+        # Both branches get dy unchanged (pass-through, decided here in Python).
+        return grad_output, [()], [(grad_output,)]
+
+    def extra_repr(self) -> str:
+        return f"in_place={self._in_place}"
+
+
+class MakeExtraOutput(BasicOperation):
+    """Returns x as the main output and as an extra output; dx = dy + d(extra).
+
+    Args:
+        in_place: accumulate dy into the extra output's gradient buffer in backward (eager mode
+            only) and return that buffer as dx.
+    """
+
+    num_extra_outputs = 1
+
+    def __init__(self, *, in_place: bool = False) -> None:
+        super().__init__()
+        self._in_place = _check_in_place("MakeExtraOutput", in_place)
+
+    def op_forward(self, *args, **kwargs):
+        raise RuntimeError("MakeExtraOutput runs through fuser_forward")
+
+    def op_backward(self, *args, **kwargs):
+        raise RuntimeError("MakeExtraOutput runs through fuser_backward")
+
+    def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs, basic_op_kwargs,
+                      **unused):
+        if basic_op_kwargs[0]:
+            raise ValueError(
+                f"MakeExtraOutput takes no forward kwargs, got {sorted(basic_op_kwargs[0])}"
+            )
+        return input_, [(input_,)]
+
+    def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
+        grad_extra = basic_op_grad_extra_outputs[0][0]
+        if grad_extra is None:
+            return grad_output, [()], [()]
+        if (self._in_place and not is_compiling() and grad_extra is not grad_output
+                and grad_extra.is_contiguous() and grad_extra.shape == grad_output.shape):
+            torch.ops.te_cpp.make_extra_output_bwd_inplace(grad_extra, grad_output)
+            return grad_extra, [()], [()]
+        return torch.ops.te_cpp.make_extra_output_bwd(grad_output, grad_extra), [()], [()]
+
+    def extra_repr(self) -> str:
+        return f"in_place={self._in_place}"

@@ -1,0 +1,62 @@
+"""Identity and Reshape: pass-through ops (no custom op: y is x or a view of it)."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from ..op import BasicOperation, OperationContext
+
+
+class Identity(BasicOperation):
+    """y = x; dx = dy."""
+
+    def op_forward(
+        self,
+        ctx: OperationContext,
+        input_: torch.Tensor,
+        *,
+        prev_op_grad_output_quantizer=None,
+        next_op_input_quantizer=None,
+        **kwargs,
+    ) -> torch.Tensor:
+        if kwargs:
+            raise ValueError(f"Identity takes no forward kwargs, got {sorted(kwargs)}")
+        return input_
+
+    def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
+        return grad_output, ()
+
+
+class Reshape(BasicOperation):
+    """y = x.reshape(shape) (one entry may be -1); dx = dy.reshape(x.shape)."""
+
+    def __init__(self, shape: Iterable[int]) -> None:
+        super().__init__()
+        shape = tuple(shape)
+        if not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+            raise TypeError(f"Reshape: shape must be a sequence of ints, got {shape!r}")
+        if sum(d == -1 for d in shape) > 1 or any(d < -1 for d in shape):
+            raise ValueError(f"Reshape: invalid shape {shape!r} (at most one -1, no other negatives)")
+        self._shape = shape
+
+    def op_forward(
+        self,
+        ctx: OperationContext,
+        input_: torch.Tensor,
+        *,
+        prev_op_grad_output_quantizer=None,
+        next_op_input_quantizer=None,
+        **kwargs,
+    ) -> torch.Tensor:
+        if kwargs:
+            raise ValueError(f"Reshape takes no forward kwargs, got {sorted(kwargs)}")
+        ctx.input_shape = input_.shape
+        return input_.reshape(*self._shape)
+
+    def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
+        return grad_output.reshape(ctx.input_shape), ()
+
+    def extra_repr(self) -> str:
+        return f"shape={self._shape}"

@@ -1,0 +1,10 @@
+"""Fused operations. Importing this module registers the built-in fusions."""
+
+from ..fuser import (
+    register_backward_fusion,
+    register_forward_backward_fusion,
+    register_forward_fusion,
+)
+from .backward_activation_bias import BackwardActivationBias, fuse_backward_activation_bias
+
+register_backward_fusion(fuse_backward_activation_bias)

@@ -1,0 +1,60 @@
+"""BackwardActivationBias: the backward of Bias followed by a unary activation in one pass.
+
+Pattern (forward order): ``[Bias, GELU | ReLU | SiLU | QGELU | SReLU]``, exact classes. One
+C++ kernel (``torch.ops.te_cpp.dbias_d<act>``) computes dx = dy * act'(x) and dbias = sum of dx
+over the leading dims. Unlike the anchor, it needs no quantization recipe; under a recipe with
+a ``backward_override`` it is not applied.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..basic import GELU, QGELU, Bias, ReLU, SiLU, SReLU
+from ..op import FusedOperation
+
+# Activation class -> fused dbias+dact custom op name.
+_DBIAS_DACT_OPS = {
+    GELU: "dbias_dgelu",
+    ReLU: "dbias_drelu",
+    SiLU: "dbias_dsilu",
+    QGELU: "dbias_dqgelu",
+    SReLU: "dbias_dsrelu",
+}
+
+
+class BackwardActivationBias(FusedOperation):
+    """Backward-only fusion of ``Bias`` and the activation after it."""
+
+    def __init__(self, *, bias: Bias, activation) -> None:
+        super().__init__((bias, activation))
+        self._dbias_dact = getattr(torch.ops.te_cpp, _DBIAS_DACT_OPS[type(activation)])
+
+    def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
+        bias_op, act_op = self.basic_ops
+        bias_ctx, act_ctx = basic_op_ctxs
+        if not bias_ctx.bias_requires_grad:
+            # Nothing to fuse: the activation's own backward, and dbias is not needed.
+            dx, _ = act_op.op_backward(act_ctx, grad_output)
+            return dx, [(None,), ()], [(), ()]
+        (x,) = act_ctx.saved_tensors
+        dx, db = self._dbias_dact(grad_output, x, bias_ctx.bias_dtype)
+        return dx, [(db,), ()], [(), ()]
+
+
+def fuse_backward_activation_bias(ops: list, *, recipe=None) -> list:
+    """Replace each ``[Bias, act]`` window (act in the table above) with the fused op."""
+    if recipe is not None and getattr(recipe, "backward_override", None) is not None:
+        return ops
+    out = []
+    i = 0
+    while i < len(ops):
+        op = ops[i]
+        if (i + 1 < len(ops) and type(op) is Bias
+                and type(ops[i + 1]) in _DBIAS_DACT_OPS):
+            out.append(BackwardActivationBias(bias=op, activation=ops[i + 1]))
+            i += 2
+            continue
+        out.append(op)
+        i += 1
+    return out

@@ -1,0 +1,326 @@
+"""Base classes of the fusible operations: OperationContext, FusibleOperation, BasicOperation
+and FusedOperation (the anchor's ``transformer_engine.pytorch.ops.op``).
+
+A *basic* operation owns parameters and configuration and knows how to run its own forward and
+backward through ``torch.ops.te_cpp.*`` custom ops. A *fused* operation stands for several
+consecutive basic operations and runs them together, in the forward pass, the backward pass, or
+both. Operations are composed with :class:`~transformer_engine_cpp.ops.Sequential` and run by
+:class:`~transformer_engine_cpp.ops.fuser.OperationFuser`.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Iterable, Optional
+
+import torch
+
+
+@dataclasses.dataclass
+class OperationContext:
+    """State a basic operation keeps between its forward and backward passes.
+
+    Operations call :meth:`save_for_backward` in the forward pass and read ``saved_tensors`` in
+    the backward pass; any other Python attribute (flags, shapes, dtypes) may be set freely.
+    """
+
+    to_save: Optional[tuple] = None
+    saved_tensors: Optional[tuple] = None
+    _saved_tensors_range: Optional[tuple[int, int]] = None
+    requires_grad: bool = True
+
+    def save_for_backward(self, *tensors: Optional[torch.Tensor]) -> None:
+        """Mark tensors (or ``None``) to be available as ``saved_tensors`` in backward."""
+        self.to_save = tensors
+
+
+class FusibleOperation(torch.nn.Module, metaclass=abc.ABCMeta):
+    """An operation the fuser can run, alone or fused with its neighbours."""
+
+    @property
+    @abc.abstractmethod
+    def is_fused_op(self) -> bool:
+        """Whether this op stands for several basic ops."""
+
+    def pre_first_fuser_forward(self) -> None:
+        """Hook run once, the first time a fuser builds a plan containing this op."""
+
+    def pre_fuser_forward(self, *, requires_grad: bool) -> None:  # pylint: disable=unused-argument
+        """Hook run before every fuser forward pass."""
+
+    def get_input_quantizer(self):
+        """Quantizer the previous op may use to emit its output already quantized."""
+        return None
+
+    def get_grad_output_quantizer(self):
+        """Quantizer the next op may use to emit its grad-input already quantized."""
+        return None
+
+    def fuser_forward(
+        self,
+        basic_op_ctxs: list[OperationContext],
+        input_: torch.Tensor,
+        *,
+        basic_op_extra_inputs: list[tuple[torch.Tensor, ...]],
+        prev_op_grad_output_quantizer=None,
+        next_op_input_quantizer=None,
+        basic_op_kwargs: list[dict[str, Any]],
+    ) -> tuple[torch.Tensor, Iterable[Iterable[torch.Tensor]]]:
+        """Forward pass: returns ``(output, extra_outputs_per_basic_op)``."""
+        raise NotImplementedError(
+            f"Forward pass is not implemented for operation ({self.__class__.__name__})"
+        )
+
+    def fuser_backward(
+        self,
+        basic_op_ctxs: list[OperationContext],
+        grad_output: torch.Tensor,
+        *,
+        basic_op_grad_extra_outputs: list[tuple[torch.Tensor, ...]],
+    ) -> tuple[
+        Optional[torch.Tensor],
+        Iterable[Iterable[Optional[torch.Tensor]]],
+        Iterable[Iterable[Optional[torch.Tensor]]],
+    ]:
+        """Backward pass: returns ``(grad_input, grad_params_per_basic_op,
+        grad_extra_inputs_per_basic_op)``."""
+        raise NotImplementedError(
+            f"Backward pass is not implemented for operation ({self.__class__.__name__})"
+        )
+
+    def compile_unsupported_reason(self) -> Optional[str]:
+        """Why this op cannot run inside ``torch.compile``, or ``None`` if it can."""
+        return None
+
+
+class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
+    """A single operation with its own parameters and state.
+
+    Subclasses implement :meth:`op_forward` and :meth:`op_backward` with ``torch.ops.te_cpp``
+    custom ops (or plain torch ops). Ops with extra inputs or outputs override
+    :meth:`fuser_forward` / :meth:`fuser_backward` instead.
+    """
+
+    #: Number of extra tensor inputs (beyond the main input).
+    num_extra_inputs: int = 0
+    #: Number of extra tensor outputs (beyond the main output).
+    num_extra_outputs: int = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._extra_input_channels: list[Optional[str]] = [None] * self.num_extra_inputs
+        self._extra_output_channels: list[Optional[str]] = [None] * self.num_extra_outputs
+        self._extra_output_to_caller: list[bool] = [True] * self.num_extra_outputs
+        self._extra_tensor_channels_locked = False
+        self._fp8_metas = None
+        self._quantizers = None
+
+    @property
+    def is_fused_op(self) -> bool:
+        return False
+
+    # ---- extra-tensor channels ---------------------------------------------------------------
+
+    def _check_channel_change(self, kind: str, index: int, count: int, channel) -> None:
+        if self._extra_tensor_channels_locked:
+            raise RuntimeError(
+                f"{self.__class__.__name__}: cannot change extra {kind} channel {index}: an "
+                "OperationFuser has already captured its channel routing"
+            )
+        if not 0 <= index < count:
+            raise IndexError(
+                f"{self.__class__.__name__}: extra {kind} index {index} is out of range "
+                f"(the op has {count} extra {kind}s)"
+            )
+        if channel is not None and (not isinstance(channel, str) or not channel):
+            raise ValueError(
+                f"{self.__class__.__name__}: extra {kind} channel must be a non-empty string "
+                f"or None, got {channel!r}"
+            )
+
+    def set_extra_input_channel(self, index: int, channel: Optional[str]) -> "BasicOperation":
+        """Feed extra input ``index`` from the extra output published on ``channel`` by an
+        earlier op of the same fuser (``None``: a public input given by the caller)."""
+        self._check_channel_change("input", index, self.num_extra_inputs, channel)
+        self._extra_input_channels[index] = channel
+        return self
+
+    def set_extra_output_channel(
+        self, index: int, channel: Optional[str], *, output_to_caller: bool = True
+    ) -> "BasicOperation":
+        """Publish extra output ``index`` on ``channel`` for later ops of the same fuser; with
+        ``output_to_caller=False`` it is not returned to the caller."""
+        self._check_channel_change("output", index, self.num_extra_outputs, channel)
+        if not isinstance(output_to_caller, bool):
+            raise TypeError(
+                f"{self.__class__.__name__}: output_to_caller must be a bool, got "
+                f"{type(output_to_caller).__name__}"
+            )
+        self._extra_output_channels[index] = channel
+        self._extra_output_to_caller[index] = True if channel is None else output_to_caller
+        return self
+
+    # ---- quantization (recipes arrive with the FP8 work) --------------------------------------
+
+    def num_quantizers(self, mode: str) -> int:  # pylint: disable=unused-argument
+        """Number of quantizers this op uses in ``mode`` ("forward" or "backward")."""
+        return 0
+
+    def get_quantizer_roles(self, mode: str):  # pylint: disable=unused-argument
+        return None
+
+    def reset_recipe_state(self, *, recipe) -> None:
+        """Rebuild quantization state for ``recipe`` (``None``: no quantization)."""
+        if recipe is None:
+            self._fp8_metas = None
+            self._quantizers = None
+            return
+        raise NotImplementedError(
+            f"{self.__class__.__name__}: quantization recipes are not supported yet "
+            f"(got {type(recipe).__name__})"
+        )
+
+    def get_quantizer(self, mode: str, index: int):
+        if self._quantizers is None:
+            return None
+        return self._quantizers[mode][index]
+
+    def get_input_quantizer(self):
+        if self.num_quantizers("forward") > 0:
+            return self.get_quantizer("forward", 0)
+        return None
+
+    def get_grad_output_quantizer(self):
+        if self.num_quantizers("backward") > 0:
+            return self.get_quantizer("backward", 0)
+        return None
+
+    # ---- compute -------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def op_forward(
+        self,
+        ctx: OperationContext,
+        input_: torch.Tensor,
+        *,
+        prev_op_grad_output_quantizer=None,
+        next_op_input_quantizer=None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """Forward pass of this op alone."""
+
+    @abc.abstractmethod
+    def op_backward(
+        self, ctx: OperationContext, grad_output: torch.Tensor
+    ) -> tuple[Optional[torch.Tensor], Iterable[Optional[torch.Tensor]]]:
+        """Backward pass of this op alone: ``(grad_input, grad_params)``."""
+
+    def fuser_forward(
+        self,
+        basic_op_ctxs,
+        input_,
+        *,
+        basic_op_extra_inputs,
+        prev_op_grad_output_quantizer=None,
+        next_op_input_quantizer=None,
+        basic_op_kwargs,
+    ):
+        if self.num_extra_inputs > 0 or self.num_extra_outputs > 0:
+            raise RuntimeError(
+                f"{self.__class__.__name__} has extra tensor inputs or outputs and must "
+                "override fuser_forward"
+            )
+        output = self.op_forward(
+            basic_op_ctxs[0],
+            input_,
+            prev_op_grad_output_quantizer=prev_op_grad_output_quantizer,
+            next_op_input_quantizer=next_op_input_quantizer,
+            **basic_op_kwargs[0],
+        )
+        return output, [()]
+
+    def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
+        if self.num_extra_inputs > 0 or self.num_extra_outputs > 0:
+            raise RuntimeError(
+                f"{self.__class__.__name__} has extra tensor inputs or outputs and must "
+                "override fuser_backward"
+            )
+        grad_input, grad_params = self.op_backward(basic_op_ctxs[0], grad_output)
+        return grad_input, [grad_params], [()]
+
+    def forward(
+        self, input: torch.Tensor, *extra_inputs: torch.Tensor, **kwargs: Any
+    ):  # pylint: disable=redefined-builtin
+        """Run this op alone: a one-op :class:`OperationFuser` (the op's channels lock)."""
+        from .fuser import OperationFuser  # pylint: disable=import-outside-toplevel
+
+        fuser = self.__dict__.get("_single_op_fuser")
+        if fuser is None:
+            fuser = OperationFuser([self])
+            self.__dict__["_single_op_fuser"] = fuser
+        return fuser(input, *extra_inputs, basic_op_kwargs=[kwargs])
+
+
+class FusedOperation(FusibleOperation):
+    """Several consecutive basic ops run together (in forward, backward or both).
+
+    A forward-only (backward-only) fused op must leave the per-op contexts exactly as the
+    unfused forward (backward) passes of its basic ops expect, so the other pass can run
+    unfused. It holds no state of its own.
+    """
+
+    def __init__(self, basic_ops: Iterable[BasicOperation]) -> None:
+        super().__init__()
+        basic_ops = list(basic_ops)
+        if len(basic_ops) == 0:
+            raise ValueError(f"{self.__class__.__name__}: attempted to fuse an empty list of ops")
+        for op in basic_ops:
+            if not isinstance(op, BasicOperation):
+                raise TypeError(
+                    f"{self.__class__.__name__}: can only fuse BasicOperations, got "
+                    f"{type(op).__name__}"
+                )
+        self.basic_ops = torch.nn.ModuleList(basic_ops)
+
+    @property
+    def is_fused_op(self) -> bool:
+        return True
+
+    def get_input_quantizer(self):
+        return self.basic_ops[0].get_input_quantizer()
+
+    def get_grad_output_quantizer(self):
+        return self.basic_ops[-1].get_grad_output_quantizer()
+
+    def pre_first_fuser_forward(self) -> None:
+        for op in self.basic_ops:
+            op.pre_first_fuser_forward()
+
+    def pre_fuser_forward(self, *, requires_grad: bool) -> None:
+        for op in self.basic_ops:
+            op.pre_fuser_forward(requires_grad=requires_grad)
+
+    def compile_unsupported_reason(self) -> Optional[str]:
+        for op in self.basic_ops:
+            reason = op.compile_unsupported_reason()
+            if reason is not None:
+                return reason
+        return None
+
+    def forward(
+        self,
+        input: torch.Tensor,  # pylint: disable=redefined-builtin
+        *extra_inputs: torch.Tensor,
+        basic_op_kwargs: Optional[list[dict[str, Any]]] = None,
+    ):
+        """Run this fused op alone through a one-op :class:`OperationFuser`."""
+        from .fuser import OperationFuser  # pylint: disable=import-outside-toplevel
+
+        if basic_op_kwargs is None:
+            basic_op_kwargs = [{} for _ in self.basic_ops]
+        fuser = self.__dict__.get("_single_op_fuser")
+        if fuser is None:
+            fuser = OperationFuser([self])
+            self.__dict__["_single_op_fuser"] = fuser
+        return fuser(input, *extra_inputs, basic_op_kwargs=basic_op_kwargs)

@@ -1,0 +1,197 @@
+"""Sequential container of fusible ops (the anchor's ``te.ops.Sequential``)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Iterator, Optional, Union
+
+import torch
+
+from .fuser import OperationFuser
+from .op import BasicOperation, FusibleOperation
+
+
+class Sequential(torch.nn.Module):
+    """A list of modules run in order, consecutive fusible ops running as one fused pipeline.
+
+    Args are modules, or a single ``dict`` (name -> module). Plain ``torch.nn.Module``s may sit
+    between fusible ops; they split the pipeline into separate fusers.
+
+    ``forward(input, *extra_inputs, op_kwargs=None)`` feeds each fuser its share of the extra
+    inputs in order and returns ``output``, or ``(output, *extra_outputs)`` when ops publish
+    extra outputs. ``op_kwargs`` maps a basic op (or its index in this Sequential) to keyword
+    arguments for its forward.
+    """
+
+    def __init__(self, *args: Union[torch.nn.Module, dict[str, torch.nn.Module]]) -> None:
+        super().__init__()
+        self._module_groups: Optional[list] = None
+        if len(args) == 1 and isinstance(args[0], (dict, OrderedDict)):
+            for key, module in args[0].items():
+                self.add_module(key, module)
+        else:
+            for idx, module in enumerate(args):
+                self.add_module(str(idx), module)
+
+    # ---- list-like API (each change drops the cached module groups) -------------------------
+
+    def add_module(self, name: str, module: Optional[torch.nn.Module]) -> None:
+        self._module_groups = None
+        super().add_module(name, module)
+
+    def _get_keys_by_idx(self, idx: Union[int, slice]) -> list[str]:
+        keys = list(self._modules.keys())
+        if isinstance(idx, slice):
+            return keys[idx]
+        if not -len(keys) <= idx < len(keys):
+            raise IndexError(f"Sequential: index {idx} is out of range (length {len(keys)})")
+        return [keys[idx]]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[torch.nn.Module]:
+        return iter(self._modules.values())
+
+    def __getitem__(self, idx: Union[int, slice]):
+        keys = self._get_keys_by_idx(idx)
+        if isinstance(idx, slice):
+            return Sequential(OrderedDict((k, self._modules[k]) for k in keys))
+        return self._modules[keys[0]]
+
+    def __setitem__(self, idx: int, module: torch.nn.Module) -> None:
+        key = self._get_keys_by_idx(idx)[0]
+        self._module_groups = None
+        self._modules[key] = module
+
+    def __delitem__(self, idx: Union[int, slice]) -> None:
+        for key in self._get_keys_by_idx(idx):
+            del self._modules[key]
+        self._module_groups = None
+
+    def append(self, module: torch.nn.Module) -> "Sequential":
+        self.add_module(str(len(self)), module)
+        return self
+
+    def extend(self, modules) -> "Sequential":
+        for module in modules:
+            self.append(module)
+        return self
+
+    def insert(self, idx: int, module: torch.nn.Module) -> "Sequential":
+        n = len(self)
+        if not -n <= idx <= n:
+            raise IndexError(f"Sequential.insert: index {idx} is out of range (length {n})")
+        if idx < 0:
+            idx += n
+        modules = list(self._modules.items())
+        modules.insert(idx, (str(idx), module))
+        self._modules = OrderedDict()
+        self._module_groups = None
+        for i, (_, m) in enumerate(modules):
+            super().add_module(str(i), m)
+        return self
+
+    def pop(self, idx: int = -1) -> torch.nn.Module:
+        module = self[idx]
+        del self[idx]
+        return module
+
+    def __add__(self, other: "Sequential") -> "Sequential":
+        if not isinstance(other, Sequential):
+            raise TypeError(f"can only add Sequential to Sequential, got {type(other).__name__}")
+        return Sequential(*self, *other)
+
+    def __iadd__(self, other: "Sequential") -> "Sequential":
+        return self.extend(other)
+
+    # ---- fusion groups ----------------------------------------------------------------------
+
+    def _make_module_groups(self) -> list:
+        groups: list = []
+        run: list[FusibleOperation] = []
+        for module in self._modules.values():
+            if isinstance(module, FusibleOperation):
+                run.append(module)
+                continue
+            if run:
+                groups.append(OperationFuser(run))
+                run = []
+            groups.append(module)
+        if run:
+            groups.append(OperationFuser(run))
+        return groups
+
+    def _resolve_op_kwargs(self, groups: list, op_kwargs: Optional[dict]) -> list:
+        per_fuser = [
+            [{} for _ in range(g._num_basic_ops)] if isinstance(g, OperationFuser) else None
+            for g in groups
+        ]
+        if not op_kwargs:
+            return per_fuser
+        modules = list(self._modules.values())
+        where = {}
+        for g_idx, g in enumerate(groups):
+            if isinstance(g, OperationFuser):
+                for b_idx, op in enumerate(g._basic_ops):
+                    where[id(op)] = (g_idx, b_idx)
+        missing = []
+        for key, kwargs in op_kwargs.items():
+            op = key
+            if isinstance(key, int):
+                if not -len(modules) <= key < len(modules):
+                    raise ValueError(
+                        f"Sequential: op_kwargs index {key} is out of range (length {len(modules)})"
+                    )
+                op = modules[key]
+            if not isinstance(op, BasicOperation):
+                raise ValueError(
+                    "Sequential: op_kwargs keys must be basic operations (or their indices), got "
+                    f"{type(op).__name__}"
+                )
+            if id(op) not in where:
+                missing.append(key)
+                continue
+            g_idx, b_idx = where[id(op)]
+            per_fuser[g_idx][b_idx] = dict(kwargs)
+        if missing:
+            raise ValueError(f"op_kwargs contains keys that are not in this Sequential: {missing}")
+        return per_fuser
+
+    def forward(
+        self,
+        input: torch.Tensor,  # pylint: disable=redefined-builtin
+        *extra_inputs: torch.Tensor,
+        op_kwargs: Optional[dict[Any, dict[str, Any]]] = None,
+    ):
+        if self._module_groups is None:
+            self._module_groups = self._make_module_groups()
+        groups = self._module_groups
+        kwargs = self._resolve_op_kwargs(groups, op_kwargs)
+        x = input
+        extra_inputs = list(extra_inputs)
+        extra_outputs: list[torch.Tensor] = []
+        for group, group_kwargs in zip(groups, kwargs):
+            if isinstance(group, OperationFuser):
+                k = group.num_extra_inputs
+                if len(extra_inputs) < k:
+                    raise ValueError(
+                        f"Sequential: a fused group needs {k} extra inputs, only "
+                        f"{len(extra_inputs)} are left"
+                    )
+                args, extra_inputs = extra_inputs[:k], extra_inputs[k:]
+                out = group(x, *args, basic_op_kwargs=group_kwargs)
+                if isinstance(out, tuple):
+                    x, *outs = out
+                    extra_outputs.extend(outs)
+                else:
+                    x = out
+            else:
+                x = group(x)
+        if extra_inputs:
+            raise ValueError(
+                f"Sequential: {len(extra_inputs)} extra input(s) were not consumed by any op"
+            )
+        if extra_outputs:
+            return (x, *extra_outputs)
+        return x
