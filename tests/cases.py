@@ -1,0 +1,256 @@
+"""The one list of op cases that drives the conformance harness (tests/test_conformance.py).
+
+Adding an op means adding one ``OpCase`` to ``OP_CASES``: how to build it, its float64
+reference, its input width, the custom ops it exercises (each gets ``opcheck``), and the bad
+inputs it must reject with a clear error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import torch
+
+import transformer_engine_cpp as te
+from transformer_engine_cpp.testing import reference as ref
+
+te_ops = torch.ops.te_cpp
+
+
+@dataclasses.dataclass
+class OpCase:
+    id: str
+    #: Builds the ops under test (run as ``te.ops.Sequential(*make(dtype))``).
+    make: Callable[[torch.dtype], list]
+    #: reference(params, x, *extra_inputs) -> output or tuple of outputs, evaluated in float64.
+    #: ``params`` maps "<op index>.<param name>" to float64 copies that require grad, and
+    #: ``params.round(t)`` rounds an intermediate to the working dtype (harness.RefParams).
+    reference: Callable[..., Any]
+    #: Width of the input's last dim.
+    features: int
+    num_extra_inputs: int = 0
+    #: opcheck samples: sample(dtype) -> list of (custom op, args).
+    opcheck_samples: Optional[Callable[[torch.dtype], list]] = None
+    #: Expected fused op classes in the (forward, backward) plan, if any.
+    fused_forward: tuple = ()
+    fused_backward: tuple = ()
+    #: bad inputs: list of (label, thunk, exception type, regex the message must match).
+    bad_inputs: tuple = ()
+    #: scale of the random inputs (e.g. to reach the clamps of ClampedSwiGLU).
+    input_scale: float = 1.0
+
+
+def _rand(*shape, dtype=torch.float32, scale=1.0):
+    return torch.randn(*shape, dtype=dtype) * scale
+
+
+# ---- opcheck samples ----------------------------------------------------------------------------
+
+
+def _shapes(features):
+    """Sample shapes for opcheck: one row, a few rows with leading dims, a transposed one."""
+    return [(1, features), (2, 3, features)]
+
+
+def _samples_unary(stem):
+    def samples(dtype):
+        out = []
+        for shape in _shapes(16):
+            x = _rand(*shape, dtype=dtype)
+            dy = _rand(*shape, dtype=dtype)
+            out += [(getattr(te_ops, f"{stem}_fwd"), (x,)),
+                    (getattr(te_ops, f"{stem}_bwd"), (dy, x)),
+                    (getattr(te_ops, f"dbias_d{stem}"), (dy, x, dtype))]
+        # a non-contiguous (transposed) input
+        xt = _rand(16, 5, dtype=dtype).t()
+        out.append((getattr(te_ops, f"{stem}_fwd"), (xt,)))
+        return out
+    return samples
+
+
+def _samples_gated(stem, *args, interleave=0, features=16):
+    def samples(dtype):
+        out = []
+        for shape in _shapes(features):
+            x = _rand(*shape, dtype=dtype)
+            dy = _rand(*shape[:-1], features // 2, dtype=dtype)
+            out += [(getattr(te_ops, f"{stem}_fwd"), (x, *args, interleave)),
+                    (getattr(te_ops, f"{stem}_bwd"), (dy, x, *args, interleave))]
+        return out
+    return samples
+
+
+def _samples_bias(dtype):
+    out = []
+    for shape in _shapes(11):
+        x, b, dy = _rand(*shape, dtype=dtype), _rand(11, dtype=dtype), _rand(*shape, dtype=dtype)
+        out += [(te_ops.bias_fwd, (x, b)), (te_ops.bias_bwd, (dy, dtype))]
+    # mixed dtypes: fp32 bias on a low-precision input promotes
+    out.append((te_ops.bias_fwd, (_rand(3, 11, dtype=dtype), _rand(11, dtype=torch.float32))))
+    out.append((te_ops.bias_bwd, (_rand(130, 11, dtype=dtype), torch.float32)))
+    return out
+
+
+def _samples_scale(dtype):
+    x = _rand(2, 3, 9, dtype=dtype)
+    return [(te_ops.constant_scale_fwd, (x, 0.5)), (te_ops.constant_scale_bwd, (x, -2.0))]
+
+
+def _samples_add_extra_input(dtype):
+    x, e = _rand(2, 3, 9, dtype=dtype), _rand(2, 3, 9, dtype=dtype)
+    return [(te_ops.add_extra_input_fwd, (x, e)),
+            (te_ops.add_extra_input_fwd_inplace, (e.clone(), x)),
+            (te_ops.add_extra_input_fwd, (x, e.float()))]
+
+
+def _samples_make_extra_output(dtype):
+    dy, de = _rand(2, 3, 9, dtype=dtype), _rand(2, 3, 9, dtype=dtype)
+    return [(te_ops.make_extra_output_bwd, (dy, de)),
+            (te_ops.make_extra_output_bwd_inplace, (de.clone(), dy))]
+
+
+# ---- bad inputs ---------------------------------------------------------------------------------
+
+
+def _bad_dtype(op_factory, features, name):
+    return ("integer input", lambda: op_factory()(torch.ones(3, features, dtype=torch.int32)),
+            RuntimeError, rf"te_cpp\.{name}: input must be float32")
+
+
+def _bad_device(op_factory, features, name):
+    """An input on another device than the op's parameters."""
+    return ("meta input, cpu parameters",
+            lambda: op_factory()(torch.ones(3, features, device="meta")),
+            RuntimeError, rf"te_cpp\.{name}: .*same device, got meta and cpu")
+
+
+def _unary_case(cls, stem, ref_fn):
+    return OpCase(
+        id=cls.__name__,
+        make=lambda dtype: [cls()],
+        reference=lambda p, x: ref_fn(x),
+        features=37,
+        opcheck_samples=_samples_unary(stem),
+        bad_inputs=(_bad_dtype(cls, 8, f"{stem}_fwd"),),
+    )
+
+
+def _gated_case(cls, stem, ref_fn, *, ctor=None, args=(), interleave=None, features=38,
+                input_scale=1.0, case_id=None):
+    ctor = dict(ctor or {})
+    if interleave is not None:
+        ctor["glu_interleave_size"] = interleave
+    return OpCase(
+        id=case_id or cls.__name__,
+        make=lambda dtype: [cls(**ctor)],
+        reference=lambda p, x: ref_fn(x, *args, glu_interleave_size=interleave),
+        features=features,
+        opcheck_samples=_samples_gated(stem, *args, interleave=interleave or 0,
+                                       features=features if interleave else 16),
+        input_scale=input_scale,
+        bad_inputs=(
+            _bad_dtype(lambda: cls(**ctor), features, f"{stem}_fwd"),
+            ("odd width", lambda: cls(**ctor)(torch.ones(3, features + 1)),
+             RuntimeError, rf"te_cpp\.{stem}_fwd: the last dimension of the input \(shape \[3, "
+                           rf"{features + 1}\]\) must be divisible by"),
+        ),
+    )
+
+
+def _bias_case():
+    return OpCase(
+        id="Bias",
+        make=lambda dtype: [te.ops.Bias(37, dtype=dtype)],
+        reference=lambda p, x: ref.bias(x, p["0.bias"]),
+        features=37,
+        opcheck_samples=_samples_bias,
+        bad_inputs=(
+            ("size mismatch", lambda: te.ops.Bias(8)(torch.ones(3, 9)), RuntimeError,
+             r"te_cpp\.bias_fwd: input's last dimension \(shape \[3, 9\]\) must equal the bias "
+             r"size 8"),
+            _bad_dtype(lambda: te.ops.Bias(8), 8, "bias_fwd"),
+            _bad_device(lambda: te.ops.Bias(8), 8, "bias_fwd"),
+        ),
+    )
+
+
+def _bias_act_case(act_cls, stem, ref_fn):
+    """Bias followed by a unary activation: the backward runs the fused dbias_d<act> op."""
+    from transformer_engine_cpp.ops.fused import BackwardActivationBias
+
+    return OpCase(
+        id=f"Bias+{act_cls.__name__}",
+        make=lambda dtype: [te.ops.Bias(37, dtype=dtype), act_cls()],
+        # the bias output is stored in the working dtype before the activation reads it
+        reference=lambda p, x: ref_fn(p.round(ref.bias(x, p["0.bias"]))),
+        features=37,
+        opcheck_samples=_samples_unary(stem),
+        fused_backward=(BackwardActivationBias,),
+    )
+
+
+OP_CASES: list[OpCase] = [
+    OpCase(id="Identity", make=lambda dtype: [te.ops.Identity()], reference=lambda p, x: x,
+           features=37),
+    OpCase(id="Reshape", make=lambda dtype: [te.ops.Reshape((-1, 2, 19))],
+           reference=lambda p, x: x.reshape(-1, 2, 19), features=38,
+           bad_inputs=(("bad shape", lambda: te.ops.Reshape((-1, 5))(torch.ones(3, 7)),
+                        RuntimeError, r"shape '\[-1, 5\]' is invalid"),)),
+    _bias_case(),
+    OpCase(id="ConstantScale", make=lambda dtype: [te.ops.ConstantScale(-1.75)],
+           reference=lambda p, x: ref.constant_scale(x, -1.75), features=37,
+           opcheck_samples=_samples_scale,
+           bad_inputs=(_bad_dtype(lambda: te.ops.ConstantScale(2.0), 8, "constant_scale_fwd"),)),
+    OpCase(id="MakeExtraOutput", make=lambda dtype: [te.ops.MakeExtraOutput()],
+           reference=lambda p, x: (x, x), features=37, opcheck_samples=_samples_make_extra_output),
+    OpCase(id="MakeExtraOutput(in_place)", make=lambda dtype: [te.ops.MakeExtraOutput(in_place=True)],
+           reference=lambda p, x: (x, x), features=37, opcheck_samples=_samples_make_extra_output),
+    OpCase(id="AddExtraInput", make=lambda dtype: [te.ops.AddExtraInput()],
+           reference=lambda p, x, e: x + e, features=37, num_extra_inputs=1,
+           opcheck_samples=_samples_add_extra_input,
+           bad_inputs=(
+               ("extra shape mismatch",
+                lambda: te.ops.AddExtraInput()(torch.ones(3, 8), torch.ones(3, 9)),
+                RuntimeError, r"te_cpp\.add_extra_input_fwd: input and extra_input must have "
+                              r"the same shape, got \[3, 8\] and \[3, 9\]"),
+               ("integer extra",
+                lambda: te.ops.AddExtraInput()(torch.ones(3, 8), torch.ones(3, 8, dtype=torch.int64)),
+                RuntimeError, r"te_cpp\.add_extra_input_fwd: extra_input must be float32"),
+           )),
+    OpCase(id="AddExtraInput(in_place)", make=lambda dtype: [te.ops.AddExtraInput(in_place=True)],
+           reference=lambda p, x, e: x + e, features=37, num_extra_inputs=1,
+           opcheck_samples=_samples_add_extra_input),
+    _unary_case(te.ops.GELU, "gelu", ref.gelu),
+    _unary_case(te.ops.ReLU, "relu", ref.relu),
+    _unary_case(te.ops.SiLU, "silu", ref.silu),
+    _unary_case(te.ops.QGELU, "qgelu", ref.qgelu),
+    _unary_case(te.ops.SReLU, "srelu", ref.srelu),
+    _gated_case(te.ops.GLU, "glu", ref.glu),
+    _gated_case(te.ops.GEGLU, "geglu", ref.geglu),
+    _gated_case(te.ops.QGEGLU, "qgeglu", ref.qgeglu),
+    _gated_case(te.ops.ReGLU, "reglu", ref.reglu),
+    _gated_case(te.ops.SReGLU, "sreglu", ref.sreglu),
+    _gated_case(te.ops.SwiGLU, "swiglu", ref.swiglu),
+    _gated_case(te.ops.SwiGLU, "swiglu", ref.swiglu, interleave=3, features=42,
+                case_id="SwiGLU(interleave=3)"),
+    _gated_case(te.ops.ClampedSwiGLU, "clamped_swiglu", ref.clamped_swiglu,
+                ctor=dict(limit=1.5, alpha=1.702, glu_linear_offset=0.5), args=(1.5, 1.702, 0.5),
+                input_scale=2.0),
+    _gated_case(te.ops.ClampedSwiGLU, "clamped_swiglu", ref.clamped_swiglu,
+                ctor=dict(limit=1.5, alpha=1.702, glu_linear_offset=0.5), args=(1.5, 1.702, 0.5),
+                interleave=16, features=64, input_scale=2.0,
+                case_id="ClampedSwiGLU(interleave=16)"),
+    _gated_case(te.ops.SiTUGLU, "situglu", ref.situglu, ctor=dict(beta1=2.0, beta2=3.0),
+                args=(2.0, 3.0), input_scale=3.0),
+    _gated_case(te.ops.SiTUGLU, "situglu", ref.situglu, ctor=dict(beta1=2.0, beta2=3.0),
+                args=(2.0, 3.0), interleave=5, features=40, input_scale=3.0,
+                case_id="SiTUGLU(interleave=5)"),
+    _bias_act_case(te.ops.GELU, "gelu", ref.gelu),
+    _bias_act_case(te.ops.ReLU, "relu", ref.relu),
+    _bias_act_case(te.ops.SiLU, "silu", ref.silu),
+    _bias_act_case(te.ops.QGELU, "qgelu", ref.qgelu),
+    _bias_act_case(te.ops.SReLU, "srelu", ref.srelu),
+]
+
+CASE_IDS = [c.id for c in OP_CASES]

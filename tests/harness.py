@@ -1,0 +1,100 @@
+"""Running an OpCase: eager against the float64 reference, compiled against eager."""
+
+from __future__ import annotations
+
+import torch
+
+import transformer_engine_cpp as te
+
+LAYOUTS = {
+    # name: (leading shape, non-contiguous input)
+    "one_row": ((1,), False),
+    "rows": ((7,), False),
+    "leading_dims": ((2, 3), False),
+    "non_contiguous": ((5,), True),
+}
+
+
+def make_input(lead, features, dtype, *, non_contiguous=False, scale=1.0, requires_grad=True):
+    if non_contiguous:
+        base = torch.randn(*lead, 2 * features) * scale
+        x = base.to(dtype)[..., ::2]
+        assert not x.is_contiguous()
+    else:
+        x = (torch.randn(*lead, features) * scale).to(dtype)
+    return x.detach().requires_grad_(requires_grad)
+
+
+def build(case, dtype, seed=1234):
+    """The case's ops in a Sequential, parameters set to random values."""
+    torch.manual_seed(seed)
+    seq = te.ops.Sequential(*case.make(dtype))
+    with torch.no_grad():
+        for p in seq.parameters():
+            p.copy_(torch.randn_like(p))
+    return seq
+
+
+def as_tuple(out):
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def inputs_for(case, dtype, layout, seed=4321):
+    lead, non_contiguous = LAYOUTS[layout]
+    torch.manual_seed(seed)
+    x = make_input(lead, case.features, dtype, non_contiguous=non_contiguous,
+                   scale=case.input_scale)
+    extras = [make_input(lead, case.features, dtype, scale=case.input_scale)
+              for _ in range(case.num_extra_inputs)]
+    return x, extras
+
+
+class _RoundForward(torch.autograd.Function):
+    """Rounds to a dtype in forward; passes the float64 gradient through unrounded."""
+
+    @staticmethod
+    def forward(ctx, t, dtype):
+        return t.to(dtype).to(torch.float64)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class RefParams(dict):
+    """The reference's view of the parameters (float64 copies, by name), plus ``round(t)``:
+    rounding to the working dtype where the implementation stores a forward intermediate
+    between two ops. Gradients are not rounded: a fused backward keeps them in fp32."""
+
+    def __init__(self, params: dict, dtype: torch.dtype):
+        super().__init__(params)
+        self.dtype = dtype
+
+    def round(self, t: torch.Tensor) -> torch.Tensor:
+        return _RoundForward.apply(t, self.dtype)
+
+
+def reference_run(case, seq, x, extras, grads):
+    """float64 reference outputs and gradients (input, extras, parameters by name)."""
+    params = RefParams({name: p.detach().double().requires_grad_(p.requires_grad)
+                        for name, p in seq.named_parameters()}, x.dtype)
+    x64 = x.detach().double().requires_grad_(x.requires_grad)
+    extras64 = [e.detach().double().requires_grad_(e.requires_grad) for e in extras]
+    outs = as_tuple(case.reference(params, x64, *extras64))
+    torch.autograd.backward(outs, [g.double() for g in grads])
+    return outs, x64.grad, [e.grad for e in extras64], {n: p.grad for n, p in params.items()}
+
+
+def eager_run(seq, x, extras, grads):
+    outs = as_tuple(seq(x, *extras))
+    torch.autograd.backward(outs, list(grads))
+    return outs, x.grad, [e.grad for e in extras], {n: p.grad for n, p in seq.named_parameters()}
+
+
+def random_grads_like(outs, seed=99):
+    torch.manual_seed(seed)
+    return [torch.randn(o.shape, dtype=o.dtype) for o in outs]
+
+
+def clone_leaf(t):
+    return t.detach().clone().requires_grad_(t.requires_grad)

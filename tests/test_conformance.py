@@ -1,0 +1,126 @@
+"""Conformance harness: every OpCase in tests/cases.py gets opcheck on its custom ops, eager
+numerics against a float64 reference (fp32 and bf16, several layouts), compiled
+(fullgraph=True) forward and backward equal to eager with zero graph breaks, and its bad-input
+errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.testing import AotEagerAndRecordGraphs
+from torch._dynamo.utils import counters
+from torch.library import opcheck
+
+from cases import CASE_IDS, OP_CASES
+from harness import (LAYOUTS, as_tuple, build, clone_leaf, eager_run, inputs_for,
+                     random_grads_like, reference_run)
+from tolerances import COMPILED_VS_EAGER, tols
+
+DTYPES = [torch.float32, torch.bfloat16]
+DTYPE_IDS = ["fp32", "bf16"]
+
+
+def _all_te_cpp_ops() -> set[str]:
+    return {n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names()
+            if n.startswith("te_cpp::")}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("case", [c for c in OP_CASES if c.opcheck_samples], ids=lambda c: c.id)
+def test_opcheck(case, dtype):
+    for op, args in case.opcheck_samples(dtype):
+        opcheck(op, args)
+
+
+def test_every_custom_op_has_an_opcheck_sample():
+    covered = set()
+    for case in OP_CASES:
+        if case.opcheck_samples:
+            covered |= {op._qualified_op_name.split("::", 1)[1] for op, _ in case.opcheck_samples(torch.float32)}
+    missing = _all_te_cpp_ops() - covered
+    assert not missing, f"custom ops without an opcheck sample: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("case", OP_CASES, ids=CASE_IDS)
+def test_numerics_vs_float64_reference(case, dtype, layout):
+    seq = build(case, dtype)
+    x, extras = inputs_for(case, dtype, layout)
+    # Shapes of the outputs, from a no-grad run, to draw the output grads.
+    with torch.no_grad():
+        probe = as_tuple(seq(clone_leaf(x), *[clone_leaf(e) for e in extras]))
+    grads = random_grads_like(probe)
+    # Reference first: in-place variants write into the extra input / extra-output grad.
+    r_outs, r_dx, r_dextras, r_dparams = reference_run(case, seq, x, extras,
+                                                       [g.clone() for g in grads])
+    outs, dx, dextras, dparams = eager_run(seq, x, extras, grads)
+
+    tol = tols(dtype)
+    assert len(outs) == len(r_outs)
+    for out, r in zip(outs, r_outs):
+        assert out.dtype == dtype
+        assert out.shape == r.shape
+        torch.testing.assert_close(out.double(), r, **tol)
+    torch.testing.assert_close(dx.double(), r_dx, **tol)
+    for d, r in zip(dextras, r_dextras):
+        torch.testing.assert_close(d.double(), r, **tol)
+    for name, g in dparams.items():
+        assert g is not None and g.dtype == dtype, name
+        torch.testing.assert_close(g.double(), r_dparams[name], **tol, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("case", OP_CASES, ids=CASE_IDS)
+def test_compiled_matches_eager(case):
+    dtype = torch.float32
+    eager = build(case, dtype)
+    compiled_model = build(case, dtype)
+    x, extras = inputs_for(case, dtype, "leading_dims")
+    xc, extras_c = clone_leaf(x), [clone_leaf(e) for e in extras]
+    with torch.no_grad():
+        probe = as_tuple(eager(clone_leaf(x), *[clone_leaf(e) for e in extras]))
+    grads = random_grads_like(probe)
+
+    backend = AotEagerAndRecordGraphs()
+    compiled = torch.compile(compiled_model, backend=backend, fullgraph=True, dynamic=False)
+    outs, dx, dextras, dparams = eager_run(eager, x, extras, [g.clone() for g in grads])
+    c_outs = as_tuple(compiled(xc, *extras_c))
+    torch.autograd.backward(c_outs, [g.clone() for g in grads])
+
+    assert len(counters["graph_break"]) == 0
+    for out, c in zip(outs, c_outs):
+        torch.testing.assert_close(c, out, **COMPILED_VS_EAGER)
+    torch.testing.assert_close(xc.grad, dx, **COMPILED_VS_EAGER)
+    for e, d in zip(extras_c, dextras):
+        torch.testing.assert_close(e.grad, d, **COMPILED_VS_EAGER)
+    for name, p in compiled_model.named_parameters():
+        torch.testing.assert_close(p.grad, dparams[name], **COMPILED_VS_EAGER)
+
+    # One forward and one backward graph; a backward-only fusion is still used compiled.
+    assert len(backend.fw_graphs) == 1 and len(backend.bw_graphs) == 1
+    bw_code = backend.bw_graphs[0].code
+    for fused in case.fused_backward:
+        fused_ops = {"BackwardActivationBias": "dbias_d"}
+        assert f"torch.ops.te_cpp.{fused_ops[fused.__name__]}" in bw_code, bw_code
+        assert "bias_bwd" not in bw_code, bw_code
+
+
+@pytest.mark.parametrize("case", [c for c in OP_CASES if c.bad_inputs], ids=lambda c: c.id)
+def test_bad_inputs(case):
+    for label, thunk, exc, match in case.bad_inputs:
+        with pytest.raises(exc, match=match):
+            thunk()
+            pytest.fail(f"{case.id}: {label} was accepted")
+
+
+@pytest.mark.parametrize("case", [c for c in OP_CASES if c.fused_backward or c.fused_forward],
+                         ids=lambda c: c.id)
+def test_fusion_plan(case):
+    seq = build(case, torch.float32)
+    x, extras = inputs_for(case, torch.float32, "rows")
+    as_tuple(seq(x, *extras))[0].sum().backward()
+    fuser = seq._module_groups[0]
+    fwd_types = tuple(type(op) for op, _ in fuser._forward_ops if op.is_fused_op)
+    bwd_types = tuple(type(op) for op, _ in fuser._backward_ops if op.is_fused_op)
+    assert fwd_types == case.fused_forward
+    assert bwd_types == case.fused_backward

@@ -1,0 +1,124 @@
+"""Plain-PyTorch reference implementations of the ops, for tests and benchmarks.
+
+Every function is written with ordinary differentiable torch ops, so gradients come from
+torch.autograd; the tests evaluate them in float64 as the numerical ground truth. They follow
+the anchor's conventions (tanh GELU; gated activations gate the *first* half).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+# ---- unary activations ----------------------------------------------------------------------
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+def relu(x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x)
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(x)
+
+
+def qgelu(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(1.702 * x)
+
+
+def srelu(x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x) ** 2
+
+
+# ---- gated activations ----------------------------------------------------------------------
+
+
+def split_gated(x: torch.Tensor, glu_interleave_size: Optional[int] = None):
+    """(a, b) halves of the last dim; with an interleave size s the last dim is read as
+    [n / 2s, 2, s] blocks and de-interleaved first."""
+    if glu_interleave_size:
+        s = glu_interleave_size
+        n = x.shape[-1]
+        x = x.reshape(*x.shape[:-1], n // (2 * s), 2, s).transpose(-2, -3)
+        x = x.reshape(*x.shape[:-3], n)
+    a, b = x.chunk(2, dim=-1)
+    return a, b
+
+
+def glu(x, glu_interleave_size=None):
+    a, b = split_gated(x, glu_interleave_size)
+    return torch.sigmoid(a) * b
+
+
+def geglu(x, glu_interleave_size=None):
+    a, b = split_gated(x, glu_interleave_size)
+    return gelu(a) * b
+
+
+def qgeglu(x, glu_interleave_size=None):
+    a, b = split_gated(x, glu_interleave_size)
+    return qgelu(a) * b
+
+
+def reglu(x, glu_interleave_size=None):
+    a, b = split_gated(x, glu_interleave_size)
+    return relu(a) * b
+
+
+def sreglu(x, glu_interleave_size=None):
+    a, b = split_gated(x, glu_interleave_size)
+    return srelu(a) * b
+
+
+def swiglu(x, glu_interleave_size=None):
+    a, b = split_gated(x, glu_interleave_size)
+    return silu(a) * b
+
+
+def clamped_swiglu(x, limit=7.0, alpha=1.702, glu_linear_offset=1.0, glu_interleave_size=None):
+    a, b = split_gated(x, glu_interleave_size)
+    a = torch.clamp(a, max=limit)
+    b = torch.clamp(b, min=-limit, max=limit)
+    return a * torch.sigmoid(alpha * a) * (b + glu_linear_offset)
+
+
+def situglu(x, beta1=4.0, beta2=25.0, glu_interleave_size=None):
+    a, b = split_gated(x, glu_interleave_size)
+    return beta1 * torch.tanh(a / beta1) * torch.sigmoid(a) * (beta2 * torch.tanh(b / beta2))
+
+
+# ---- the other basic ops --------------------------------------------------------------------
+
+
+def bias(x, b):
+    return x + b
+
+
+def constant_scale(x, scale: float):
+    return x * scale
+
+
+# ---- reference models (the demo and the benchmarks share them) ------------------------------
+
+
+class ResidualMLPBlock(torch.nn.Module):
+    """Plain-PyTorch twin of the demo's residual block: x + fc2(act(fc1(x) + b1)) * scale."""
+
+    def __init__(self, hidden: int, ffn: int, *, scale: float = 1.0, dtype=None, device=None):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(hidden, ffn, bias=False, dtype=dtype, device=device)
+        self.b1 = torch.nn.Parameter(torch.zeros(ffn, dtype=dtype, device=device))
+        self.fc2 = torch.nn.Linear(ffn, hidden, bias=False, dtype=dtype, device=device)
+        self.b2 = torch.nn.Parameter(torch.zeros(hidden, dtype=dtype, device=device))
+        self.scale = scale
+
+    def forward(self, x):
+        h = gelu(self.fc1(x) + self.b1)
+        return x + (self.fc2(h) + self.b2) * self.scale
+
+
