@@ -23,9 +23,13 @@ inline AccVec<T> load_acc(const T* p, int64_t n = AccVec<T>::size()) {
   if constexpr (std::is_same_v<T, A>) {
     return n == AccVec<T>::size() ? AccVec<T>::loadu(p) : AccVec<T>::loadu(p, n);
   } else {
-    alignas(64) A buf[AccVec<T>::size()];
+    if (n == AccVec<T>::size()) {
+      AccVec<T> out;
+      at::vec::load_to_float<T>(p, out);  // vectorised bf16/fp16 -> fp32
+      return out;
+    }
+    alignas(64) A buf[AccVec<T>::size()] = {};
     for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<A>(p[i]);
-    for (int64_t i = n; i < AccVec<T>::size(); ++i) buf[i] = A(0);
     return AccVec<T>::loadu(buf);
   }
 }
@@ -43,7 +47,7 @@ inline void store_acc(T* p, const AccVec<T>& v, int64_t n = AccVec<T>::size()) {
   } else {
     alignas(64) A buf[AccVec<T>::size()];
     v.store(buf);
-    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(buf[i]);
+    at::vec::convert(buf, p, n);  // vectorised fp32 -> bf16/fp16, round to nearest even
   }
 }
 

@@ -9,21 +9,23 @@
 namespace te_cpp {
 
 const char* act_op_name(Act a, ActOp kind) {
+  // One row per Act, in enum order.
   static constexpr const char* kNames[][3] = {
       {"gelu_fwd", "gelu_bwd", "dbias_dgelu"},
       {"relu_fwd", "relu_bwd", "dbias_drelu"},
       {"silu_fwd", "silu_bwd", "dbias_dsilu"},
       {"qgelu_fwd", "qgelu_bwd", "dbias_dqgelu"},
       {"srelu_fwd", "srelu_bwd", "dbias_dsrelu"},
-      {"glu_fwd", "glu_bwd", "dbias_dglu"},
-      {"geglu_fwd", "geglu_bwd", "dbias_dgeglu"},
-      {"qgeglu_fwd", "qgeglu_bwd", "dbias_dqgeglu"},
-      {"reglu_fwd", "reglu_bwd", "dbias_dreglu"},
-      {"sreglu_fwd", "sreglu_bwd", "dbias_dsreglu"},
-      {"swiglu_fwd", "swiglu_bwd", "dbias_dswiglu"},
-      {"clamped_swiglu_fwd", "clamped_swiglu_bwd", "dbias_dclamped_swiglu"},
-      {"situglu_fwd", "situglu_bwd", "dbias_dsituglu"},
+      {"glu_fwd", "glu_bwd", "(none)"},
+      {"geglu_fwd", "geglu_bwd", "(none)"},
+      {"qgeglu_fwd", "qgeglu_bwd", "(none)"},
+      {"reglu_fwd", "reglu_bwd", "(none)"},
+      {"sreglu_fwd", "sreglu_bwd", "(none)"},
+      {"swiglu_fwd", "swiglu_bwd", "(none)"},
+      {"clamped_swiglu_fwd", "clamped_swiglu_bwd", "(none)"},
+      {"situglu_fwd", "situglu_bwd", "(none)"},
   };
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) == kNumActs, "one row per Act");
   return kNames[static_cast<int>(a)][static_cast<int>(kind)];
 }
 

@@ -7,22 +7,43 @@
 // the last dim is read as [n / 2s, 2, s] blocks: a and b alternate in runs of s elements.
 #pragma once
 
-#include <array>
 #include <tuple>
+#include <type_traits>
 
 #include "common/common.h"
 
 namespace te_cpp {
 
+// Unary activations first, then gated ones (is_gated relies on the order).
 enum class Act : int {
   GELU, RELU, SILU, QGELU, SRELU,                                 // unary
   GLU, GEGLU, QGEGLU, REGLU, SREGLU, SWIGLU, CLAMPED_SWIGLU, SITUGLU  // gated
 };
+constexpr int kNumActs = static_cast<int>(Act::SITUGLU) + 1;
 
 constexpr bool is_gated(Act a) { return static_cast<int>(a) >= static_cast<int>(Act::GLU); }
 
+// Calls f(std::integral_constant<Act, K>{}) for the runtime value a == K, so a kernel is
+// written once as a template over K. A missing case is a -Wswitch warning, and falls through
+// to an error rather than a silent no-op.
+template <class F>
+decltype(auto) visit_act(Act a, F&& f) {
+#define TE_VISIT(K) \
+  case K:           \
+    return f(std::integral_constant<Act, K>{});
+  switch (a) {
+    TE_VISIT(Act::GELU) TE_VISIT(Act::RELU) TE_VISIT(Act::SILU) TE_VISIT(Act::QGELU)
+    TE_VISIT(Act::SRELU) TE_VISIT(Act::GLU) TE_VISIT(Act::GEGLU) TE_VISIT(Act::QGEGLU)
+    TE_VISIT(Act::REGLU) TE_VISIT(Act::SREGLU) TE_VISIT(Act::SWIGLU)
+    TE_VISIT(Act::CLAMPED_SWIGLU) TE_VISIT(Act::SITUGLU)
+  }
+#undef TE_VISIT
+  TORCH_CHECK(false, "te_cpp: unknown activation ", static_cast<int>(a));
+}
+
 // The custom-op names of an activation, for error messages: "gelu_fwd", "gelu_bwd",
-// "dbias_dgelu" (string literals, no allocation on the hot path).
+// "dbias_dgelu" (string literals, no allocation on the hot path). Gated activations have no
+// dbias op; their DBIAS name is "(none)".
 enum class ActOp : int { FWD, BWD, DBIAS };
 const char* act_op_name(Act a, ActOp kind);
 

@@ -19,6 +19,7 @@ import dataclasses
 from typing import Any, Callable, Optional
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .op import BasicOperation, FusibleOperation, OperationContext
 
@@ -212,6 +213,7 @@ class _OperationFuserAutogradFunction(torch.autograd.Function):
         return x
 
     @staticmethod
+    @once_differentiable
     def backward(func_ctx, grad_output, *grad_public_outputs):
         plan = func_ctx.plan
         fuser = func_ctx.fuser
@@ -298,6 +300,9 @@ class OperationFuser:
     forward_backward_fusion_functions: list[FusionFunction] = []
     forward_fusion_functions: list[FusionFunction] = []
     backward_fusion_functions: list[FusionFunction] = []
+    # Bumped by every registration: part of the plan key, so existing fusers re-plan with
+    # fusions registered after they were built (the anchor keeps their stale plans).
+    _fusion_registry_version: int = 0
 
     def __init__(self, ops: list[FusibleOperation]) -> None:
         basic_ops: list[BasicOperation] = []
@@ -366,7 +371,7 @@ class OperationFuser:
         """Return the plan for this call's configuration, building it on a cache miss."""
         first = self._first_op_requiring_backward(input_, extra_inputs, is_grad_enabled)
         backward_override = getattr(recipe, "backward_override", None)
-        key = (type(recipe), first, backward_override)
+        key = (type(recipe), first, backward_override, OperationFuser._fusion_registry_version)
         plan = self._plans.get(key)
         if plan is None:
             plan = self._build_plan(recipe, first)
@@ -439,16 +444,19 @@ class OperationFuser:
 
 
 def _register(registry: list, func: FusionFunction, prepend: bool) -> FusionFunction:
+    if not callable(func):
+        raise TypeError(f"fusion function must be callable, got {type(func).__name__}")
     if prepend:
         registry.insert(0, func)
     else:
         registry.append(func)
+    OperationFuser._fusion_registry_version += 1
     return func
 
 
 def register_forward_fusion(func: FusionFunction, prepend: bool = False) -> FusionFunction:
     """Register ``func(ops, *, recipe) -> ops`` as a forward-pass fusion (appended, or first
-    with ``prepend=True``). Fusers pick it up the next time they build a plan."""
+    with ``prepend=True``). Every fuser, existing ones included, re-plans on its next call."""
     return _register(OperationFuser.forward_fusion_functions, func, prepend)
 
 

@@ -122,7 +122,6 @@ Tensor bwd_impl(const Tensor& dy_in, const Tensor& x_in, const ActConfig& cfg) {
 template <Act K>
 std::tuple<Tensor, Tensor> dbias_dact_impl(const Tensor& dy_in, const Tensor& x_in,
                                            at::ScalarType bias_dtype, const ActConfig& cfg) {
-  static_assert(!is_gated(K), "dbias+dact is fused for unary activations only");
   const char* op = act_op_name(K, ActOp::DBIAS);
   DbiasDact::check(op, dy_in, x_in, bias_dtype);
   auto [dx, db] = DbiasDact::allocate(x_in, bias_dtype);
@@ -159,38 +158,22 @@ std::tuple<Tensor, Tensor> dbias_dact_impl(const Tensor& dy_in, const Tensor& x_
 
 struct CpuBackend {
   static Tensor fwd(const Tensor& x, const ActConfig& cfg) {
-    switch (cfg.act) {
-#define TE_CASE(K) case K: return fwd_impl<K>(x, cfg);
-      TE_CASE(Act::GELU) TE_CASE(Act::RELU) TE_CASE(Act::SILU) TE_CASE(Act::QGELU)
-      TE_CASE(Act::SRELU) TE_CASE(Act::GLU) TE_CASE(Act::GEGLU) TE_CASE(Act::QGEGLU)
-      TE_CASE(Act::REGLU) TE_CASE(Act::SREGLU) TE_CASE(Act::SWIGLU)
-      TE_CASE(Act::CLAMPED_SWIGLU) TE_CASE(Act::SITUGLU)
-#undef TE_CASE
-    }
-    TORCH_CHECK(false, "te_cpp: unknown activation");
+    return visit_act(cfg.act, [&](auto k) { return fwd_impl<decltype(k)::value>(x, cfg); });
   }
   static Tensor bwd(const Tensor& dy, const Tensor& x, const ActConfig& cfg) {
-    switch (cfg.act) {
-#define TE_CASE(K) case K: return bwd_impl<K>(dy, x, cfg);
-      TE_CASE(Act::GELU) TE_CASE(Act::RELU) TE_CASE(Act::SILU) TE_CASE(Act::QGELU)
-      TE_CASE(Act::SRELU) TE_CASE(Act::GLU) TE_CASE(Act::GEGLU) TE_CASE(Act::QGEGLU)
-      TE_CASE(Act::REGLU) TE_CASE(Act::SREGLU) TE_CASE(Act::SWIGLU)
-      TE_CASE(Act::CLAMPED_SWIGLU) TE_CASE(Act::SITUGLU)
-#undef TE_CASE
-    }
-    TORCH_CHECK(false, "te_cpp: unknown activation");
+    return visit_act(cfg.act, [&](auto k) { return bwd_impl<decltype(k)::value>(dy, x, cfg); });
   }
   static std::tuple<Tensor, Tensor> dbias_dact(const Tensor& dy, const Tensor& x,
                                                at::ScalarType bias_dtype, const ActConfig& cfg) {
-    switch (cfg.act) {
-#define TE_CASE(K) case K: return dbias_dact_impl<K>(dy, x, bias_dtype, cfg);
-      TE_CASE(Act::GELU) TE_CASE(Act::RELU) TE_CASE(Act::SILU) TE_CASE(Act::QGELU)
-      TE_CASE(Act::SRELU)
-#undef TE_CASE
-      default: break;
-    }
-    TORCH_CHECK(false, "te_cpp: dbias+dact is fused for unary activations only, got ",
-                act_op_name(cfg.act, ActOp::FWD));
+    return visit_act(cfg.act, [&](auto k) -> std::tuple<Tensor, Tensor> {
+      constexpr Act K = decltype(k)::value;
+      if constexpr (is_gated(K)) {
+        TORCH_CHECK(false, "te_cpp: dbias+dact is fused for unary activations only, got ",
+                    act_op_name(K, ActOp::FWD));
+      } else {
+        return dbias_dact_impl<K>(dy, x, bias_dtype, cfg);
+      }
+    });
   }
 };
 

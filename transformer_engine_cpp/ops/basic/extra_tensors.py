@@ -49,6 +49,9 @@ class AddExtraInput(BasicOperation):
         if self._in_place and not is_compiling():
             out = extra.detach()
             torch.ops.te_cpp.add_extra_input_fwd_inplace(out, input_)
+            # Let autograd see the write (the custom op has no ADInplaceOrView kernel): a
+            # tensor saved earlier from this buffer then fails loudly in backward.
+            torch.autograd.graph.increment_version(out)
         else:
             out = torch.ops.te_cpp.add_extra_input_fwd(input_, extra)
             if self._in_place and out.dtype != extra.dtype:
@@ -98,6 +101,7 @@ class MakeExtraOutput(BasicOperation):
         if (self._in_place and not is_compiling() and grad_extra is not grad_output
                 and grad_extra.is_contiguous() and grad_extra.shape == grad_output.shape):
             torch.ops.te_cpp.make_extra_output_bwd_inplace(grad_extra, grad_output)
+            torch.autograd.graph.increment_version(grad_extra)
             return grad_extra, [()], [()]
         return torch.ops.te_cpp.make_extra_output_bwd(grad_output, grad_extra), [()], [()]
 
