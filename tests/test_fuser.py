@@ -194,19 +194,23 @@ def test_channel_errors():
         te.ops.MakeExtraOutput().set_extra_output_channel(0, 3)
     with pytest.raises(TypeError, match="output_to_caller must be a bool"):
         te.ops.MakeExtraOutput().set_extra_output_channel(0, "a", output_to_caller=1)
+    # Sequential resolves (and locks) the routing when it is built, as the anchor documents.
     two = [te.ops.MakeExtraOutput().set_extra_output_channel(0, "a") for _ in range(2)]
     with pytest.raises(ValueError, match="multiple producers"):
-        te.ops.Sequential(*two)(torch.ones(2, 2))
+        te.ops.Sequential(*two)
     with pytest.raises(ValueError, match="has no producer"):
-        te.ops.Sequential(te.ops.AddExtraInput().set_extra_input_channel(0, "zz"))(torch.ones(2, 2))
-    late = te.ops.Sequential(te.ops.AddExtraInput().set_extra_input_channel(0, "b"),
-                             te.ops.MakeExtraOutput().set_extra_output_channel(0, "b"))
+        te.ops.Sequential(te.ops.AddExtraInput().set_extra_input_channel(0, "zz"))
     with pytest.raises(ValueError, match="no earlier producer"):
-        late(torch.ones(2, 2))
+        te.ops.Sequential(te.ops.AddExtraInput().set_extra_input_channel(0, "b"),
+                          te.ops.MakeExtraOutput().set_extra_output_channel(0, "b"))
     op = te.ops.MakeExtraOutput()
-    op(torch.ones(2, 2))
+    op(torch.ones(2, 2))  # a single op locks on its first call
     with pytest.raises(RuntimeError, match="already captured its channel routing"):
         op.set_extra_output_channel(0, "c")
+    member = te.ops.AddExtraInput()
+    te.ops.Sequential(member)
+    with pytest.raises(RuntimeError, match="already captured its channel routing"):
+        member.set_extra_input_channel(0, "c")
 
 
 def test_channel_unbind_restores_public_output():
@@ -288,28 +292,36 @@ def _count_builds(monkeypatch):
     return calls
 
 
-def test_plan_is_cached_and_rebuilt_on_config_change(monkeypatch):
+def test_plan_is_cached_and_chosen_by_config(monkeypatch, fusion_registry):
     calls = _count_builds(monkeypatch)
     bias = te.ops.Bias(4)
     seq = te.ops.Sequential(te.ops.ConstantScale(2.0), bias, te.ops.GELU())
+    # the unquantized plans for every "first op needing backward" are built with the fuser
+    assert calls == [0, 1, 2, 3]
+    fuser = seq._module_groups[0]
     x = torch.randn(3, 4, requires_grad=True)
     for _ in range(3):
         seq(x).sum().backward()
-    assert calls == [0], "repeated identical calls must not re-fuse"
-    fuser = seq._module_groups[0]
+    assert fuser.first_op_requiring_backward == 0
     seq(x.detach())  # input needs no grad: the first op needing backward is the Bias
-    assert calls == [0, 1] and fuser.first_op_requiring_backward == 1
+    assert fuser.first_op_requiring_backward == 1
     with torch.no_grad():
         seq(x)
-    assert calls == [0, 1, 3]
+    assert fuser.first_op_requiring_backward == 3
     bias.bias.requires_grad_(False)
-    seq(x.detach())  # nothing needs a gradient: same key as no_grad, cached
-    assert calls == [0, 1, 3]
+    seq(x.detach())  # nothing needs a gradient
     assert fuser.first_op_requiring_backward == 3
     bias.bias.requires_grad_(True)
-    seq(x).sum().backward()  # back to the first configuration: the cached plan
-    assert calls == [0, 1, 3]
+    seq(x).sum().backward()
     assert fuser.first_op_requiring_backward == 0
+    assert calls == [0, 1, 2, 3], "calls must never re-fuse for a known configuration"
+    assert fuser._forward_ops is fuser._plans[fuser._plan_key(None, 0)].forward_ops
+    # a new fusion registration makes the next call re-plan its configuration
+    te.ops.register_forward_fusion(lambda ops, *, recipe=None: ops)
+    seq(x)
+    assert calls == [0, 1, 2, 3, 0]
+    seq(x)
+    assert calls == [0, 1, 2, 3, 0]
 
 
 def test_no_grad_output_does_not_require_grad():
@@ -422,7 +434,9 @@ def test_prepend_puts_a_fusion_first(fusion_registry):
     te.ops.register_backward_fusion(spy)
     te.ops.register_backward_fusion(spy, prepend=True)
     te.ops.Sequential(te.ops.Bias(3), te.ops.GELU())(torch.randn(2, 3, requires_grad=True))
-    assert seen == [["Bias", "GELU"], ["BackwardActivationBias"]]
+    # one plan per "first op needing backward" (0, 1, 2): the prepended spy sees the basic ops,
+    # the appended one sees the built-in fusion's result
+    assert seen == [["Bias", "GELU"], ["BackwardActivationBias"]] * 3
     assert OperationFuser.backward_fusion_functions[0] is spy
     with pytest.raises(TypeError, match="must be callable"):
         te.ops.register_forward_fusion(3)

@@ -325,6 +325,11 @@ class OperationFuser:
         self.backward_override = None
         self._forward_ops: tuple = ()
         self._backward_ops: tuple = ()
+        # Build the unquantized plans for every possible first op needing backward now, so a
+        # first call under torch.compile finds its plan instead of adding it to the cache
+        # (a cache that changes during a trace makes the next call recompile).
+        for first in range(self._num_basic_ops + 1):
+            self._plans[self._plan_key(None, first)] = self._build_plan(None, first)
 
     # ---- planning ---------------------------------------------------------------------------
 
@@ -367,11 +372,18 @@ class OperationFuser:
             first_op_requiring_backward=first,
         )
 
+    @staticmethod
+    def _plan_key(recipe, first: int) -> tuple:
+        """What a plan depends on: the recipe class and its backward override, the first basic
+        op needing backward, and the fusion registry (a new registration re-plans)."""
+        return (type(recipe), first, getattr(recipe, "backward_override", None),
+                OperationFuser._fusion_registry_version)
+
     def maybe_fuse_ops(self, is_grad_enabled: bool, recipe, input_, extra_inputs) -> _FusionPlan:
         """Return the plan for this call's configuration, building it on a cache miss."""
         first = self._first_op_requiring_backward(input_, extra_inputs, is_grad_enabled)
         backward_override = getattr(recipe, "backward_override", None)
-        key = (type(recipe), first, backward_override, OperationFuser._fusion_registry_version)
+        key = self._plan_key(recipe, first)
         plan = self._plans.get(key)
         if plan is None:
             plan = self._build_plan(recipe, first)

@@ -32,6 +32,9 @@ class Sequential(torch.nn.Module):
         else:
             for idx, module in enumerate(args):
                 self.add_module(str(idx), module)
+        # Group (and lock the ops' channel routing) now, not lazily in the first forward: a
+        # first forward that builds state would make torch.compile recompile on the second.
+        self._module_groups = self._make_module_groups()
 
     # ---- list-like API (each change drops the cached module groups) -------------------------
 

@@ -57,7 +57,8 @@ class Bias(BasicOperation):
                 self.bias.zero_()
         self.device = device
 
-    def pre_first_fuser_forward(self) -> None:
+    def pre_fuser_forward(self, *, requires_grad: bool) -> None:
+        # Deferred initialisation: a bias built on the meta device materialises on first use.
         if self.bias.device.type == "meta":
             self.reset_parameters()
 

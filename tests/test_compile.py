@@ -1,0 +1,227 @@
+"""torch.compile(fullgraph=True) of te.ops pipelines: one higher-order op with the custom ops
+inside, forward and all gradients equal to eager, backward-only fusions kept, aot_eager and
+inductor backends, dynamic shapes, no recompiles, unsupported ops refused clearly."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch._dynamo.testing import AotEagerAndRecordGraphs, CompileCounterWithBackend, EagerAndRecordGraphs
+from torch._dynamo.utils import counters
+
+import transformer_engine_cpp as te
+
+from tolerances import COMPILED_VS_EAGER, tols
+
+
+def residual_block(features=16):
+    """Bias+GELU (fused backward), gated SwiGLU, an internal residual channel, a plain module."""
+    return te.ops.Sequential(
+        te.ops.MakeExtraOutput().set_extra_output_channel(0, "res", output_to_caller=False),
+        te.ops.Bias(features),
+        te.ops.GELU(),
+        te.ops.ConstantScale(0.5),
+        te.ops.AddExtraInput().set_extra_input_channel(0, "res"),
+        torch.nn.LayerNorm(features),
+        te.ops.Bias(features),
+        te.ops.SwiGLU(glu_interleave_size=4),
+        te.ops.MakeExtraOutput(),
+        te.ops.ReLU(),
+        te.ops.AddExtraInput(),
+    )
+
+
+def init_params(model, seed=0):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.5)
+    return model
+
+
+def run(model, x, extras, grad_seed=7):
+    out = model(x, *extras)
+    outs = out if isinstance(out, tuple) else (out,)
+    torch.manual_seed(grad_seed)
+    torch.autograd.backward(outs, [torch.randn_like(o) for o in outs])
+    return outs
+
+
+def compare_to_eager(make, x_shape, extra_shapes, backend, tol=COMPILED_VS_EAGER, **compile_kw):
+    eager = init_params(make())
+    comp_model = copy.deepcopy(eager)
+    torch.manual_seed(3)
+    x = torch.randn(*x_shape, requires_grad=True)
+    extras = [torch.randn(*s, requires_grad=True) for s in extra_shapes]
+    xc = x.detach().clone().requires_grad_()
+    extras_c = [e.detach().clone().requires_grad_() for e in extras]
+    compiled = torch.compile(comp_model, backend=backend, fullgraph=True, **compile_kw)
+    outs = run(eager, x, extras)
+    c_outs = run(compiled, xc, extras_c)
+    assert len(counters["graph_break"]) == 0
+    for a, b in zip(c_outs, outs):
+        torch.testing.assert_close(a, b, **tol)
+    torch.testing.assert_close(xc.grad, x.grad, **tol)
+    for a, b in zip(extras_c, extras):
+        torch.testing.assert_close(a.grad, b.grad, **tol)
+    for (name, a), b in zip(comp_model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, **tol, msg=lambda m: f"{name}: {m}")
+    return compiled, comp_model
+
+
+def test_dynamo_graph_holds_one_autograd_function_hop():
+    backend = EagerAndRecordGraphs()
+    model = te.ops.Sequential(te.ops.Bias(8), te.ops.GELU(), te.ops.ConstantScale(2.0))
+    x = torch.randn(3, 8, requires_grad=True)
+    torch.compile(model, backend=backend, fullgraph=True)(x).sum().backward()
+    assert len(backend.graphs) == 1
+    gm = backend.graphs[0]
+    hops = [n for n in gm.graph.nodes
+            if n.op == "call_function" and n.target is torch.ops.higher_order.autograd_function_apply]
+    assert len(hops) == 1
+    fwd_body = getattr(gm, hops[0].args[0].target)
+    bwd_body = getattr(gm, hops[0].args[1].target)
+    fwd_code, bwd_code = fwd_body.code, bwd_body.code
+    for op in ("bias_fwd", "gelu_fwd", "constant_scale_fwd"):
+        assert f"te_cpp.{op}" in fwd_code
+    assert "te_cpp.dbias_dgelu" in bwd_code and "te_cpp.constant_scale_bwd" in bwd_code
+    assert "te_cpp.gelu_bwd" not in bwd_code and "te_cpp.bias_bwd" not in bwd_code
+
+
+def test_residual_block_aot_eager_equals_eager_and_keeps_the_backward_fusion():
+    backend = AotEagerAndRecordGraphs()
+    compare_to_eager(residual_block, (2, 5, 16), [(2, 5, 8)], backend)
+    fw = "\n".join(g.code for g in backend.fw_graphs)
+    bw = "\n".join(g.code for g in backend.bw_graphs)
+    assert "te_cpp.bias_fwd" in fw and "te_cpp.swiglu_fwd" in fw
+    assert "te_cpp.dbias_dgelu" in bw and "te_cpp.swiglu_bwd" in bw
+    assert "te_cpp.gelu_bwd" not in bw
+    # the plain LayerNorm splits the Sequential into two fusers, both inside one graph
+    assert len(backend.fw_graphs) == 1 and len(backend.bw_graphs) == 1
+
+
+@pytest.mark.slow
+def test_residual_block_inductor_equals_eager():
+    compare_to_eager(residual_block, (2, 5, 16), [(2, 5, 8)], "inductor", tol=tols(torch.float32))
+
+
+@pytest.mark.slow
+def test_inductor_bf16_pipeline():
+    def make():
+        return te.ops.Sequential(te.ops.Bias(32, dtype=torch.bfloat16), te.ops.ReLU(),
+                                 te.ops.GEGLU(), te.ops.ConstantScale(3.0))
+
+    eager = init_params(make())
+    compiled = torch.compile(copy.deepcopy(eager), backend="inductor", fullgraph=True)
+    x = torch.randn(4, 32, dtype=torch.bfloat16, requires_grad=True)
+    xc = x.detach().clone().requires_grad_()
+    y, yc = eager(x), compiled(xc)
+    y.sum().backward()
+    yc.sum().backward()
+    torch.testing.assert_close(yc, y, **COMPILED_VS_EAGER)
+    torch.testing.assert_close(xc.grad, x.grad, **COMPILED_VS_EAGER)
+
+
+def test_dynamic_shapes_do_not_recompile():
+    counter = CompileCounterWithBackend("aot_eager")
+    model = init_params(te.ops.Sequential(te.ops.Bias(12), te.ops.SiLU(), te.ops.SwiGLU(),
+                                          te.ops.MakeExtraOutput(), te.ops.Reshape((-1, 3))))
+    compiled = torch.compile(model, backend=counter, fullgraph=True, dynamic=True)
+    for rows in (3, 5, 11):
+        x = torch.randn(rows, 2, 12, requires_grad=True)
+        xc = x.detach().clone().requires_grad_()
+        outs = run(model, x, [])
+        c_outs = run(compiled, xc, [])
+        for a, b in zip(c_outs, outs):
+            torch.testing.assert_close(a, b, **COMPILED_VS_EAGER)
+        torch.testing.assert_close(xc.grad, x.grad, **COMPILED_VS_EAGER)
+    assert counter.frame_count == 1
+
+
+def test_mark_dynamic_keeps_meta_kernels_symbolic():
+    model = init_params(te.ops.Sequential(te.ops.Bias(10), te.ops.GEGLU(),
+                                          te.ops.ConstantScale(2.0)))
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    x = torch.randn(6, 10, requires_grad=True)
+    torch._dynamo.mark_dynamic(x, 0)
+    compiled(x).sum().backward()  # a specialisation would raise ConstraintViolationError
+    assert x.grad.shape == x.shape
+
+
+def test_repeated_calls_do_not_recompile():
+    counter = CompileCounterWithBackend("aot_eager")
+    model = init_params(te.ops.Sequential(te.ops.Bias(8), te.ops.ReLU()))
+    compiled = torch.compile(model, backend=counter, fullgraph=True, dynamic=False)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(3):
+            compiled(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    assert counter.frame_count == 1
+
+
+def test_in_place_variants_compile_functionally():
+    def make():
+        return te.ops.Sequential(te.ops.MakeExtraOutput(in_place=True), te.ops.GELU(),
+                                 te.ops.ConstantScale(2.0), te.ops.AddExtraInput(in_place=True))
+
+    compare_to_eager(make, (3, 7), [(3, 7)], "aot_eager")
+    # under compile the caller's extra-input buffer is not written
+    model = torch.compile(make(), backend="aot_eager", fullgraph=True)
+    extra = torch.zeros(3, 7, requires_grad=True)
+    before = extra.detach().clone()
+    model(torch.randn(3, 7, requires_grad=True), extra)
+    assert torch.equal(extra.detach(), before)
+
+
+def test_in_place_add_writes_the_buffer_in_eager():
+    model = te.ops.Sequential(te.ops.ConstantScale(2.0), te.ops.AddExtraInput(in_place=True))
+    x = torch.ones(2, 3)
+    extra = torch.full((2, 3), 10.0)
+    y = model(x, extra)
+    assert y.data_ptr() == extra.data_ptr()
+    assert torch.equal(extra, torch.full((2, 3), 12.0))
+
+
+def test_in_place_write_over_a_saved_tensor_fails_loudly():
+    a = torch.randn(3, 4, requires_grad=True)
+    h = a * 1.0  # h is saved by the multiplication below
+    w = torch.randn(4, requires_grad=True)
+    y = h * w
+    te.ops.Sequential(te.ops.AddExtraInput(in_place=True))(torch.ones(3, 4), h)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+class Unsupported(te.ops.BasicOperation):
+    def compile_unsupported_reason(self):
+        return "it keeps global state (test op)"
+
+    def op_forward(self, ctx, input_, **kwargs):
+        return input_
+
+    def op_backward(self, ctx, grad_output):
+        return grad_output, ()
+
+
+def test_unsupported_op_is_refused_under_compile():
+    model = te.ops.Sequential(te.ops.GELU(), Unsupported())
+    x = torch.randn(2, 3, requires_grad=True)
+    model(x).sum().backward()  # fine in eager
+    with pytest.raises(Exception, match="Unsupported cannot run under torch.compile: it keeps "
+                                        "global state"):
+        torch.compile(model, backend="aot_eager", fullgraph=True)(x)
+
+
+def test_identity_and_reshape_only_pipeline_compiles():
+    compare_to_eager(lambda: te.ops.Sequential(te.ops.Identity(), te.ops.Reshape((-1, 4)),
+                                               te.ops.Identity()),
+                     (3, 8), [], "aot_eager")
+
+
+def test_no_grad_under_compile():
+    model = init_params(te.ops.Sequential(te.ops.Bias(8), te.ops.GELU()))
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), **COMPILED_VS_EAGER)
