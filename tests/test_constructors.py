@@ -1,0 +1,62 @@
+"""Invalid constructor arguments raise a clear error naming the op and the value."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import transformer_engine_cpp as te
+
+BAD_CONSTRUCTORS = [
+    (lambda: te.ops.Bias(0), ValueError, r"Bias: size must be a positive int, got 0"),
+    (lambda: te.ops.Bias(4.5), ValueError, r"Bias: size must be a positive int, got 4.5"),
+    (lambda: te.ops.Bias(4, dtype=torch.int32), ValueError, r"Bias: unsupported dtype torch.int32"),
+    (lambda: te.ops.Bias(4, tensor_parallel=True), NotImplementedError, r"Bias: tensor_parallel"),
+    (lambda: te.ops.ConstantScale(math.nan), ValueError, r"ConstantScale: scale must be a finite"),
+    (lambda: te.ops.ConstantScale("2"), ValueError, r"ConstantScale: scale must be a finite"),
+    (lambda: te.ops.Reshape((-1, -1)), ValueError, r"Reshape: invalid shape \(-1, -1\)"),
+    (lambda: te.ops.Reshape((2.0, 3)), TypeError, r"Reshape: shape must be a sequence of ints"),
+    (lambda: te.ops.AddExtraInput(in_place="yes"), TypeError, r"AddExtraInput: in_place must be"),
+    (lambda: te.ops.MakeExtraOutput(in_place=1), TypeError, r"MakeExtraOutput: in_place must be"),
+    (lambda: te.ops.SwiGLU(glu_interleave_size=0), ValueError,
+     r"SwiGLU: glu_interleave_size must be a positive int or None, got 0"),
+    (lambda: te.ops.ClampedSwiGLU(limit=-1.0), ValueError, r"ClampedSwiGLU: limit must be > 0"),
+    (lambda: te.ops.ClampedSwiGLU(alpha=math.inf), ValueError,
+     r"ClampedSwiGLU: alpha must be a finite number"),
+    (lambda: te.ops.SiTUGLU(beta1=0.0), ValueError, r"SiTUGLU: beta1 must be finite and > 0"),
+    (lambda: te.ops.SiTUGLU(beta2=math.nan), ValueError, r"SiTUGLU: beta2 must be finite and > 0"),
+    (lambda: te.ops.GELU(cache_quantized_input=1), TypeError,
+     r"GELU: cache_quantized_input must be a bool"),
+    (lambda: te.ops.GEGLU(cache_quantized_input=True), NotImplementedError,
+     r"GEGLU: cache_quantized_input=True needs FP8"),
+]
+
+
+@pytest.mark.parametrize("make,exc,match", BAD_CONSTRUCTORS,
+                         ids=[m.split(":")[0].replace("\\", "") + str(i)
+                              for i, (_, _, m) in enumerate(BAD_CONSTRUCTORS)])
+def test_bad_constructor_arguments(make, exc, match):
+    with pytest.raises(exc, match=match):
+        make()
+
+
+def test_defaults_follow_the_anchor():
+    assert te.ops.Bias(3).bias.dtype == torch.get_default_dtype()
+    assert torch.equal(te.ops.Bias(3).bias, torch.zeros(3))  # the anchor zero-initialises
+    c = te.ops.ClampedSwiGLU()
+    assert (c.limit, c.alpha, c.glu_linear_offset) == (7.0, 1.702, 1.0)
+    s = te.ops.SiTUGLU()
+    assert (s.beta1, s.beta2) == (4.0, 25.0)
+    assert te.ops.SwiGLU().glu_interleave_size is None
+
+
+def test_bias_on_the_meta_device_materialises_on_first_use():
+    bias = te.ops.Bias(5, device="meta")
+    assert bias.bias.device.type == "meta"
+    seq = te.ops.Sequential(bias, te.ops.ReLU())
+    y = seq(torch.ones(2, 5, requires_grad=True))
+    assert bias.bias.device.type == "cpu" and torch.equal(bias.bias, torch.zeros(5))
+    y.sum().backward()
+    assert bias.bias.grad is not None  # the fuser used the materialised parameter
