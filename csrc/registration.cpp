@@ -27,6 +27,8 @@ constexpr std::array kOps = {
     "glu_fwd", "glu_bwd", "geglu_fwd", "geglu_bwd", "qgeglu_fwd", "qgeglu_bwd",
     "reglu_fwd", "reglu_bwd", "sreglu_fwd", "sreglu_bwd", "swiglu_fwd", "swiglu_bwd",
     "clamped_swiglu_fwd", "clamped_swiglu_bwd", "situglu_fwd", "situglu_bwd",
+    // normalisation
+    "layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "rmsnorm_bwd_add",
 };
 
 }  // namespace
@@ -70,6 +72,25 @@ TORCH_LIBRARY(te_cpp, m) {
         tags);
   m.def("situglu_bwd(Tensor dy, Tensor x, float beta1, float beta2, "
         "int glu_interleave_size=0) -> Tensor",
+        tags);
+
+  // ---- Normalisation: x normalised over its trailing dims of weight's shape -----------------
+  // mean / rstd: per-row statistics (leading dims), float32 (float64 for fp64 inputs).
+  m.def("layernorm_fwd(Tensor x, Tensor weight, Tensor bias, float eps, "
+        "bool zero_centered_gamma) -> (Tensor y, Tensor mean, Tensor rstd)",
+        tags);
+  m.def("layernorm_bwd(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor weight, "
+        "bool zero_centered_gamma) -> (Tensor dx, Tensor dweight, Tensor dbias)",
+        tags);
+  m.def("rmsnorm_fwd(Tensor x, Tensor weight, float eps, bool zero_centered_gamma) "
+        "-> (Tensor y, Tensor rstd)",
+        tags);
+  m.def("rmsnorm_bwd(Tensor dy, Tensor x, Tensor rstd, Tensor weight, "
+        "bool zero_centered_gamma) -> (Tensor dx, Tensor dweight)",
+        tags);
+  // BackwardAddRMSNorm: dx = rmsnorm_dx + dextra (the residual branch's gradient), one pass.
+  m.def("rmsnorm_bwd_add(Tensor dy, Tensor x, Tensor rstd, Tensor weight, "
+        "bool zero_centered_gamma, Tensor dextra) -> (Tensor dx, Tensor dweight)",
         tags);
 }
 

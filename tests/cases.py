@@ -39,6 +39,12 @@ class OpCase:
     bad_inputs: tuple = ()
     #: scale of the random inputs (e.g. to reach the clamps of ClampedSwiGLU).
     input_scale: float = 1.0
+    #: trailing shape of the input (default: (features,)); the harness adds leading dims.
+    input_tail: Optional[tuple] = None
+
+    @property
+    def tail(self) -> tuple:
+        return self.input_tail or (self.features,)
 
 
 def _rand(*shape, dtype=torch.float32, scale=1.0):
@@ -190,6 +196,69 @@ def _bias_act_case(act_cls, stem, ref_fn):
     )
 
 
+def _samples_norm(kind, tail=(13,)):
+    def samples(dtype):
+        out = []
+        for lead in [(1,), (2, 3)]:
+            x = _rand(*lead, *tail, dtype=dtype)
+            dy = _rand(*lead, *tail, dtype=dtype)
+            w, b = _rand(*tail, dtype=dtype), _rand(*tail, dtype=dtype)
+            for zcg in (False, True):
+                if kind == "layernorm":
+                    y, mean, rstd = te_ops.layernorm_fwd(x, w, b, 1e-5, zcg)
+                    out += [(te_ops.layernorm_fwd, (x, w, b, 1e-5, zcg)),
+                            (te_ops.layernorm_bwd, (dy, x, mean, rstd, w, zcg))]
+                else:
+                    y, rstd = te_ops.rmsnorm_fwd(x, w, 1e-5, zcg)
+                    out += [(te_ops.rmsnorm_fwd, (x, w, 1e-5, zcg)),
+                            (te_ops.rmsnorm_bwd, (dy, x, rstd, w, zcg)),
+                            (te_ops.rmsnorm_bwd_add, (dy, x, rstd, w, zcg, _rand(*lead, *tail,
+                                                                                  dtype=dtype)))]
+        return out
+    return samples
+
+
+def _norm_case(cls, shape, *, zcg=False, eps=1e-5):
+    name = cls.__name__
+    stem = "layernorm" if cls is te.ops.LayerNorm else "rmsnorm"
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+
+    def reference(p, x):
+        if stem == "layernorm":
+            return ref.layer_norm(x, p["0.weight"], p["0.bias"], eps, zcg)
+        return ref.rms_norm(x, p["0.weight"], eps, zcg)
+
+    return OpCase(
+        id=f"{name}{list(shape)}" + ("(zero_centered_gamma)" if zcg else ""),
+        make=lambda dtype: [cls(shape, eps=eps, dtype=dtype, zero_centered_gamma=zcg)],
+        reference=reference,
+        features=shape[-1],
+        input_tail=shape,
+        opcheck_samples=_samples_norm(stem, shape),
+        bad_inputs=(
+            ("normalized shape mismatch", lambda: cls(shape)(torch.ones(3, shape[-1] + 1)),
+             RuntimeError, rf"te_cpp\.{stem}_fwd: the trailing dims of the input \(shape "
+                           rf"\[3, {shape[-1] + 1}\]\) must equal the normalized shape"),
+            ("integer input", lambda: cls(shape)(torch.ones(3, *shape, dtype=torch.int32)),
+             TypeError, rf"{name}: input must be floating point, got torch.int32"),
+            _bad_device(lambda: cls(shape[-1]), shape[-1], f"{stem}_fwd"),
+        ),
+    )
+
+
+def _add_rmsnorm_case():
+    from transformer_engine_cpp.ops.fused import BackwardAddRMSNorm
+
+    return OpCase(
+        id="MakeExtraOutput+RMSNorm",
+        make=lambda dtype: [te.ops.MakeExtraOutput(), te.ops.RMSNorm(37, dtype=dtype)],
+        reference=lambda p, x: (ref.rms_norm(x, p["1.weight"]), x),
+        features=37,
+        opcheck_samples=_samples_norm("rmsnorm", (37,)),
+        fused_backward=(BackwardAddRMSNorm,),
+    )
+
+
 OP_CASES: list[OpCase] = [
     OpCase(id="Identity", make=lambda dtype: [te.ops.Identity()], reference=lambda p, x: x,
            features=37),
@@ -251,6 +320,13 @@ OP_CASES: list[OpCase] = [
     _bias_act_case(te.ops.SiLU, "silu", ref.silu),
     _bias_act_case(te.ops.QGELU, "qgelu", ref.qgelu),
     _bias_act_case(te.ops.SReLU, "srelu", ref.srelu),
+    _norm_case(te.ops.LayerNorm, 37),
+    _norm_case(te.ops.LayerNorm, 37, zcg=True, eps=1e-3),
+    _norm_case(te.ops.LayerNorm, (3, 13)),
+    _norm_case(te.ops.RMSNorm, 37),
+    _norm_case(te.ops.RMSNorm, 37, zcg=True, eps=1e-3),
+    _norm_case(te.ops.RMSNorm, (3, 13)),
+    _add_rmsnorm_case(),
 ]
 
 CASE_IDS = [c.id for c in OP_CASES]

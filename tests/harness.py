@@ -15,13 +15,14 @@ LAYOUTS = {
 }
 
 
-def make_input(lead, features, dtype, *, non_contiguous=False, scale=1.0, requires_grad=True):
+def make_input(lead, tail, dtype, *, non_contiguous=False, scale=1.0, requires_grad=True):
+    """A (*lead, *tail) input; non-contiguous: every other element of a twice-as-wide one."""
     if non_contiguous:
-        base = torch.randn(*lead, 2 * features) * scale
+        base = torch.randn(*lead, *tail[:-1], 2 * tail[-1]) * scale
         x = base.to(dtype)[..., ::2]
         assert not x.is_contiguous()
     else:
-        x = (torch.randn(*lead, features) * scale).to(dtype)
+        x = (torch.randn(*lead, *tail) * scale).to(dtype)
     return x.detach().requires_grad_(requires_grad)
 
 
@@ -42,9 +43,9 @@ def as_tuple(out):
 def inputs_for(case, dtype, layout, seed=4321):
     lead, non_contiguous = LAYOUTS[layout]
     torch.manual_seed(seed)
-    x = make_input(lead, case.features, dtype, non_contiguous=non_contiguous,
+    x = make_input(lead, case.tail, dtype, non_contiguous=non_contiguous,
                    scale=case.input_scale)
-    extras = [make_input(lead, case.features, dtype, scale=case.input_scale)
+    extras = [make_input(lead, case.tail, dtype, scale=case.input_scale)
               for _ in range(case.num_extra_inputs)]
     return x, extras
 

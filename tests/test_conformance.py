@@ -100,9 +100,10 @@ def test_compiled_matches_eager(case):
     assert len(backend.fw_graphs) == 1 and len(backend.bw_graphs) == 1
     bw_code = backend.bw_graphs[0].code
     for fused in case.fused_backward:
-        fused_ops = {"BackwardActivationBias": "dbias_d"}
+        fused_ops = {"BackwardActivationBias": "dbias_d", "BackwardAddRMSNorm": "rmsnorm_bwd_add"}
         assert f"torch.ops.te_cpp.{fused_ops[fused.__name__]}" in bw_code, bw_code
-        assert "bias_bwd" not in bw_code, bw_code
+        unfused = {"BackwardActivationBias": "bias_bwd", "BackwardAddRMSNorm": "rmsnorm_bwd("}
+        assert unfused[fused.__name__] not in bw_code, bw_code
 
 
 @pytest.mark.parametrize("case", [c for c in OP_CASES if c.bad_inputs], ids=lambda c: c.id)

@@ -34,3 +34,34 @@ def check_float_dtype(op_name: str, dtype: torch.dtype) -> None:
 
 def is_compiling() -> bool:
     return torch.compiler.is_compiling()
+
+
+def init_parameter(op: torch.nn.Module, name: str, fill, device: torch.device) -> None:
+    """(Re)initialise ``op.<name>`` with ``fill(tensor)``: in place when it already lives on
+    ``device``, otherwise (deferred init from the meta device, or a move) as a new Parameter
+    on ``device`` that keeps the old one's dtype and requires_grad."""
+    param = getattr(op, name)
+    if param.device.type == "meta" or param.device != device:
+        data = torch.empty(param.shape, dtype=param.dtype, device=device)
+        with torch.no_grad():
+            fill(data)
+        setattr(op, name, torch.nn.Parameter(data, requires_grad=param.requires_grad))
+    else:
+        with torch.no_grad():
+            fill(param)
+
+
+def materialize_device(op_device: torch.device) -> torch.device:
+    """Where a parameter built on ``op_device`` lives once materialised."""
+    return op_device if op_device.type != "meta" else torch.get_default_device()
+
+
+def has_meta_parameters(op: torch.nn.Module) -> bool:
+    return any(p.device.type == "meta" for p in op.parameters(recurse=False))
+
+
+def compute_dtype(device_type: str, default: torch.dtype) -> torch.dtype:
+    """The autocast dtype when autocast is on for this device type, else ``default``."""
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return default

@@ -122,3 +122,18 @@ class ResidualMLPBlock(torch.nn.Module):
         return x + (self.fc2(h) + self.b2) * self.scale
 
 
+
+
+# ---- normalisation --------------------------------------------------------------------------
+
+
+def layer_norm(x, weight, bias, eps=1e-5, zero_centered_gamma=False):
+    """LayerNorm over the trailing weight.shape dims (weight -> 1 + weight if zero-centred)."""
+    gamma = 1 + weight if zero_centered_gamma else weight
+    return F.layer_norm(x, tuple(weight.shape), gamma, bias, eps)
+
+
+def rms_norm(x, weight, eps=1e-5, zero_centered_gamma=False):
+    gamma = 1 + weight if zero_centered_gamma else weight
+    dims = tuple(range(x.dim() - weight.dim(), x.dim()))
+    return x * torch.rsqrt(x.pow(2).mean(dim=dims, keepdim=True) + eps) * gamma

@@ -21,13 +21,7 @@ struct GatedGeometry {
   }
 };
 
-// Calls body(offset, count) over [0, n) in vector-width chunks, the last one partial.
-template <int64_t W, typename Body>
-inline void for_chunks(int64_t n, const Body& body) {
-  int64_t i = 0;
-  for (; i + W <= n; i += W) body(i, W);
-  if (i < n) body(i, n - i);
-}
+using cpu::for_chunks;
 
 template <Act K>
 Tensor fwd_impl(const Tensor& x_in, const ActConfig& cfg) {

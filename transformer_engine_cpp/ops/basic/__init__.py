@@ -19,9 +19,10 @@ from .bias import Bias
 from .constant_scale import ConstantScale
 from .extra_tensors import AddExtraInput, MakeExtraOutput
 from .identity import Identity, Reshape
+from .normalization import LayerNorm, RMSNorm
 
 __all__ = [
     "AddExtraInput", "Bias", "ClampedSwiGLU", "ConstantScale", "GEGLU", "GELU", "GLU",
-    "Identity", "MakeExtraOutput", "QGEGLU", "QGELU", "ReGLU", "ReLU", "Reshape", "SiLU",
+    "Identity", "LayerNorm", "MakeExtraOutput", "QGEGLU", "QGELU", "ReGLU", "ReLU", "Reshape", "RMSNorm", "SiLU",
     "SiTUGLU", "SReGLU", "SReLU", "SwiGLU",
 ]

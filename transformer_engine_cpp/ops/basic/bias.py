@@ -6,7 +6,8 @@ from typing import Optional
 
 import torch
 
-from .._common import canonicalize_device, canonicalize_dtype, check_float_dtype
+from .._common import (canonicalize_device, canonicalize_dtype, check_float_dtype,
+                       has_meta_parameters, init_parameter, materialize_device)
 from ..op import BasicOperation, OperationContext
 
 
@@ -46,20 +47,12 @@ class Bias(BasicOperation):
     def reset_parameters(self) -> None:
         """Zero the bias, materialising it on ``self.device`` (or the default device, if the
         op was built on the meta device)."""
-        device = self.device if self.device.type != "meta" else torch.get_default_device()
-        if self.bias.device.type == "meta" or self.bias.device != device:
-            self.bias = torch.nn.Parameter(
-                torch.zeros(self.local_size, device=device, dtype=self.bias.dtype),
-                requires_grad=self.bias.requires_grad,
-            )
-        else:
-            with torch.no_grad():
-                self.bias.zero_()
-        self.device = device
+        self.device = materialize_device(self.device)
+        init_parameter(self, "bias", torch.nn.init.zeros_, self.device)
 
     def pre_fuser_forward(self, *, requires_grad: bool) -> None:
         # Deferred initialisation: a bias built on the meta device materialises on first use.
-        if self.bias.device.type == "meta":
+        if has_meta_parameters(self):
             self.reset_parameters()
 
     def op_forward(

@@ -6,5 +6,8 @@ from ..fuser import (
     register_forward_fusion,
 )
 from .backward_activation_bias import BackwardActivationBias, fuse_backward_activation_bias
+from .backward_add_rmsnorm import BackwardAddRMSNorm, fuse_backward_add_rmsnorm
 
+# The anchor's registration order.
 register_backward_fusion(fuse_backward_activation_bias)
+register_backward_fusion(fuse_backward_add_rmsnorm)

@@ -1,0 +1,182 @@
+"""LayerNorm and RMSNorm over the trailing ``normalized_shape`` dims.
+
+Forward calls ``torch.ops.te_cpp.layernorm_fwd`` / ``rmsnorm_fwd``, which also return the
+per-row statistics (mean and rstd in float32, float64 for fp64 inputs) that the backward ops
+reuse. The compute dtype is the autocast dtype when autocast is on, else the weight's dtype;
+the input is cast to it, as in the anchor.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Iterable, Optional, Union
+
+import torch
+
+from .._common import (canonicalize_device, canonicalize_dtype, check_float_dtype, compute_dtype,
+                       has_meta_parameters, init_parameter, materialize_device)
+from ..op import BasicOperation, OperationContext
+
+SmMargin = Union[int, dict]
+
+
+def _normalized_shape(op: str, shape) -> tuple[int, ...]:
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+        shape = (int(shape),)
+    try:
+        shape = tuple(shape)
+    except TypeError:
+        raise TypeError(f"{op}: normalized_shape must be an int or a sequence of ints, "
+                        f"got {shape!r}") from None
+    if not shape or not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and d > 0
+                            for d in shape):
+        raise ValueError(f"{op}: normalized_shape must be positive ints, got {shape!r}")
+    return tuple(int(d) for d in shape)
+
+
+def _check_sm_margin(op: str, sm_margin: SmMargin) -> None:
+    """The anchor's SM margin (an int, or a dict with forward/backward/inference keys): SMs
+    left free for communication kernels. Validated; it has no effect on CPU."""
+    values = sm_margin.values() if isinstance(sm_margin, dict) else [sm_margin]
+    if isinstance(sm_margin, dict):
+        unknown = set(sm_margin) - {"forward", "backward", "inference"}
+        if unknown:
+            raise ValueError(f"{op}: unknown sm_margin keys {sorted(unknown)} "
+                             "(expected forward, backward, inference)")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{op}: sm_margin must be a non-negative int or a dict of them, "
+                             f"got {sm_margin!r}")
+
+
+class _Norm(BasicOperation):
+    """Common constructor, parameters and deferred init of LayerNorm and RMSNorm."""
+
+    _has_bias = False
+
+    def __init__(
+        self,
+        normalized_shape: Union[int, Iterable[int]],
+        *,
+        eps: float = 1e-5,
+        device: Optional[torch.device | str] = None,
+        dtype: Optional[torch.dtype] = None,
+        zero_centered_gamma: bool = False,
+        sm_margin: SmMargin = 0,
+    ) -> None:
+        super().__init__()
+        name = self.__class__.__name__
+        self.normalized_shape = _normalized_shape(name, normalized_shape)
+        if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (eps >= 0) \
+                or eps == float("inf"):
+            raise ValueError(f"{name}: eps must be a finite number >= 0, got {eps!r}")
+        if not isinstance(zero_centered_gamma, bool):
+            raise TypeError(f"{name}: zero_centered_gamma must be a bool, got "
+                            f"{type(zero_centered_gamma).__name__}")
+        _check_sm_margin(name, sm_margin)
+        self.eps = float(eps)
+        self.zero_centered_gamma = zero_centered_gamma
+        self.sm_margin = sm_margin
+        self.device = canonicalize_device(device)
+        dtype = canonicalize_dtype(dtype)
+        check_float_dtype(name, dtype)
+        self.weight = torch.nn.Parameter(torch.empty(self.normalized_shape, device="meta",
+                                                     dtype=dtype))
+        if self._has_bias:
+            self.bias = torch.nn.Parameter(torch.empty(self.normalized_shape, device="meta",
+                                                       dtype=dtype))
+        if self.device.type != "meta":
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """weight = 1 (0 with zero_centered_gamma), bias = 0; materialises meta parameters."""
+        self.device = materialize_device(self.device)
+        fill = torch.nn.init.zeros_ if self.zero_centered_gamma else torch.nn.init.ones_
+        init_parameter(self, "weight", fill, self.device)
+        if self._has_bias:
+            init_parameter(self, "bias", torch.nn.init.zeros_, self.device)
+
+    def pre_fuser_forward(self, *, requires_grad: bool) -> None:
+        if has_meta_parameters(self):
+            self.reset_parameters()
+
+    def _cast_inputs(self, ctx: OperationContext, input_: torch.Tensor, kwargs: dict):
+        if kwargs:
+            raise ValueError(f"{self.__class__.__name__} takes no forward kwargs, "
+                             f"got {sorted(kwargs)}")
+        if not input_.is_floating_point():
+            raise TypeError(f"{self.__class__.__name__}: input must be floating point, "
+                            f"got {input_.dtype}")
+        dtype = compute_dtype(input_.device.type, self.weight.dtype)
+        ctx.input_dtype = input_.dtype
+        ctx.dtype = dtype
+        x = input_ if input_.dtype == dtype else input_.to(dtype)
+        w = self.weight if self.weight.dtype == dtype else self.weight.to(dtype)
+        return x, w
+
+    @staticmethod
+    def _param_grad(g: torch.Tensor, param: torch.nn.Parameter, needed: bool):
+        if not needed:
+            return None
+        return g if g.dtype == param.dtype else g.to(param.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"{self.normalized_shape}, eps={self.eps}, "
+                f"zero_centered_gamma={self.zero_centered_gamma}")
+
+
+class LayerNorm(_Norm):
+    """y = (x - mean) / sqrt(var + eps) * weight + bias (weight -> 1 + weight with
+    ``zero_centered_gamma``), over the trailing ``normalized_shape`` dims."""
+
+    _has_bias = True
+
+    def op_forward(self, ctx: OperationContext, input_: torch.Tensor, *,
+                   prev_op_grad_output_quantizer=None, next_op_input_quantizer=None, **kwargs):
+        x, w = self._cast_inputs(ctx, input_, kwargs)
+        b = self.bias if self.bias.dtype == ctx.dtype else self.bias.to(ctx.dtype)
+        y, mean, rstd = torch.ops.te_cpp.layernorm_fwd(x, w, b, self.eps, self.zero_centered_gamma)
+        if ctx.requires_grad:
+            ctx.save_for_backward(x, mean, rstd, w)
+            ctx.grads_needed = (self.weight.requires_grad, self.bias.requires_grad)
+        return y
+
+    def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
+        x, mean, rstd, w = ctx.saved_tensors
+        dx, dw, db = torch.ops.te_cpp.layernorm_bwd(grad_output, x, mean, rstd, w,
+                                                   self.zero_centered_gamma)
+        if dx.dtype != ctx.input_dtype:
+            dx = dx.to(ctx.input_dtype)
+        return dx, (self._param_grad(dw, self.weight, ctx.grads_needed[0]),
+                    self._param_grad(db, self.bias, ctx.grads_needed[1]))
+
+
+class RMSNorm(_Norm):
+    """y = x / sqrt(mean(x^2) + eps) * weight (weight -> 1 + weight with
+    ``zero_centered_gamma``), over the trailing ``normalized_shape`` dims."""
+
+    def op_forward(self, ctx: OperationContext, input_: torch.Tensor, *,
+                   prev_op_grad_output_quantizer=None, next_op_input_quantizer=None, **kwargs):
+        x, w = self._cast_inputs(ctx, input_, kwargs)
+        y, rstd = torch.ops.te_cpp.rmsnorm_fwd(x, w, self.eps, self.zero_centered_gamma)
+        if ctx.requires_grad:
+            ctx.save_for_backward(x, rstd, w)
+            ctx.grads_needed = (self.weight.requires_grad,)
+        return y
+
+    def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
+        return self.backward_with_extra(ctx, grad_output, None)
+
+    def backward_with_extra(self, ctx: OperationContext, grad_output: torch.Tensor,
+                            grad_extra: Optional[torch.Tensor]):
+        """Backward, optionally adding the gradient of a residual branch forked off the input
+        (BackwardAddRMSNorm) in the same pass."""
+        x, rstd, w = ctx.saved_tensors
+        if grad_extra is None:
+            dx, dw = torch.ops.te_cpp.rmsnorm_bwd(grad_output, x, rstd, w, self.zero_centered_gamma)
+        else:
+            dx, dw = torch.ops.te_cpp.rmsnorm_bwd_add(grad_output, x, rstd, w,
+                                                      self.zero_centered_gamma, grad_extra)
+        if dx.dtype != ctx.input_dtype:
+            dx = dx.to(ctx.input_dtype)
+        return dx, (self._param_grad(dw, self.weight, ctx.grads_needed[0]),)

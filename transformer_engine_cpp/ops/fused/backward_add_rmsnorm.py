@@ -1,0 +1,41 @@
+"""BackwardAddRMSNorm: the backward of MakeExtraOutput(in_place=False) followed by RMSNorm.
+
+Pattern (forward order): ``[MakeExtraOutput(in_place=False), RMSNorm]``. The residual branch
+forks off the norm's input, so the input gradient is rmsnorm_dx(dy) + d(extra); one kernel
+(``torch.ops.te_cpp.rmsnorm_bwd_add``) computes it with dgamma in a single pass instead of a
+norm backward followed by an add. Any recipe.
+"""
+
+from __future__ import annotations
+
+from ..basic import MakeExtraOutput, RMSNorm
+from ..op import FusedOperation
+
+
+class BackwardAddRMSNorm(FusedOperation):
+    """Backward-only fusion of ``MakeExtraOutput`` and the ``RMSNorm`` after it."""
+
+    def __init__(self, *, add: MakeExtraOutput, rmsnorm: RMSNorm) -> None:
+        super().__init__((add, rmsnorm))
+
+    def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
+        _, norm = self.basic_ops
+        grad_extra = basic_op_grad_extra_outputs[0][0]
+        dx, norm_grads = norm.backward_with_extra(basic_op_ctxs[1], grad_output, grad_extra)
+        return dx, [(), norm_grads], [(), ()]
+
+
+def fuse_backward_add_rmsnorm(ops: list, *, recipe=None) -> list:
+    """Replace each ``[MakeExtraOutput(in_place=False), RMSNorm]`` window with the fused op."""
+    out = []
+    i = 0
+    while i < len(ops):
+        op = ops[i]
+        if (i + 1 < len(ops) and type(op) is MakeExtraOutput and not op._in_place
+                and type(ops[i + 1]) is RMSNorm):
+            out.append(BackwardAddRMSNorm(add=op, rmsnorm=ops[i + 1]))
+            i += 2
+            continue
+        out.append(op)
+        i += 1
+    return out
