@@ -19,5 +19,9 @@ test: build
 demo: build
 	@py=$(PY); $$py examples/train_residual_mlp.py
 
+# Benchmarks (never part of `make test`): BENCH_ARGS=--quick for a short run.
+bench: build
+	@py=$(PY); OMP_NUM_THREADS=2 $$py bench/bench_norms.py $(BENCH_ARGS)
+
 clean:
 	rm -rf build transformer_engine_cpp/_C*.so

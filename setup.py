@@ -61,7 +61,7 @@ def _extension():
     # torch's headers as system headers: their warnings (AVX-512 intrinsics, bit-fields) are
     # not ours, and would bury ours.
     system_includes = [f"-isystem{d}" for d in cpp_extension.include_paths()]
-    cxx = [*system_includes, "-std=c++20", "-fopenmp", "-Wno-unknown-pragmas",
+    cxx = [*system_includes, "-std=c++20", "-Wall", "-fopenmp", "-Wno-unknown-pragmas",
            # GCC 12 false positive on the _mm512 fp16 conversion intrinsics inlined from torch
            "-Wno-maybe-uninitialized", "-DTORCH_ASSERT_ONLY_METHOD_OPERATORS",
            *opt, *_cpu_flags()]

@@ -1,5 +1,5 @@
 """transformer_engine_cpp: TransformerEngine's fusible operations (``te.ops``) as PyTorch C++
-custom ops, on CPU and CUDA.
+custom ops. CPU kernels today; the build has a CUDA path for the CUDA kernels to come.
 
     import transformer_engine_cpp as te
     model = te.ops.Sequential(te.ops.Bias(64), te.ops.GELU())
@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 
 
 def built_with_cuda() -> bool:
-    """Whether the CUDA kernels were compiled into the extension."""
+    """Whether the extension was built with the CUDA toolchain (csrc/kernels/cuda/)."""
     return _C.built_with_cuda()
 
 

@@ -27,20 +27,24 @@ class Sequential(torch.nn.Module):
         super().__init__()
         self._module_groups: Optional[list] = None
         if len(args) == 1 and isinstance(args[0], (dict, OrderedDict)):
-            for key, module in args[0].items():
-                self.add_module(key, module)
+            items = list(args[0].items())
         else:
-            for idx, module in enumerate(args):
-                self.add_module(str(idx), module)
-        # Group (and lock the ops' channel routing) now, not lazily in the first forward: a
-        # first forward that builds state would make torch.compile recompile on the second.
+            items = [(str(idx), module) for idx, module in enumerate(args)]
+        for key, module in items:
+            super().add_module(key, module)
+        # Group (and lock the ops' channel routing) now and after every change, not lazily in
+        # the first forward: a first forward that builds state would make torch.compile
+        # recompile on the second call.
+        self._regroup()
+
+    def _regroup(self) -> None:
         self._module_groups = self._make_module_groups()
 
     # ---- list-like API (each change drops the cached module groups) -------------------------
 
     def add_module(self, name: str, module: Optional[torch.nn.Module]) -> None:
-        self._module_groups = None
         super().add_module(name, module)
+        self._regroup()
 
     def _get_keys_by_idx(self, idx: Union[int, slice]) -> list[str]:
         keys = list(self._modules.keys())
@@ -64,13 +68,13 @@ class Sequential(torch.nn.Module):
 
     def __setitem__(self, idx: int, module: torch.nn.Module) -> None:
         key = self._get_keys_by_idx(idx)[0]
-        self._module_groups = None
         self._modules[key] = module
+        self._regroup()
 
     def __delitem__(self, idx: Union[int, slice]) -> None:
         for key in self._get_keys_by_idx(idx):
             del self._modules[key]
-        self._module_groups = None
+        self._regroup()
 
     def append(self, module: torch.nn.Module) -> "Sequential":
         self.add_module(str(len(self)), module)
@@ -78,7 +82,8 @@ class Sequential(torch.nn.Module):
 
     def extend(self, modules) -> "Sequential":
         for module in modules:
-            self.append(module)
+            super().add_module(str(len(self)), module)
+        self._regroup()
         return self
 
     def insert(self, idx: int, module: torch.nn.Module) -> "Sequential":
@@ -90,9 +95,9 @@ class Sequential(torch.nn.Module):
         modules = list(self._modules.items())
         modules.insert(idx, (str(idx), module))
         self._modules = OrderedDict()
-        self._module_groups = None
         for i, (_, m) in enumerate(modules):
             super().add_module(str(i), m)
+        self._regroup()
         return self
 
     def pop(self, idx: int = -1) -> torch.nn.Module:
@@ -167,8 +172,6 @@ class Sequential(torch.nn.Module):
         *extra_inputs: torch.Tensor,
         op_kwargs: Optional[dict[Any, dict[str, Any]]] = None,
     ):
-        if self._module_groups is None:
-            self._module_groups = self._make_module_groups()
         groups = self._module_groups
         kwargs = self._resolve_op_kwargs(groups, op_kwargs)
         x = input

@@ -27,6 +27,11 @@ class BackwardActivationBias(FusedOperation):
     """Backward-only fusion of ``Bias`` and the activation after it."""
 
     def __init__(self, *, bias: Bias, activation) -> None:
+        if type(activation) not in _DBIAS_DACT_OPS:
+            raise ValueError(
+                "BackwardActivationBias: the activation must be one of "
+                f"{sorted(c.__name__ for c in _DBIAS_DACT_OPS)}, got {type(activation).__name__}"
+            )
         super().__init__((bias, activation))
         self._dbias_dact = getattr(torch.ops.te_cpp, _DBIAS_DACT_OPS[type(activation)])
 

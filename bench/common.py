@@ -1,0 +1,140 @@
+"""Shared benchmark harness (never run by pytest).
+
+Method (DESIGN.md "Speed", anchors B.9): one process; every provider of a case on identical
+inputs, checked against the plain-PyTorch eager result first; R interleaved rounds, each timing
+every provider once (rotated order) with torch.utils.benchmark's blocked_autorange; ratios are
+taken within a round and reported as the median (min-max) over rounds. Memory-bound cases also
+report achieved bandwidth against a tensor copy of the same byte count timed in the same run.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Callable, Optional
+
+import torch
+import torch.utils.benchmark as tbench
+
+
+@dataclasses.dataclass
+class Provider:
+    name: str
+    fn: Callable[[], object]
+
+
+@dataclasses.dataclass
+class Result:
+    case: str
+    dtype: str
+    shape: str
+    mode: str
+    threads: int
+    provider: str
+    median_us: float
+    ratio_vs_ours: float  # provider time / ours time (>1: ours is faster), median over rounds
+    ratio_min: float
+    ratio_max: float
+    bytes_moved: int = 0
+    gbps: float = 0.0
+    copy_efficiency: float = 0.0  # achieved GB/s / copy GB/s at the same byte count
+
+
+def environment() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import transformer_engine_cpp._C as C
+
+    return (f"torch {torch.__version__}, python {sys.version.split()[0]}, {cpu}, "
+            f"{os.cpu_count()} cpus, threads {torch.get_num_threads()}, "
+            f"te_cpp kernels {C.cpu_capability()}")
+
+
+def time_us(fn: Callable[[], object], threads: int, min_run_time: float) -> float:
+    timer = tbench.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
+    return timer.blocked_autorange(min_run_time=min_run_time).median * 1e6
+
+
+def copy_gbps(nbytes: int, threads: int, min_run_time: float) -> float:
+    """Bandwidth of dst.copy_(src) moving nbytes in and nbytes out."""
+    n = max(nbytes // 4, 1)
+    src = torch.randn(n)
+    dst = torch.empty_like(src)
+    t = time_us(lambda: dst.copy_(src), threads, min_run_time)
+    return 2 * n * 4 / (t * 1e-6) / 1e9
+
+
+def run_case(case: str, dtype: torch.dtype, shape: str, mode: str, providers: list[Provider],
+             *, ours: str, rounds: int, threads: int, min_run_time: float,
+             bytes_moved: int = 0, copy_bytes: int = 0, log=print) -> list[Result]:
+    """Times the providers in `rounds` interleaved rounds; ratios are against `ours`."""
+    torch.set_num_threads(threads)
+    for p in providers:  # warm-up (and compile)
+        p.fn()
+    times: dict[str, list[float]] = {p.name: [] for p in providers}
+    copies: list[float] = []
+    for r in range(rounds):
+        order = providers[r % len(providers):] + providers[:r % len(providers)]
+        for p in order:
+            times[p.name].append(time_us(p.fn, threads, min_run_time))
+        if copy_bytes:
+            copies.append(copy_gbps(copy_bytes, threads, min_run_time))
+    results = []
+    for p in providers:
+        ratios = [t / o for t, o in zip(times[p.name], times[ours])]
+        med = statistics.median(times[p.name])
+        res = Result(case, str(dtype).replace("torch.", ""), shape, mode, threads, p.name, med,
+                     statistics.median(ratios), min(ratios), max(ratios))
+        if bytes_moved:
+            res.bytes_moved = bytes_moved
+            res.gbps = bytes_moved / (med * 1e-6) / 1e9
+            if copies:
+                res.copy_efficiency = res.gbps / statistics.median(copies)
+        results.append(res)
+    line = " | ".join(f"{r.provider} {r.median_us:8.1f}us x{r.ratio_vs_ours:4.2f}"
+                      for r in results)
+    eff = next((r for r in results if r.provider == ours), None)
+    extra = (f" | ours {eff.gbps:5.1f} GB/s = {100 * eff.copy_efficiency:4.0f}% of copy"
+             if eff and eff.copy_efficiency else "")
+    log(f"  {case:<16} {mode:<8} {results[0].dtype:<9} {shape:<12} t{threads}: {line}{extra}")
+    return results
+
+
+def check_close(name: str, got, expected, dtype: torch.dtype) -> None:
+    tol = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (3e-2, 3e-2)}.get(dtype, (1e-3, 1e-3))
+    torch.testing.assert_close(got.float(), expected.float(), rtol=tol[0], atol=tol[1],
+                               msg=lambda m: f"{name}: ours disagrees with eager: {m}")
+
+
+def write_outputs(results: list[Result], path_stem: str, title: str) -> None:
+    os.makedirs(os.path.dirname(path_stem) or ".", exist_ok=True)
+    with open(path_stem + ".csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([fld.name for fld in dataclasses.fields(Result)])
+        for r in results:
+            w.writerow([getattr(r, fld.name) for fld in dataclasses.fields(Result)])
+    with open(path_stem + ".md", "w") as f:
+        f.write(f"# {title}\n\n{environment()}  \n{time.strftime('%Y-%m-%d %H:%M')}\n\n")
+        f.write("Ratio = provider time / ours (median over rounds, min-max); >1 means ours is "
+                "faster. Efficiency = ours' achieved bandwidth / a tensor copy of the same "
+                "bytes in the same run.\n\n")
+        f.write("| case | mode | dtype | shape | threads | provider | median µs | ratio | "
+                "range | GB/s | of copy |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+        for r in results:
+            eff = f"{100 * r.copy_efficiency:.0f}%" if r.copy_efficiency else ""
+            gbps = f"{r.gbps:.1f}" if r.gbps else ""
+            f.write(f"| {r.case} | {r.mode} | {r.dtype} | {r.shape} | {r.threads} | {r.provider} "
+                    f"| {r.median_us:.1f} | {r.ratio_vs_ours:.2f} | {r.ratio_min:.2f}-"
+                    f"{r.ratio_max:.2f} | {gbps} | {eff} |\n")
