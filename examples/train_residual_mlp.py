@@ -1,9 +1,9 @@
 """The main job: train a small residual regression MLP built from te.ops, eager and under
 torch.compile(fullgraph=True), side by side from the same seed.
 
-Each residual block is  x + scale * (fc2(GELU(fc1(x) + b1)) + b2): the bias+GELU pair runs as
-one te.ops fuser (its backward uses the fused dbias+dgelu kernel), and the output bias, scale
-and residual add as another. The GEMMs are torch.nn.Linear until te.ops.Linear exists; they
+Each block is a pre-norm residual MLP:  x + scale * (fc2(GELU(fc1(LayerNorm(x)) + b1)) + b2).
+The LayerNorm, the bias+GELU pair (its backward uses the fused dbias+dgelu kernel) and the
+output bias, scale and residual add run as three te.ops fusers. The GEMMs are torch.nn.Linear until te.ops.Linear exists; they
 sit between the fusible ops and split them into fusers, as in TransformerEngine.
 
     python examples/train_residual_mlp.py [--steps 200] [--backend inductor]
@@ -22,6 +22,7 @@ import transformer_engine_cpp as te
 
 def residual_block(hidden: int, ffn: int, scale: float) -> te.ops.Sequential:
     return te.ops.Sequential(
+        te.ops.LayerNorm(hidden),
         torch.nn.Linear(hidden, ffn, bias=False),
         te.ops.Bias(ffn),
         te.ops.GELU(),
@@ -84,8 +85,9 @@ def main() -> None:
 
     print(f"transformer_engine_cpp {te.__version__} | torch {torch.__version__} | "
           f"threads {torch.get_num_threads()} | backend {args.backend}")
-    print(f"model: {args.depth} residual blocks, hidden {args.hidden}, ffn {args.ffn}, "
-          f"batch {args.batch}, {args.steps} Adam steps")
+    print(f"model: {args.depth} pre-norm residual blocks [LayerNorm, Linear, Bias, GELU, Linear, "
+          "Bias, ConstantScale, AddExtraInput]")
+    print(f"       hidden {args.hidden}, ffn {args.ffn}, batch {args.batch}, {args.steps} Adam steps")
     print(f"{'step':>5} {'eager loss':>12} {'compiled loss':>14} {'|diff|':>10}")
 
     max_diff = 0.0
