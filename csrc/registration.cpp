@@ -29,6 +29,9 @@ constexpr std::array kOps = {
     "clamped_swiglu_fwd", "clamped_swiglu_bwd", "situglu_fwd", "situglu_bwd",
     // normalisation
     "layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "rmsnorm_bwd_add",
+    // linear
+    "linear_fwd", "linear_bias_act_fwd", "linear_fwd_add", "linear_fwd_add_inplace",
+    "linear_dgrad", "linear_dgrad_add", "linear_wgrad",
 };
 
 }  // namespace
@@ -92,6 +95,28 @@ TORCH_LIBRARY(te_cpp, m) {
   m.def("rmsnorm_bwd_add(Tensor dy, Tensor x, Tensor rstd, Tensor weight, "
         "bool zero_centered_gamma, Tensor dextra) -> (Tensor dx, Tensor dweight)",
         tags);
+
+  // ---- Linear: y = x W^T (+ bias); weight [out, in]. GEMMs are ATen's / cuBLASLt's --------
+  m.def("linear_fwd(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor", tags);
+  // ForwardLinearBiasActivation: z = x W^T + bias, y = act(z) in the GEMM's epilogue pass;
+  // z is returned for the activation's backward.
+  m.def("linear_bias_act_fwd(Tensor x, Tensor weight, Tensor? bias, str activation) "
+        "-> (Tensor y, Tensor act_input)",
+        tags);
+  // ForwardLinearBiasAdd / ForwardLinearScaleAdd: extra + alpha * (x W^T) + bias, the GEMM
+  // accumulating into the residual (functional, and in place for eager mode).
+  m.def("linear_fwd_add(Tensor x, Tensor weight, Tensor? bias, Tensor extra, float alpha=1.0) "
+        "-> Tensor",
+        tags);
+  m.def("linear_fwd_add_inplace(Tensor(a!) extra, Tensor x, Tensor weight, Tensor? bias, "
+        "float alpha=1.0) -> ()",
+        tags);
+  // dgrad dx = alpha * dy W; BackwardLinearAdd: dx = dextra + alpha * dy W.
+  m.def("linear_dgrad(Tensor dy, Tensor weight, float alpha=1.0) -> Tensor", tags);
+  m.def("linear_dgrad_add(Tensor dy, Tensor weight, Tensor dextra, float alpha=1.0) -> Tensor",
+        tags);
+  // wgrad dW = alpha * dy^T x.
+  m.def("linear_wgrad(Tensor dy, Tensor x, float alpha=1.0) -> Tensor", tags);
 }
 
 TORCH_LIBRARY_IMPL(te_cpp, Autograd, m) {

@@ -41,6 +41,8 @@ class OpCase:
     input_scale: float = 1.0
     #: trailing shape of the input (default: (features,)); the harness adds leading dims.
     input_tail: Optional[tuple] = None
+    #: trailing shape of the extra inputs (default: the input's).
+    extra_input_tail: Optional[tuple] = None
 
     @property
     def tail(self) -> tuple:
@@ -259,6 +261,118 @@ def _add_rmsnorm_case():
     )
 
 
+def _samples_linear(dtype):
+    out = []
+    for lead in [(1,), (2, 3)]:
+        x = _rand(*lead, 13, dtype=dtype)
+        w, b = _rand(7, 13, dtype=dtype), _rand(7, dtype=dtype)
+        dy, extra = _rand(*lead, 7, dtype=dtype), _rand(*lead, 7, dtype=dtype)
+        dextra = _rand(*lead, 13, dtype=dtype)
+        out += [
+            (te_ops.linear_fwd, (x, w)),
+            (te_ops.linear_fwd, (x, w, b)),
+            (te_ops.linear_bias_act_fwd, (x, w, b, "gelu")),
+            (te_ops.linear_bias_act_fwd, (x, w, None, "srelu")),
+            (te_ops.linear_fwd_add, (x, w, b, extra, 1.0)),
+            (te_ops.linear_fwd_add, (x, w, None, extra.double(), -0.5)),
+            (te_ops.linear_fwd_add_inplace, (extra.clone(), x, w, b, 2.0)),
+            (te_ops.linear_dgrad, (dy, w, 1.0)),
+            (te_ops.linear_dgrad, (dy, w, 0.25)),
+            (te_ops.linear_dgrad_add, (dy, w, dextra, 1.0)),
+            (te_ops.linear_wgrad, (dy, x, 1.0)),
+            (te_ops.linear_wgrad, (dy, x, 3.0)),
+        ]
+    # a transposed (non-contiguous) weight and input
+    out.append((te_ops.linear_fwd, (_rand(13, 4, dtype=dtype).t(), _rand(13, 7, dtype=dtype).t())))
+    return out
+
+
+def _linear_bad_inputs(make, num_extra_inputs):
+    extras = [torch.ones(3, 7)] * num_extra_inputs
+    return (
+        ("in_features mismatch", lambda: make()(torch.ones(3, 12), *extras), RuntimeError,
+         r"te_cpp\.linear_\w+: input's last dimension \(shape \[3, 12\]\) must equal "
+         r"in_features of the weight \(shape \[7, 13\]\)"),
+        ("integer input", lambda: make()(torch.ones(3, 13, dtype=torch.int64), *extras),
+         TypeError, r"BasicLinear: input must be floating point, got torch.int64"),
+        ("meta input, cpu parameters",
+         lambda: make()(torch.ones(3, 13, device="meta"), *[e.to("meta") for e in extras]),
+         RuntimeError, r"te_cpp\.linear_\w+: .*same device, got meta and cpu"),
+    )
+
+
+def _linear_case(case_id, make, reference, *, num_extra_inputs=0, fused_forward=(),
+                 fused_backward=(), bad=True):
+    return OpCase(id=case_id, make=make, reference=reference, features=13,
+                  num_extra_inputs=num_extra_inputs, extra_input_tail=(7,),
+                  opcheck_samples=_samples_linear,
+                  fused_forward=fused_forward, fused_backward=fused_backward,
+                  bad_inputs=_linear_bad_inputs(lambda: te.ops.Sequential(*make(torch.float32)),
+                                                num_extra_inputs)
+                  if bad else ())
+
+
+def _linear_cases():
+    from transformer_engine_cpp.ops import fused as F
+
+    lin = lambda dtype, bias=True: te.ops.Linear(13, 7, bias=bias, dtype=dtype)  # noqa: E731
+    W, B = "0.basic_ops.0.weight", "0.basic_ops.1.bias"
+    return [
+        _linear_case("BasicLinear", lambda dtype: [te.ops.BasicLinear(13, 7, dtype=dtype)],
+                     lambda p, x: ref.linear(x, p["0.weight"])),
+        _linear_case("Linear", lambda dtype: [lin(dtype)],
+                     lambda p, x: ref.linear(x, p[W], p[B]),
+                     fused_forward=(F.ForwardLinearBiasActivation,)),
+        _linear_case("Linear(bias=False)", lambda dtype: [lin(dtype, False)],
+                     lambda p, x: ref.linear(x, p[W])),
+        # bias and activation in the GEMM's epilogue pass; dbias+dact fused in backward
+        _linear_case("Linear+GELU", lambda dtype: [lin(dtype), te.ops.GELU()],
+                     # dgelu's output is stored (rounded) before the dgrad/wgrad GEMMs; dbias
+                     # is reduced from the unrounded values in the same kernel
+                     lambda p, x: ref.gelu(p.round(p.round_grad(ref.linear(x, p[W])) + p[B])),
+                     fused_forward=(F.ForwardLinearBiasActivation,),
+                     fused_backward=(F.BackwardActivationBias,)),
+        _linear_case("Linear+ReLU", lambda dtype: [lin(dtype), te.ops.ReLU()],
+                     lambda p, x: ref.relu(p.round(p.round_grad(ref.linear(x, p[W])) + p[B])),
+                     fused_forward=(F.ForwardLinearBiasActivation,),
+                     fused_backward=(F.BackwardActivationBias,)),
+        _linear_case("BasicLinear+SiLU", lambda dtype: [te.ops.BasicLinear(13, 7, dtype=dtype),
+                                                        te.ops.SiLU()],
+                     lambda p, x: ref.silu(p.round(p.round_grad(ref.linear(x, p["0.weight"])))),
+                     fused_forward=(F.ForwardLinearBiasActivation,)),
+        # the GEMM accumulates into the residual
+        _linear_case("Linear+AddExtraInput", lambda dtype: [lin(dtype), te.ops.AddExtraInput()],
+                     lambda p, x, e: p.round(ref.linear(x, p[W]) + e) + p[B],
+                     num_extra_inputs=1, fused_forward=(F.ForwardLinearBiasAdd,)),
+        _linear_case("Linear+AddExtraInput(in_place)",
+                     lambda dtype: [lin(dtype), te.ops.AddExtraInput(in_place=True)],
+                     lambda p, x, e: p.round(ref.linear(x, p[W]) + e) + p[B],
+                     num_extra_inputs=1, fused_forward=(F.ForwardLinearBiasAdd,)),
+        _linear_case("BasicLinear+ConstantScale+AddExtraInput",
+                     lambda dtype: [te.ops.BasicLinear(13, 7, dtype=dtype),
+                                    te.ops.ConstantScale(-0.75), te.ops.AddExtraInput()],
+                     lambda p, x, e: e - 0.75 * ref.linear(x, p["0.weight"]),
+                     num_extra_inputs=1, fused_forward=(F.ForwardLinearScaleAdd,),
+                     fused_backward=(F.BackwardLinearScale,)),
+        _linear_case("BasicLinear+ConstantScale",
+                     lambda dtype: [te.ops.BasicLinear(13, 7, dtype=dtype),
+                                    te.ops.ConstantScale(2.5)],
+                     lambda p, x: 2.5 * p.round(ref.linear(x, p["0.weight"])),
+                     fused_backward=(F.BackwardLinearScale,)),
+        # dgrad accumulated onto the residual branch's gradient
+        _linear_case("MakeExtraOutput(in_place)+Linear",
+                     lambda dtype: [te.ops.MakeExtraOutput(in_place=True), lin(dtype)],
+                     lambda p, x: (ref.linear(x, p["1.basic_ops.0.weight"],
+                                              p["1.basic_ops.1.bias"]), x),
+                     fused_forward=(F.ForwardLinearBiasActivation,),
+                     fused_backward=(F.BackwardLinearAdd,), bad=False),
+        _linear_case("MakeExtraOutput+BasicLinear",
+                     lambda dtype: [te.ops.MakeExtraOutput(), te.ops.BasicLinear(13, 7, dtype=dtype)],
+                     lambda p, x: (ref.linear(x, p["1.weight"]), x),
+                     fused_backward=(F.BackwardLinearAdd,), bad=False),
+    ]
+
+
 OP_CASES: list[OpCase] = [
     OpCase(id="Identity", make=lambda dtype: [te.ops.Identity()], reference=lambda p, x: x,
            features=37),
@@ -327,6 +441,7 @@ OP_CASES: list[OpCase] = [
     _norm_case(te.ops.RMSNorm, 37, zcg=True, eps=1e-3),
     _norm_case(te.ops.RMSNorm, (3, 13)),
     _add_rmsnorm_case(),
+    *_linear_cases(),
 ]
 
 CASE_IDS = [c.id for c in OP_CASES]

@@ -45,7 +45,7 @@ def inputs_for(case, dtype, layout, seed=4321):
     torch.manual_seed(seed)
     x = make_input(lead, case.tail, dtype, non_contiguous=non_contiguous,
                    scale=case.input_scale)
-    extras = [make_input(lead, case.tail, dtype, scale=case.input_scale)
+    extras = [make_input(lead, case.extra_input_tail or case.tail, dtype, scale=case.input_scale)
               for _ in range(case.num_extra_inputs)]
     return x, extras
 
@@ -62,6 +62,19 @@ class _RoundForward(torch.autograd.Function):
         return grad, None
 
 
+class _RoundBackward(torch.autograd.Function):
+    """Identity in forward; rounds the gradient to a dtype in backward."""
+
+    @staticmethod
+    def forward(ctx, t, dtype):
+        ctx.dtype = dtype
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.to(ctx.dtype).to(torch.float64), None
+
+
 class RefParams(dict):
     """The reference's view of the parameters (float64 copies, by name), plus ``round(t)``:
     rounding to the working dtype where the implementation stores a forward intermediate
@@ -73,6 +86,11 @@ class RefParams(dict):
 
     def round(self, t: torch.Tensor) -> torch.Tensor:
         return _RoundForward.apply(t, self.dtype)
+
+    def round_grad(self, t: torch.Tensor) -> torch.Tensor:
+        """Marks where the implementation stores a *gradient* in the working dtype between two
+        backward ops (e.g. dact feeding a dgrad GEMM)."""
+        return _RoundBackward.apply(t, self.dtype)
 
 
 def reference_run(case, seq, x, extras, grads):

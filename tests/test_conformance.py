@@ -100,9 +100,13 @@ def test_compiled_matches_eager(case):
     assert len(backend.fw_graphs) == 1 and len(backend.bw_graphs) == 1
     bw_code = backend.bw_graphs[0].code
     for fused in case.fused_backward:
-        fused_ops = {"BackwardActivationBias": "dbias_d", "BackwardAddRMSNorm": "rmsnorm_bwd_add"}
+        fused_ops = {"BackwardActivationBias": "dbias_d", "BackwardAddRMSNorm": "rmsnorm_bwd_add",
+                     "BackwardLinearAdd": "linear_dgrad_add",
+                     "BackwardLinearScale": "linear_dgrad"}
         assert f"torch.ops.te_cpp.{fused_ops[fused.__name__]}" in bw_code, bw_code
-        unfused = {"BackwardActivationBias": "bias_bwd", "BackwardAddRMSNorm": "rmsnorm_bwd("}
+        unfused = {"BackwardActivationBias": "bias_bwd", "BackwardAddRMSNorm": "rmsnorm_bwd(",
+                   "BackwardLinearAdd": "make_extra_output_bwd",
+                   "BackwardLinearScale": "constant_scale_bwd"}
         assert unfused[fused.__name__] not in bw_code, bw_code
 
 

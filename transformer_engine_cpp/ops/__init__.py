@@ -9,5 +9,6 @@ from .fuser import (
     register_forward_backward_fusion,
     register_forward_fusion,
 )
+from .linear import Linear
 from .op import BasicOperation, FusedOperation, FusibleOperation, OperationContext
 from .sequential import Sequential

@@ -60,7 +60,7 @@ def has_meta_parameters(op: torch.nn.Module) -> bool:
     return any(p.device.type == "meta" for p in op.parameters(recurse=False))
 
 
-def compute_dtype(device_type: str, default: torch.dtype) -> torch.dtype:
+def compute_dtype(device_type: str, default: Optional[torch.dtype]) -> Optional[torch.dtype]:
     """The autocast dtype when autocast is on for this device type, else ``default``."""
     if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)

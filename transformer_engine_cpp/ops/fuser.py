@@ -139,7 +139,11 @@ class _OperationFuserAutogradFunction(torch.autograd.Function):
         x = tensors[input_pos]
         first = plan.first_op_requiring_backward
 
-        ctxs = [OperationContext(requires_grad=i >= first) for i in range(n)]
+        # op i's input needs a grad when an earlier op (or the pipeline input) does
+        input_rg = x.requires_grad if func_ctx is not None else False
+        ctxs = [OperationContext(requires_grad=i >= first,
+                                 input_requires_grad=i > first or (i == 0 and input_rg))
+                for i in range(n)]
         extra_inputs: list[list[Optional[torch.Tensor]]] = [
             [tensors[extra_pos[src[1]]] if src[0] == "public" else None for src in sources]
             for sources in routing.extra_input_sources

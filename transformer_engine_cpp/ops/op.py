@@ -28,7 +28,10 @@ class OperationContext:
     to_save: Optional[tuple] = None
     saved_tensors: Optional[tuple] = None
     _saved_tensors_range: Optional[tuple[int, int]] = None
+    #: whether the backward pass reaches this op (it is at or after the first op needing grad)
     requires_grad: bool = True
+    #: whether this op's main input needs a gradient (set by the fuser)
+    input_requires_grad: bool = True
 
     def save_for_backward(self, *tensors: Optional[torch.Tensor]) -> None:
         """Mark tensors (or ``None``) to be available as ``saved_tensors`` in backward."""

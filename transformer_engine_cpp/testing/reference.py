@@ -137,3 +137,11 @@ def rms_norm(x, weight, eps=1e-5, zero_centered_gamma=False):
     gamma = 1 + weight if zero_centered_gamma else weight
     dims = tuple(range(x.dim() - weight.dim(), x.dim()))
     return x * torch.rsqrt(x.pow(2).mean(dim=dims, keepdim=True) + eps) * gamma
+
+
+# ---- linear ---------------------------------------------------------------------------------
+
+
+def linear(x, weight, bias=None):
+    y = x @ weight.t()
+    return y if bias is None else y + bias

@@ -15,6 +15,7 @@ from .activation import (
     SReLU,
     SwiGLU,
 )
+from .basic_linear import BasicLinear
 from .bias import Bias
 from .constant_scale import ConstantScale
 from .extra_tensors import AddExtraInput, MakeExtraOutput
@@ -22,7 +23,7 @@ from .identity import Identity, Reshape
 from .normalization import LayerNorm, RMSNorm
 
 __all__ = [
-    "AddExtraInput", "Bias", "ClampedSwiGLU", "ConstantScale", "GEGLU", "GELU", "GLU",
+    "AddExtraInput", "BasicLinear", "Bias", "ClampedSwiGLU", "ConstantScale", "GEGLU", "GELU", "GLU",
     "Identity", "LayerNorm", "MakeExtraOutput", "QGEGLU", "QGELU", "ReGLU", "ReLU", "Reshape", "RMSNorm", "SiLU",
     "SiTUGLU", "SReGLU", "SReLU", "SwiGLU",
 ]

@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from .._common import compute_dtype
 from ..op import BasicOperation, OperationContext
 
 
@@ -56,13 +57,22 @@ class _ActivationOperation(BasicOperation):
     ) -> torch.Tensor:
         if kwargs:
             raise ValueError(f"{self.__class__.__name__} takes no forward kwargs, got {sorted(kwargs)}")
+        x = self.cast_input(ctx, input_)
         if ctx.requires_grad:
-            ctx.save_for_backward(input_)
-        return self._fwd_op(input_, *self._op_args())
+            ctx.save_for_backward(x)
+        return self._fwd_op(x, *self._op_args())
+
+    def cast_input(self, ctx: OperationContext, input_: torch.Tensor) -> torch.Tensor:
+        """The input in the compute dtype (the autocast dtype when autocast is on, else the
+        input's own), recording the input dtype for the backward."""
+        ctx.input_dtype = input_.dtype
+        dtype = compute_dtype(input_.device.type, input_.dtype)
+        return input_ if input_.dtype == dtype else input_.to(dtype)
 
     def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
         (x,) = ctx.saved_tensors
-        return self._bwd_op(grad_output, x, *self._op_args()), ()
+        dx = self._bwd_op(grad_output, x, *self._op_args())
+        return (dx if dx.dtype == ctx.input_dtype else dx.to(ctx.input_dtype)), ()
 
 
 class GELU(_ActivationOperation):

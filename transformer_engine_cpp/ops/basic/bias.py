@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from .._common import (canonicalize_device, canonicalize_dtype, check_float_dtype,
-                       has_meta_parameters, init_parameter, materialize_device)
+                       compute_dtype, has_meta_parameters, init_parameter, materialize_device)
 from ..op import BasicOperation, OperationContext
 
 
@@ -66,9 +66,19 @@ class Bias(BasicOperation):
     ) -> torch.Tensor:
         if kwargs:
             raise ValueError(f"Bias takes no forward kwargs, got {sorted(kwargs)}")
+        self.fill_ctx(ctx)
+        dtype = compute_dtype(input_.device.type, None)
+        if dtype is None:  # no autocast: the input and bias dtypes promote
+            return torch.ops.te_cpp.bias_fwd(input_, self.bias)
+        return torch.ops.te_cpp.bias_fwd(input_.to(dtype), self.bias_in(dtype))
+
+    def fill_ctx(self, ctx: OperationContext) -> None:
+        """Records what the backward needs (also used by the forward fusions)."""
         ctx.bias_dtype = self.bias.dtype
         ctx.bias_requires_grad = ctx.requires_grad and self.bias.requires_grad
-        return torch.ops.te_cpp.bias_fwd(input_, self.bias)
+
+    def bias_in(self, dtype: torch.dtype) -> torch.Tensor:
+        return self.bias if self.bias.dtype == dtype else self.bias.to(dtype)
 
     def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
         db = None

@@ -1,0 +1,36 @@
+// Operator classes of the linear family: y = x W^T (+ bias) with its backward GEMMs and the
+// fused epilogues. GEMMs are ATen's (at::mm / at::addmm: MKL or oneDNN on CPU); the only
+// hand-written code is the epilogue pass.
+//
+// Shapes: x [..., in], weight [out, in], y [..., out]; dy [..., out]; bias [out].
+#pragma once
+
+#include <tuple>
+
+#include "common/common.h"
+#include "ops/activation.h"
+
+namespace te_cpp {
+
+struct LinearShapes {
+  // x / weight / bias agree (dtypes equal, same device, x's last dim == weight's in_features).
+  static void check_fwd(const char* op, const Tensor& x, const Tensor& weight,
+                        const std::optional<Tensor>& bias);
+  static Tensor allocate_out(const Tensor& x, const Tensor& weight);
+  // dy against weight (dgrad) or x (wgrad).
+  static void check_dgrad(const char* op, const Tensor& dy, const Tensor& weight);
+  static void check_wgrad(const char* op, const Tensor& dy, const Tensor& x);
+  static Tensor allocate_dgrad(const Tensor& dy, const Tensor& weight);
+  // The residual operand of the fused adds: the output's shape (fwd) or the input's (dgrad).
+  static void check_extra(const char* op, const Tensor& extra, const Tensor& x,
+                          const Tensor& weight);
+  static void check_dextra(const char* op, const Tensor& dextra, const Tensor& dy,
+                           const Tensor& weight);
+  static Tensor allocate_wgrad(const Tensor& dy, const Tensor& x);
+};
+
+// The unary activation named by a linear_bias_act_fwd call ("gelu", "relu", "silu", "qgelu",
+// "srelu"), or an error naming the op.
+Act linear_activation(const char* op, c10::string_view name);
+
+}  // namespace te_cpp

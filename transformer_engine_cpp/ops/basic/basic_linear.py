@@ -1,0 +1,187 @@
+"""BasicLinear: y = x W^T, with W of shape (out_features, in_features)."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+
+from .._common import (canonicalize_device, canonicalize_dtype, compute_dtype,
+                       has_meta_parameters, init_parameter, materialize_device)
+from ..op import BasicOperation, OperationContext
+
+_LINEAR_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _positive_int(op: str, name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{op}: {name} must be a positive int, got {value!r}")
+    return value
+
+
+class BasicLinear(BasicOperation):
+    """Linear transform without bias: ``y = x W^T``.
+
+    The forward GEMM and the backward dgrad / wgrad GEMMs are ATen's (MKL or oneDNN on CPU),
+    called from ``torch.ops.te_cpp.linear_fwd`` / ``linear_dgrad`` / ``linear_wgrad``; dgrad is
+    skipped when the input needs no gradient and wgrad when the weight needs none.
+
+    Args:
+        in_features, out_features: the weight is ``(out_features, in_features)``.
+        device, dtype: of the weight (defaults: torch's default device and dtype); fp32, fp16,
+            bf16 or fp64.
+        tensor_parallel_mode, tensor_parallel_group, sequence_parallel, userbuffers_options:
+            accepted for API compatibility; only the single-process values are supported.
+        rng_state_tracker_function: returns a context manager forking the RNG for the weight
+            initialisation, as in the anchor.
+        accumulate_into_main_grad: add dW into ``weight.main_grad`` (which the caller creates)
+            instead of returning it as ``weight.grad``. Eager mode only.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        device: Optional[torch.device | str] = None,
+        dtype: Optional[torch.dtype] = None,
+        tensor_parallel_mode: Optional[str] = None,
+        tensor_parallel_group=None,
+        sequence_parallel: bool = False,
+        rng_state_tracker_function: Optional[Callable] = None,
+        accumulate_into_main_grad: bool = False,
+        userbuffers_options: Optional[dict] = None,
+    ) -> None:
+        super().__init__()
+        name = self.__class__.__name__
+        self.in_features = _positive_int(name, "in_features", in_features)
+        self.out_features = _positive_int(name, "out_features", out_features)
+        if tensor_parallel_mode not in (None, "column", "row"):
+            raise ValueError(f"{name}: tensor_parallel_mode must be None, 'column' or 'row', "
+                             f"got {tensor_parallel_mode!r}")
+        if tensor_parallel_mode is not None or sequence_parallel or userbuffers_options:
+            raise NotImplementedError(f"{name}: tensor parallelism, sequence parallelism and "
+                                      "userbuffers are not supported (single process)")
+        del tensor_parallel_group
+        self.tensor_parallel_mode = None
+        if not isinstance(accumulate_into_main_grad, bool):
+            raise TypeError(f"{name}: accumulate_into_main_grad must be a bool")
+        self._accumulate_into_main_grad = accumulate_into_main_grad
+        self._rng_state_tracker_function = rng_state_tracker_function
+        self.device = canonicalize_device(device)
+        dtype = canonicalize_dtype(dtype)
+        if dtype not in _LINEAR_DTYPES:
+            raise ValueError(f"{name}: unsupported dtype {dtype} (expected float32, float16, "
+                             "bfloat16 or float64)")
+        self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, device="meta",
+                                                     dtype=dtype))
+        if self.device.type != "meta":
+            self.reset_parameters()
+
+    # ---- parameters ----------------------------------------------------------------------------
+
+    def reset_parameters(self) -> None:
+        """Kaiming-uniform weight (as torch.nn.Linear); materialises a meta weight."""
+        self.device = materialize_device(self.device)
+
+        def fill(w):
+            torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+
+        if self._rng_state_tracker_function is not None:
+            with self._rng_state_tracker_function().fork():
+                init_parameter(self, "weight", fill, self.device)
+        else:
+            init_parameter(self, "weight", fill, self.device)
+
+    def pre_fuser_forward(self, *, requires_grad: bool) -> None:
+        if has_meta_parameters(self):
+            self.reset_parameters()
+
+    def compile_unsupported_reason(self) -> Optional[str]:
+        if self._accumulate_into_main_grad:
+            return ("accumulate_into_main_grad adds into weight.main_grad in place, a mutation "
+                    "of a tensor outside the compiled graph")
+        return None
+
+    # ---- compute (shared with the fused linear ops) --------------------------------------------
+
+    def prepare(self, ctx: OperationContext, input_: torch.Tensor):
+        """Input and weight in the compute dtype (the autocast dtype when autocast is on, else
+        the weight's), recording the dtypes on ctx."""
+        if not input_.is_floating_point():
+            raise TypeError(f"{self.__class__.__name__}: input must be floating point, "
+                            f"got {input_.dtype}")
+        dtype = compute_dtype(input_.device.type, self.weight.dtype)
+        ctx.dtype = dtype
+        ctx.input_dtype = input_.dtype
+        x = input_ if input_.dtype == dtype else input_.to(dtype)
+        w = self.weight if self.weight.dtype == dtype else self.weight.to(dtype)
+        return x, w
+
+    def save_ctx(self, ctx: OperationContext, x: torch.Tensor, w: torch.Tensor) -> None:
+        """What the unfused backward needs (the anchor's ctx contract for BasicLinear)."""
+        ctx.with_quantized_compute = False
+        ctx.input_quantizer = ctx.weight_quantizer = None
+        ctx.grad_output_quantizer = ctx.grad_input_quantizer = None
+        ctx.weight_requires_grad = ctx.requires_grad and self.weight.requires_grad
+        if ctx.requires_grad:
+            ctx.save_for_backward(x if ctx.weight_requires_grad else None,
+                                  w if ctx.input_requires_grad else None)
+
+    def op_forward(self, ctx: OperationContext, input_: torch.Tensor, *,
+                   prev_op_grad_output_quantizer=None, next_op_input_quantizer=None, **kwargs):
+        if kwargs:
+            raise ValueError(f"BasicLinear takes no forward kwargs, got {sorted(kwargs)}")
+        x, w = self.prepare(ctx, input_)
+        y = torch.ops.te_cpp.linear_fwd(x, w)
+        self.save_ctx(ctx, x, w)
+        return y
+
+    def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
+        return self.backward_grads(ctx, grad_output)
+
+    def backward_grads(self, ctx: OperationContext, grad_output: torch.Tensor, *,
+                       alpha: float = 1.0, grad_extra: Optional[torch.Tensor] = None):
+        """dx = grad_extra + alpha * dy W and dW = alpha * dy^T x, each only when needed.
+        ``alpha`` serves BackwardLinearScale and ``grad_extra`` BackwardLinearAdd."""
+        x, w = ctx.saved_tensors
+        dy = grad_output if grad_output.dtype == ctx.dtype else grad_output.to(ctx.dtype)
+        dx = None
+        if ctx.input_requires_grad:
+            if grad_extra is None:
+                dx = torch.ops.te_cpp.linear_dgrad(dy, w, alpha)
+            else:
+                dx = torch.ops.te_cpp.linear_dgrad_add(dy, w, grad_extra, alpha)
+            if dx.dtype != ctx.input_dtype and grad_extra is None:
+                dx = dx.to(ctx.input_dtype)
+        elif grad_extra is not None:
+            dx = grad_extra
+        dw = None
+        if ctx.weight_requires_grad:
+            dw = torch.ops.te_cpp.linear_wgrad(dy, x, alpha)
+            if self._accumulate_into_main_grad:
+                dw = self._accumulate_main_grad(dw)
+            elif dw.dtype != self.weight.dtype:
+                dw = dw.to(self.weight.dtype)
+        return dx, (dw,)
+
+    def _accumulate_main_grad(self, dw: torch.Tensor):
+        weight = self.weight
+        main_grad = getattr(weight, "main_grad", None)
+        if main_grad is None:
+            raise RuntimeError("BasicLinear: accumulate_into_main_grad=True needs "
+                               "weight.main_grad (allocate it before the backward pass)")
+        if getattr(weight, "overwrite_main_grad", False):
+            main_grad.copy_(dw)
+        else:
+            main_grad.add_(dw.to(main_grad.dtype))
+        # the anchor's (Megatron's) convention: a parameter that tracks grad_added_to_main_grad
+        # gets the flag set and a dummy zero .grad; any other gets no .grad
+        if hasattr(weight, "grad_added_to_main_grad"):
+            weight.grad_added_to_main_grad = True
+            return torch.zeros_like(weight)
+        return None
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"

@@ -1,0 +1,160 @@
+"""Forward-only fusions around a BasicLinear: one GEMM with its epilogue.
+
+* ForwardLinearBiasActivation: ``[BasicLinear, Bias?, act?]`` (at least one of the two):
+  ``act(x W^T + b)``, the bias and the activation applied in one pass over the GEMM output
+  (``torch.ops.te_cpp.linear_bias_act_fwd``), or bias only through the GEMM's own C operand
+  (``linear_fwd``). The anchor fuses only the bias, and only for fp16/bf16 weights; here any
+  floating dtype and the activations GELU, ReLU, SiLU, QGELU and SReLU.
+* ForwardLinearBiasAdd: ``[BasicLinear, Bias?, AddExtraInput]``: the GEMM accumulates into the
+  residual (``linear_fwd_add``); with ``in_place=True`` into the caller's buffer in eager mode.
+  The anchor needs ``in_place=True``; here the functional add fuses too.
+* ForwardLinearScaleAdd: ``[BasicLinear, ConstantScale, AddExtraInput]``: extra + s * x W^T,
+  the scale as the GEMM's alpha.
+
+Each leaves the basic ops' contexts exactly as their unfused forwards would, so the backward
+runs unfused or through the backward fusions.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .._common import is_compiling
+from ..basic import (GELU, QGELU, AddExtraInput, BasicLinear, Bias, ConstantScale, ReLU, SiLU,
+                     SReLU)
+from ..op import FusedOperation
+from ._window import fuse_windows
+
+# Activation class -> name understood by linear_bias_act_fwd.
+EPILOGUE_ACTIVATIONS = {GELU: "gelu", ReLU: "relu", SiLU: "silu", QGELU: "qgelu", SReLU: "srelu"}
+
+
+def _no_kwargs(fused, basic_op_kwargs) -> None:
+    for op, kwargs in zip(fused.basic_ops, basic_op_kwargs):
+        if kwargs:
+            raise ValueError(f"{type(fused).__name__}: {type(op).__name__} takes no forward "
+                             f"kwargs, got {sorted(kwargs)}")
+
+
+class ForwardLinearBiasActivation(FusedOperation):
+    """Forward-only fusion of BasicLinear with the Bias and/or activation after it."""
+
+    def __init__(self, *, linear: BasicLinear, bias: Optional[Bias] = None, activation=None):
+        if bias is None and activation is None:
+            raise ValueError("ForwardLinearBiasActivation needs a bias or an activation")
+        if activation is not None and type(activation) not in EPILOGUE_ACTIVATIONS:
+            raise ValueError("ForwardLinearBiasActivation: unsupported activation "
+                             f"{type(activation).__name__}")
+        super().__init__([op for op in (linear, bias, activation) if op is not None])
+        self._has_bias = bias is not None
+        self._activation = None if activation is None else EPILOGUE_ACTIVATIONS[type(activation)]
+
+    def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs,
+                      prev_op_grad_output_quantizer=None, next_op_input_quantizer=None,
+                      basic_op_kwargs):
+        _no_kwargs(self, basic_op_kwargs)
+        linear = self.basic_ops[0]
+        linear_ctx = basic_op_ctxs[0]
+        x, w = linear.prepare(linear_ctx, input_)
+        b = None
+        if self._has_bias:
+            bias = self.basic_ops[1]
+            bias.fill_ctx(basic_op_ctxs[1])
+            b = bias.bias_in(linear_ctx.dtype)
+        linear.save_ctx(linear_ctx, x, w)
+        if self._activation is None:
+            return torch.ops.te_cpp.linear_fwd(x, w, b), [()] * len(self.basic_ops)
+        y, act_input = torch.ops.te_cpp.linear_bias_act_fwd(x, w, b, self._activation)
+        act_ctx = basic_op_ctxs[-1]
+        act_ctx.input_dtype = act_input.dtype
+        if act_ctx.requires_grad:
+            act_ctx.save_for_backward(act_input)
+        return y, [()] * len(self.basic_ops)
+
+
+class ForwardLinearBiasAdd(FusedOperation):
+    """Forward-only fusion of BasicLinear, an optional Bias and AddExtraInput."""
+
+    def __init__(self, *, linear: BasicLinear, bias: Optional[Bias], add: AddExtraInput,
+                 scale: Optional[ConstantScale] = None):
+        super().__init__([op for op in (linear, bias, scale, add) if op is not None])
+        self._has_bias = bias is not None
+        self._alpha = 1.0 if scale is None else scale.scale
+        self._in_place = add._in_place
+
+    def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs,
+                      prev_op_grad_output_quantizer=None, next_op_input_quantizer=None,
+                      basic_op_kwargs):
+        _no_kwargs(self, basic_op_kwargs)
+        linear = self.basic_ops[0]
+        linear_ctx = basic_op_ctxs[0]
+        x, w = linear.prepare(linear_ctx, input_)
+        b = None
+        if self._has_bias:
+            bias = self.basic_ops[1]
+            bias.fill_ctx(basic_op_ctxs[1])
+            b = bias.bias_in(linear_ctx.dtype)
+        linear.save_ctx(linear_ctx, x, w)
+        extra = basic_op_extra_inputs[-1][0]
+        if self._in_place and not is_compiling():
+            out = extra.detach()
+            torch.ops.te_cpp.linear_fwd_add_inplace(out, x, w, b, self._alpha)
+            torch.autograd.graph.increment_version(out)
+        else:
+            out_dtype = extra.dtype if self._in_place else torch.promote_types(x.dtype, extra.dtype)
+            extra = extra if extra.dtype == out_dtype else extra.to(out_dtype)
+            out = torch.ops.te_cpp.linear_fwd_add(x, w, b, extra, self._alpha)
+        return out, [()] * len(self.basic_ops)
+
+
+class ForwardLinearScaleAdd(ForwardLinearBiasAdd):
+    """Forward-only fusion of BasicLinear, ConstantScale and AddExtraInput."""
+
+    def __init__(self, *, linear: BasicLinear, scale: ConstantScale, add: AddExtraInput):
+        super().__init__(linear=linear, bias=None, add=add, scale=scale)
+
+
+def _linear_ok(op) -> bool:
+    return type(op) is BasicLinear and op.tensor_parallel_mode != "row"
+
+
+def fuse_forward_linear_bias_add(ops: list, *, recipe=None) -> list:
+    def match(ops, i):
+        if not _linear_ok(ops[i]):
+            return None
+        j = i + 1
+        bias = ops[j] if j < len(ops) and type(ops[j]) is Bias else None
+        j += bias is not None
+        if j < len(ops) and type(ops[j]) is AddExtraInput:
+            return ForwardLinearBiasAdd(linear=ops[i], bias=bias, add=ops[j]), j - i + 1
+        return None
+
+    return fuse_windows(ops, match)
+
+
+def fuse_forward_linear_bias_activation(ops: list, *, recipe=None) -> list:
+    def match(ops, i):
+        if not _linear_ok(ops[i]):
+            return None
+        j = i + 1
+        bias = ops[j] if j < len(ops) and type(ops[j]) is Bias else None
+        j += bias is not None
+        act = ops[j] if j < len(ops) and type(ops[j]) in EPILOGUE_ACTIVATIONS else None
+        j += act is not None
+        if bias is None and act is None:
+            return None
+        return ForwardLinearBiasActivation(linear=ops[i], bias=bias, activation=act), j - i
+
+    return fuse_windows(ops, match)
+
+
+def fuse_forward_linear_scale_add(ops: list, *, recipe=None) -> list:
+    def match(ops, i):
+        if (i + 2 < len(ops) and _linear_ok(ops[i]) and type(ops[i + 1]) is ConstantScale
+                and type(ops[i + 2]) is AddExtraInput):
+            return ForwardLinearScaleAdd(linear=ops[i], scale=ops[i + 1], add=ops[i + 2]), 3
+        return None
+
+    return fuse_windows(ops, match)
