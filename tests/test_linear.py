@@ -1,0 +1,350 @@
+"""Linear and the GEMM fusions at the module level: the compiled pre-norm MLP block keeps the
+fused ops in both directions, autocast and dtype casts, main_grad accumulation, user-defined
+ops and fusions (the anchor's TestCustomOps), and training loops that change grad mode and
+requires_grad (the anchor's TestTrainingLoops)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch._dynamo.testing import AotEagerAndRecordGraphs
+from torch._dynamo.utils import counters
+
+import transformer_engine_cpp as te
+from transformer_engine_cpp.ops import fused as F
+from transformer_engine_cpp.ops.fuser import OperationFuser
+from transformer_engine_cpp.testing import reference as ref
+
+from tolerances import COMPILED_VS_EAGER, tols
+
+FP32 = tols(torch.float32)
+
+
+@pytest.fixture
+def fusion_registry():
+    saved = {name: list(getattr(OperationFuser, name)) for name in
+             ("forward_fusion_functions", "backward_fusion_functions",
+              "forward_backward_fusion_functions")}
+    yield
+    for name, funcs in saved.items():
+        setattr(OperationFuser, name, funcs)
+    OperationFuser._fusion_registry_version += 1
+
+
+def mlp_block(hidden=32, ffn=64, act="gelu", dtype=torch.float32):
+    """Pre-norm residual MLP: x + fc2(act(fc1(LayerNorm(x)))), residual by channel."""
+    acts = {"gelu": lambda: te.ops.GELU(), "swiglu": lambda: te.ops.SwiGLU()}
+    fc2_in = ffn // 2 if act == "swiglu" else ffn
+    return te.ops.Sequential(
+        te.ops.MakeExtraOutput().set_extra_output_channel(0, "residual", output_to_caller=False),
+        te.ops.LayerNorm(hidden, dtype=dtype),
+        te.ops.Linear(hidden, ffn, dtype=dtype),
+        acts[act](),
+        te.ops.Linear(fc2_in, hidden, dtype=dtype),
+        te.ops.AddExtraInput().set_extra_input_channel(0, "residual"),
+    )
+
+
+def randomize(model, seed=0):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    return model
+
+
+def plain_mlp(model, x, act="gelu"):
+    """float64 reference of mlp_block with the model's parameters."""
+    ln, fc1, fc2 = model[1], model[2], model[4]
+    d = lambda t: t.detach().double()  # noqa: E731
+    h = ref.layer_norm(x, d(ln.weight), d(ln.bias))
+    h = ref.linear(h, d(fc1.weight), d(fc1.bias))
+    h = ref.gelu(h) if act == "gelu" else ref.swiglu(h)
+    return x + ref.linear(h, d(fc2.weight), d(fc2.bias))
+
+
+@pytest.mark.parametrize("act", ["gelu", "swiglu"])
+def test_mlp_block_eager_matches_reference_and_plans(act):
+    model = randomize(mlp_block(act=act))
+    x = torch.randn(3, 5, 32, requires_grad=True)
+    y = model(x)
+    y.backward(torch.ones_like(y))
+    x64 = x.detach().double().requires_grad_()
+    y64 = plain_mlp(model, x64, act)
+    y64.backward(torch.ones_like(y64))
+    torch.testing.assert_close(y.double(), y64, **FP32)
+    torch.testing.assert_close(x.grad.double(), x64.grad, **FP32)
+    fuser = model._module_groups[0]
+    fwd = [type(op).__name__ for op, _ in fuser._forward_ops]
+    bwd = [type(op).__name__ for op, _ in fuser._backward_ops]
+    if act == "gelu":
+        assert fwd == ["MakeExtraOutput", "LayerNorm", "ForwardLinearBiasActivation",
+                       "ForwardLinearBiasAdd"]
+        assert bwd == ["MakeExtraOutput", "LayerNorm", "BasicLinear", "BackwardActivationBias",
+                       "BasicLinear", "Bias", "AddExtraInput"]
+    else:
+        assert fwd == ["MakeExtraOutput", "LayerNorm", "ForwardLinearBiasActivation", "SwiGLU",
+                       "ForwardLinearBiasAdd"]
+
+
+@pytest.mark.parametrize("act", ["gelu", "swiglu"])
+def test_compiled_mlp_block_keeps_forward_and_backward_fusions(act):
+    eager = randomize(mlp_block(act=act))
+    compiled_model = copy.deepcopy(eager)
+    backend = AotEagerAndRecordGraphs()
+    compiled = torch.compile(compiled_model, backend=backend, fullgraph=True)
+    x = torch.randn(4, 32, requires_grad=True)
+    xc = x.detach().clone().requires_grad_()
+    dy = torch.randn(4, 32)
+    eager(x).backward(dy)
+    compiled(xc).backward(dy)
+    assert len(counters["graph_break"]) == 0
+    torch.testing.assert_close(xc.grad, x.grad, **COMPILED_VS_EAGER)
+    for (n, p), q in zip(compiled_model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **COMPILED_VS_EAGER, msg=lambda m: f"{n}: {m}")
+    fw, bw = backend.fw_graphs[0].code, backend.bw_graphs[0].code
+    # forward: the epilogue and residual fusions, and not the unfused ops they replace
+    assert "te_cpp.linear_fwd_add" in fw and "te_cpp.bias_fwd" not in fw
+    assert "te_cpp.add_extra_input_fwd" not in fw
+    if act == "gelu":
+        assert "te_cpp.linear_bias_act_fwd" in fw and "te_cpp.gelu_fwd" not in fw
+        assert "te_cpp.dbias_dgelu" in bw and "te_cpp.gelu_bwd" not in bw
+    assert "te_cpp.linear_dgrad" in bw and "te_cpp.linear_wgrad" in bw
+
+
+@pytest.mark.slow
+def test_compiled_mlp_block_inductor():
+    eager = randomize(mlp_block())
+    compiled_model = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_model, backend="inductor", fullgraph=True)
+    x = torch.randn(6, 32, requires_grad=True)
+    xc = x.detach().clone().requires_grad_()
+    eager(x).sum().backward()
+    compiled(xc).sum().backward()
+    torch.testing.assert_close(xc.grad, x.grad, **FP32)
+    for p, q in zip(compiled_model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **FP32)
+
+
+# ---- mixed precision --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model_dtype", [torch.float32, torch.bfloat16])
+def test_cpu_autocast_outputs_autocast_dtype_and_param_dtype_grads(model_dtype):
+    block = randomize(mlp_block(dtype=model_dtype))
+    model = te.ops.Sequential(*list(block)[1:5])  # LayerNorm, Linear, GELU, Linear
+    x = torch.randn(4, 32, dtype=model_dtype, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = model(x)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad.dtype == model_dtype
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.dtype == model_dtype, name
+    # the values follow the float64 reference within a few bf16 roundings
+    x64 = x.detach().double()
+    torch.testing.assert_close(y.double(), plain_mlp(block, x64) - x64, rtol=5e-2, atol=5e-2)
+    # a residual add keeps torch's type promotion under autocast (as x + residual does)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert block(x).dtype == torch.promote_types(torch.bfloat16, model_dtype)
+
+
+@pytest.mark.parametrize("final", ["float", "half", "bfloat16"])
+@pytest.mark.parametrize("init_dtype", [torch.float32, torch.bfloat16])
+def test_dtype_cast(init_dtype, final):
+    model = te.ops.Sequential(te.ops.Linear(32, 32, bias=False, dtype=init_dtype))
+    final_dtype = {"float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloat16}[final]
+    getattr(model, final)()
+    w = model[0].weight
+    assert w.dtype == final_dtype
+    x = torch.randn(8, 32, dtype=init_dtype, requires_grad=True)
+    y = model(x)
+    assert y.dtype == final_dtype
+    y.float().sum().backward()
+    assert x.grad.dtype == init_dtype
+    assert w.grad.dtype == final_dtype
+    model.to(torch.float64)
+    assert model(x.detach()).dtype == torch.float64
+
+
+def test_linear_aliases_and_state_dict_keys():
+    lin = te.ops.Linear(8, 4)
+    assert lin.weight is lin.basic_ops[0].weight and lin.bias is lin.basic_ops[1].bias
+    assert set(lin.state_dict()) == {"basic_ops.0.weight", "basic_ops.1.bias"}
+    new_w = torch.nn.Parameter(torch.zeros(4, 8))
+    lin.weight = new_w
+    assert lin.basic_ops[0].weight is new_w
+    assert te.ops.Linear(8, 4, bias=False).bias is None
+    with pytest.raises(ValueError, match="must be basic operations"):
+        te.ops.Sequential(lin)(torch.ones(2, 8), op_kwargs={lin: {}})
+
+
+def test_accumulate_into_main_grad():
+    op = te.ops.BasicLinear(16, 8, accumulate_into_main_grad=True)
+    op.weight.main_grad = torch.full((8, 16), 0.5)
+    x = torch.randn(4, 16, requires_grad=True)
+    dy = torch.randn(4, 8)
+    op(x).backward(dy)
+    assert op.weight.grad is None
+    torch.testing.assert_close(op.weight.main_grad, 0.5 + dy.t() @ x.detach(), **FP32)
+    torch.testing.assert_close(x.grad, dy @ op.weight.detach(), **FP32)
+    op2 = te.ops.BasicLinear(16, 8, accumulate_into_main_grad=True)
+    with pytest.raises(RuntimeError, match="needs weight.main_grad"):
+        op2(x).sum().backward()
+    with pytest.raises(Exception, match="accumulate_into_main_grad adds into weight.main_grad"):
+        torch.compile(te.ops.Sequential(op), backend="aot_eager", fullgraph=True)(x)
+
+
+def test_linear_bad_constructor_arguments():
+    with pytest.raises(ValueError, match="BasicLinear: in_features must be a positive int"):
+        te.ops.BasicLinear(0, 4)
+    with pytest.raises(ValueError, match="BasicLinear: unsupported dtype torch.int32"):
+        te.ops.BasicLinear(4, 4, dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="tensor parallelism"):
+        te.ops.Linear(4, 4, tensor_parallel_mode="row")
+    with pytest.raises(ValueError, match="tensor_parallel_mode must be None"):
+        te.ops.BasicLinear(4, 4, tensor_parallel_mode="diagonal")
+    with pytest.raises(TypeError, match="Linear: bias must be a bool"):
+        te.ops.Linear(4, 4, bias=None)
+
+
+# ---- user-defined ops and fusions (the anchor's TestCustomOps) --------------------------------
+
+
+class LearnableScale(te.ops.BasicOperation):
+    """The anchor docs' example of a user-defined op."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.tensor(1.5))
+
+    def op_forward(self, ctx, input_, *, prev_op_grad_output_quantizer=None,
+                   next_op_input_quantizer=None):
+        ctx.save_for_backward(input_)
+        return self.scale * input_
+
+    def op_backward(self, ctx, grad_output):
+        (x,) = ctx.saved_tensors
+        return self.scale * grad_output, ((x * grad_output).sum().reshape(()),)
+
+
+def test_custom_basic_op_eager_and_compiled():
+    def make():
+        torch.manual_seed(0)
+        return te.ops.Sequential(te.ops.Linear(8, 8), LearnableScale(), te.ops.ReLU())
+
+    eager, comp = make(), make()
+    x = torch.randn(3, 8, requires_grad=True)
+    xc = x.detach().clone().requires_grad_()
+    eager(x).sum().backward()
+    torch.compile(comp, backend="aot_eager", fullgraph=True)(xc).sum().backward()
+    x2 = x.detach().clone().requires_grad_()
+    w, b = eager[0].weight.detach(), eager[0].bias.detach()
+    s = eager[1].scale.detach().clone().requires_grad_()
+    torch.relu(s * ref.linear(x2, w, b)).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad, **FP32)
+    torch.testing.assert_close(eager[1].scale.grad, s.grad, **FP32)
+    torch.testing.assert_close(xc.grad, x.grad, **COMPILED_VS_EAGER)
+    torch.testing.assert_close(comp[1].scale.grad, eager[1].scale.grad, **COMPILED_VS_EAGER)
+
+
+class LinearSiLU(te.ops.FusedOperation):
+    """A user forward fusion of BasicLinear + SiLU computed with plain torch ops; it populates
+    the basic ops' contexts so their unfused backward works (the anchor's ctx contract)."""
+
+    def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs,
+                      prev_op_grad_output_quantizer=None, next_op_input_quantizer=None,
+                      basic_op_kwargs):
+        linear, act = self.basic_ops
+        lctx, actx = basic_op_ctxs
+        z = input_ @ linear.weight.t()
+        lctx.with_quantized_compute = False
+        lctx.input_quantizer = lctx.weight_quantizer = None
+        lctx.grad_output_quantizer = lctx.grad_input_quantizer = None
+        lctx.dtype = lctx.input_dtype = input_.dtype
+        lctx.weight_requires_grad = linear.weight.requires_grad
+        lctx.save_for_backward(input_, linear.weight)
+        actx.input_dtype = z.dtype
+        actx.save_for_backward(z)
+        return torch.nn.functional.silu(z), [(), ()]
+
+
+def _fuse_linear_silu(ops, *, recipe=None):
+    out, i = [], 0
+    while i < len(ops):
+        if i + 1 < len(ops) and type(ops[i]) is te.ops.BasicLinear and type(ops[i + 1]) is te.ops.SiLU:
+            out.append(LinearSiLU([ops[i], ops[i + 1]]))
+            i += 2
+        else:
+            out.append(ops[i])
+            i += 1
+    return out
+
+
+def test_custom_forward_fusion_with_unfused_backward(fusion_registry):
+    te.ops.register_forward_fusion(_fuse_linear_silu, prepend=True)
+    torch.manual_seed(0)
+    model = te.ops.Sequential(te.ops.BasicLinear(8, 6), te.ops.SiLU())
+    x = torch.randn(5, 8, requires_grad=True)
+    y = model(x)
+    fuser = model._module_groups[0]
+    assert [type(op) for op, _ in fuser._forward_ops] == [LinearSiLU]
+    assert [type(op) for op, _ in fuser._backward_ops] == [te.ops.BasicLinear, te.ops.SiLU]
+    y.sum().backward()
+    x2 = x.detach().clone().requires_grad_()
+    w = model[0].weight.detach().clone().requires_grad_()
+    ref.silu(x2 @ w.t()).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad, **FP32)
+    torch.testing.assert_close(model[0].weight.grad, w.grad, **FP32)
+
+
+# ---- training loops (the anchor's TestTrainingLoops) ------------------------------------------
+
+
+@pytest.mark.parametrize("order", ["train_first", "infer_first"])
+def test_training_loop_alternating_grad_modes(order):
+    torch.manual_seed(0)
+    model = te.ops.Sequential(te.ops.LayerNorm(16), te.ops.Linear(16, 16), te.ops.GELU(),
+                              te.ops.Linear(16, 16))
+    plain = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    stages = ["train", "no_grad", "inference", "frozen", "train", "inference", "train"]
+    if order == "infer_first":
+        stages = stages[1:] + stages[:1]
+    for step, stage in enumerate(stages):
+        x = torch.randn(4, 16)
+        w_frozen = stage == "frozen"
+        for p in model[1].parameters():
+            p.requires_grad_(not w_frozen)
+        if stage == "train" or stage == "frozen":
+            opt.zero_grad(set_to_none=True)
+            y = model(x)
+            y.square().mean().backward()
+            # reference gradient from plain torch on the same parameters
+            plain.load_state_dict(model.state_dict())
+            ps = {n: p.detach().clone().requires_grad_() for n, p in plain.named_parameters()}
+            h = ref.layer_norm(x, ps["0.weight"], ps["0.bias"])
+            h = ref.gelu(ref.linear(h, ps["1.basic_ops.0.weight"], ps["1.basic_ops.1.bias"]))
+            ref.linear(h, ps["3.basic_ops.0.weight"], ps["3.basic_ops.1.bias"]).square().mean().backward()
+            for n, p in model.named_parameters():
+                if p.requires_grad:
+                    torch.testing.assert_close(p.grad, ps[n].grad, **FP32, msg=lambda m: f"{step} {n}: {m}")
+                else:
+                    assert p.grad is None
+            opt.step()
+        else:
+            ctx = torch.no_grad() if stage == "no_grad" else torch.inference_mode()
+            with ctx:
+                y = model(x)
+            assert not y.requires_grad
+            if stage == "inference":
+                assert y.is_inference()
+
+
+def test_model_built_under_inference_mode():
+    with torch.inference_mode():
+        model = te.ops.Sequential(te.ops.Linear(8, 8), te.ops.ReLU())
+        y = model(torch.randn(2, 8))
+    assert y.shape == (2, 8)
