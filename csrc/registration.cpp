@@ -27,6 +27,8 @@ constexpr std::array kOps = {
     "glu_fwd", "glu_bwd", "geglu_fwd", "geglu_bwd", "qgeglu_fwd", "qgeglu_bwd",
     "reglu_fwd", "reglu_bwd", "sreglu_fwd", "sreglu_bwd", "swiglu_fwd", "swiglu_bwd",
     "clamped_swiglu_fwd", "clamped_swiglu_bwd", "situglu_fwd", "situglu_bwd",
+    // L2Normalization
+    "l2normalization_fwd", "l2normalization_bwd",
 };
 
 }  // namespace
@@ -71,6 +73,12 @@ TORCH_LIBRARY(te_cpp, m) {
   m.def("situglu_bwd(Tensor dy, Tensor x, float beta1, float beta2, "
         "int glu_interleave_size=0) -> Tensor",
         tags);
+
+  // ---- L2Normalization: y = x * rsqrt(sum(x^2 over the last dim) + eps) --------------------
+  // The forward also returns rsqrt_norm (shape x.shape[:-1], fp32; fp64 for fp64 inputs),
+  // which the backward takes with the forward's input.
+  m.def("l2normalization_fwd(Tensor x, float eps) -> (Tensor, Tensor)", tags);
+  m.def("l2normalization_bwd(Tensor dy, Tensor x, Tensor rsqrt_norm) -> Tensor", tags);
 }
 
 TORCH_LIBRARY_IMPL(te_cpp, Autograd, m) {

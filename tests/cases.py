@@ -110,6 +110,19 @@ def _samples_make_extra_output(dtype):
             (te_ops.make_extra_output_bwd_inplace, (de.clone(), dy))]
 
 
+def _samples_l2normalization(dtype):
+    out = []
+    for shape in _shapes(16) + [(13,)]:
+        x, dy = _rand(*shape, dtype=dtype), _rand(*shape, dtype=dtype)
+        y, rnorm = te_ops.l2normalization_fwd(x, 1e-6)
+        out += [(te_ops.l2normalization_fwd, (x, 1e-6)),
+                (te_ops.l2normalization_bwd, (dy, x, rnorm))]
+    xt = _rand(16, 5, dtype=dtype).t()
+    out.append((te_ops.l2normalization_fwd, (xt, 0.5)))
+    out.append((te_ops.l2normalization_bwd, (xt.clone(), xt, te_ops.l2normalization_fwd(xt, 0.5)[1])))
+    return out
+
+
 # ---- bad inputs ---------------------------------------------------------------------------------
 
 
@@ -171,6 +184,42 @@ def _bias_case():
              r"size 8"),
             _bad_dtype(lambda: te.ops.Bias(8), 8, "bias_fwd"),
             _bad_device(lambda: te.ops.Bias(8), 8, "bias_fwd"),
+        ),
+    )
+
+
+def _l2normalization_case(eps=None):
+    ctor = {} if eps is None else {"eps": eps}
+    ref_eps = 1e-6 if eps is None else eps
+    return OpCase(
+        id="L2Normalization" + ("" if eps is None else f"(eps={eps})"),
+        make=lambda dtype: [te.ops.L2Normalization(**ctor)],
+        reference=lambda p, x: ref.l2normalization(x, ref_eps),
+        features=37,
+        opcheck_samples=_samples_l2normalization,
+        bad_inputs=(
+            _bad_dtype(te.ops.L2Normalization, 8, "l2normalization_fwd"),
+            ("0-d input", lambda: te.ops.L2Normalization()(torch.tensor(2.0)), RuntimeError,
+             r"te_cpp\.l2normalization_fwd: input must have at least 1 dimension\(s\), got "
+             r"shape \[\]"),
+            ("negative eps", lambda: te_ops.l2normalization_fwd(torch.ones(2, 3), -1.0),
+             ValueError, r"te_cpp\.l2normalization_fwd: eps must be finite and >= 0, got -1"),
+            ("rsqrt_norm dtype",
+             lambda: te_ops.l2normalization_bwd(torch.ones(2, 3, dtype=torch.bfloat16),
+                                                torch.ones(2, 3, dtype=torch.bfloat16),
+                                                torch.ones(2, dtype=torch.bfloat16)),
+             RuntimeError, r"te_cpp\.l2normalization_bwd: rsqrt_norm must be Float for a "
+                           r"BFloat16 input, got BFloat16"),
+            ("rsqrt_norm shape",
+             lambda: te_ops.l2normalization_bwd(torch.ones(2, 3), torch.ones(2, 3),
+                                                torch.ones(3)),
+             RuntimeError, r"te_cpp\.l2normalization_bwd: rsqrt_norm must have the input's "
+                           r"leading shape, got \[3\] for input shape \[2, 3\]"),
+            ("grad_output shape",
+             lambda: te_ops.l2normalization_bwd(torch.ones(2, 4), torch.ones(2, 3),
+                                                torch.ones(2)),
+             RuntimeError, r"te_cpp\.l2normalization_bwd: grad_output and input must have the "
+                           r"same shape, got \[2, 4\] and \[2, 3\]"),
         ),
     )
 
@@ -246,6 +295,8 @@ OP_CASES: list[OpCase] = [
     _gated_case(te.ops.SiTUGLU, "situglu", ref.situglu, ctor=dict(beta1=2.0, beta2=3.0),
                 args=(2.0, 3.0), interleave=5, features=40, input_scale=3.0,
                 case_id="SiTUGLU(interleave=5)"),
+    _l2normalization_case(),
+    _l2normalization_case(eps=0.5),
     _bias_act_case(te.ops.GELU, "gelu", ref.gelu),
     _bias_act_case(te.ops.ReLU, "relu", ref.relu),
     _bias_act_case(te.ops.SiLU, "silu", ref.silu),

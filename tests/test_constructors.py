@@ -31,6 +31,14 @@ BAD_CONSTRUCTORS = [
      r"GELU: cache_quantized_input must be a bool"),
     (lambda: te.ops.GEGLU(cache_quantized_input=True), NotImplementedError,
      r"GEGLU: cache_quantized_input=True needs FP8"),
+    (lambda: te.ops.L2Normalization(eps=-1e-3), ValueError,
+     r"L2Normalization: eps must be a finite number >= 0, got -0.001"),
+    (lambda: te.ops.L2Normalization(eps=math.nan), ValueError,
+     r"L2Normalization: eps must be a finite number >= 0, got nan"),
+    (lambda: te.ops.L2Normalization(seq_length=0), ValueError,
+     r"L2Normalization: seq_length must be a positive int or None, got 0"),
+    (lambda: te.ops.L2Normalization(micro_batch_size=2.0), ValueError,
+     r"L2Normalization: micro_batch_size must be a positive int or None, got 2.0"),
 ]
 
 
@@ -50,6 +58,10 @@ def test_defaults_follow_the_anchor():
     s = te.ops.SiTUGLU()
     assert (s.beta1, s.beta2) == (4.0, 25.0)
     assert te.ops.SwiGLU().glu_interleave_size is None
+    l2 = te.ops.L2Normalization()
+    assert (l2.eps, l2.seq_length, l2.micro_batch_size) == (1e-6, None, None)
+    l2 = te.ops.L2Normalization(eps=0.25, seq_length=128, micro_batch_size=4)
+    assert (l2.eps, l2.seq_length, l2.micro_batch_size) == (0.25, 128, 4)
 
 
 def test_bias_on_the_meta_device_materialises_on_first_use():

@@ -103,6 +103,10 @@ def constant_scale(x, scale: float):
     return x * scale
 
 
+def l2normalization(x, eps: float = 1e-6):
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
 # ---- reference models (the demo and the benchmarks share them) ------------------------------
 
 

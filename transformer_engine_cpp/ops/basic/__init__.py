@@ -19,9 +19,10 @@ from .bias import Bias
 from .constant_scale import ConstantScale
 from .extra_tensors import AddExtraInput, MakeExtraOutput
 from .identity import Identity, Reshape
+from .l2normalization import L2Normalization
 
 __all__ = [
     "AddExtraInput", "Bias", "ClampedSwiGLU", "ConstantScale", "GEGLU", "GELU", "GLU",
-    "Identity", "MakeExtraOutput", "QGEGLU", "QGELU", "ReGLU", "ReLU", "Reshape", "SiLU",
-    "SiTUGLU", "SReGLU", "SReLU", "SwiGLU",
+    "Identity", "L2Normalization", "MakeExtraOutput", "QGEGLU", "QGELU", "ReGLU", "ReLU",
+    "Reshape", "SiLU", "SiTUGLU", "SReGLU", "SReLU", "SwiGLU",
 ]
