@@ -27,6 +27,10 @@ constexpr std::array kOps = {
     "glu_fwd", "glu_bwd", "geglu_fwd", "geglu_bwd", "qgeglu_fwd", "qgeglu_bwd",
     "reglu_fwd", "reglu_bwd", "sreglu_fwd", "sreglu_bwd", "swiglu_fwd", "swiglu_bwd",
     "clamped_swiglu_fwd", "clamped_swiglu_bwd", "situglu_fwd", "situglu_bwd",
+    // scaled activations (per-row scales as an extra input)
+    "scaled_swiglu_fwd", "scaled_swiglu_bwd", "scaled_clamped_qgeglu_fwd",
+    "scaled_clamped_qgeglu_bwd", "scaled_situglu_fwd", "scaled_situglu_bwd",
+    "scaled_srelu_fwd", "scaled_srelu_bwd",
     // L2Normalization
     "l2normalization_fwd", "l2normalization_bwd",
 };
@@ -72,6 +76,31 @@ TORCH_LIBRARY(te_cpp, m) {
         tags);
   m.def("situglu_bwd(Tensor dy, Tensor x, float beta1, float beta2, "
         "int glu_interleave_size=0) -> Tensor",
+        tags);
+
+  // ---- Scaled activations: y = scales[..., None] * act(x), scales of shape x.shape[:-1] -----
+  // The backward returns (dx, dscales) with dscales[r] = sum_j dy[r, j] * act(x)[r, j]; with
+  // compute_dscales=false the second output is an empty tensor of shape [0] (fixed arity).
+  m.def("scaled_swiglu_fwd(Tensor x, Tensor scales, int glu_interleave_size=0) -> Tensor", tags);
+  m.def("scaled_swiglu_bwd(Tensor dy, Tensor x, Tensor scales, bool compute_dscales, "
+        "int glu_interleave_size=0) -> (Tensor, Tensor)",
+        tags);
+  m.def("scaled_clamped_qgeglu_fwd(Tensor x, Tensor scales, float limit, float alpha, "
+        "float glu_linear_offset, int glu_interleave_size=0) -> Tensor",
+        tags);
+  m.def("scaled_clamped_qgeglu_bwd(Tensor dy, Tensor x, Tensor scales, bool compute_dscales, "
+        "float limit, float alpha, float glu_linear_offset, int glu_interleave_size=0) "
+        "-> (Tensor, Tensor)",
+        tags);
+  m.def("scaled_situglu_fwd(Tensor x, Tensor scales, float beta1, float beta2, "
+        "int glu_interleave_size=0) -> Tensor",
+        tags);
+  m.def("scaled_situglu_bwd(Tensor dy, Tensor x, Tensor scales, bool compute_dscales, "
+        "float beta1, float beta2, int glu_interleave_size=0) -> (Tensor, Tensor)",
+        tags);
+  m.def("scaled_srelu_fwd(Tensor x, Tensor scales) -> Tensor", tags);
+  m.def("scaled_srelu_bwd(Tensor dy, Tensor x, Tensor scales, bool compute_dscales) "
+        "-> (Tensor, Tensor)",
         tags);
 
   // ---- L2Normalization: y = x * rsqrt(sum(x^2 over the last dim) + eps) --------------------

@@ -39,10 +39,16 @@ class OpCase:
     bad_inputs: tuple = ()
     #: scale of the random inputs (e.g. to reach the clamps of ClampedSwiGLU).
     input_scale: float = 1.0
+    #: shape of every extra input from (leading dims, features); None: the input's shape.
+    #: Extra inputs with their own shape are standard normal and follow the layout's
+    #: non-contiguity (e.g. the per-row scales of the scaled activations).
+    extra_shape: Optional[Callable[[tuple, int], tuple]] = None
+    #: whether the extra inputs require grad (False: the op must not compute their grad).
+    extra_requires_grad: bool = True
 
 
 def _rand(*shape, dtype=torch.float32, scale=1.0):
-    return torch.randn(*shape, dtype=dtype) * scale
+    return torch.randn(shape, dtype=dtype) * scale
 
 
 # ---- opcheck samples ----------------------------------------------------------------------------
@@ -121,6 +127,27 @@ def _samples_l2normalization(dtype):
     out.append((te_ops.l2normalization_fwd, (xt, 0.5)))
     out.append((te_ops.l2normalization_bwd, (xt.clone(), xt, te_ops.l2normalization_fwd(xt, 0.5)[1])))
     return out
+
+
+def _samples_scaled(stem, *args, gated=True, interleave=0, features=16):
+    fwd, bwd = getattr(te_ops, f"scaled_{stem}_fwd"), getattr(te_ops, f"scaled_{stem}_bwd")
+    extra = (interleave,) if gated else ()
+
+    def samples(dtype):
+        out = []
+        for shape in _shapes(features) + [(features,)]:
+            x, s = _rand(*shape, dtype=dtype), _rand(*shape[:-1], dtype=dtype)
+            dy = _rand(*shape[:-1], features // 2 if gated else features, dtype=dtype)
+            out += [(fwd, (x, s, *args, *extra)),
+                    (bwd, (dy, x, s, True, *args, *extra)),
+                    (bwd, (dy, x, s, False, *args, *extra))]
+        # non-contiguous input and scales; fp32 scales with a low-precision input
+        xt = _rand(features, 6, dtype=dtype).t()
+        st = _rand(12, dtype=torch.float32)[::2]
+        dyt = _rand(6, features // 2 if gated else features, dtype=dtype)
+        out += [(fwd, (xt, st, *args, *extra)), (bwd, (dyt, xt, st, True, *args, *extra))]
+        return out
+    return samples
 
 
 # ---- bad inputs ---------------------------------------------------------------------------------
@@ -224,6 +251,62 @@ def _l2normalization_case(eps=None):
     )
 
 
+def _rows(lead, features):
+    """The per-row scales' shape."""
+    return tuple(lead)
+
+
+def _with_ones_scales(make_op):
+    """An op factory for _bad_dtype: the op, called on x, gets all-ones scales of the right
+    shape."""
+    def factory():
+        op = make_op()
+        return lambda x: op(x, torch.ones(x.shape[:-1]))
+    return factory
+
+
+def _scaled_case(cls, stem, ref_fn, *, ctor=None, args=(), interleave=None, features=38,
+                 input_scale=1.0, scales_require_grad=True, case_id=None):
+    gated = cls is not te.ops.ScaledSReLU
+    ctor = dict(ctor or {})
+    ref_kw = {"glu_interleave_size": interleave} if gated else {}
+    make_op = lambda: cls(interleave, **ctor) if gated else cls(**ctor)  # noqa: E731
+    bad = [
+        _bad_dtype(_with_ones_scales(make_op), features, f"scaled_{stem}_fwd"),
+        ("scales shape", lambda: make_op()(torch.ones(3, features), torch.ones(features)),
+         RuntimeError, rf"te_cpp\.scaled_{stem}_fwd: scales shape \[{features}\] must equal the "
+                       rf"input's leading dims \(input shape \[3, {features}\]\)"),
+        ("integer scales",
+         lambda: make_op()(torch.ones(3, features), torch.ones(3, dtype=torch.int64)),
+         RuntimeError, rf"te_cpp\.scaled_{stem}_fwd: scales must be float32"),
+        ("meta scales", lambda: make_op()(torch.ones(3, features), torch.ones(3, device="meta")),
+         RuntimeError, rf"te_cpp\.scaled_{stem}_fwd: scales and input must be on the same "
+                       rf"device, got meta and cpu"),
+    ]
+    if gated:
+        bad.append(("odd width", lambda: make_op()(torch.ones(3, features + 1), torch.ones(3)),
+                    RuntimeError, rf"te_cpp\.scaled_{stem}_fwd: the last dimension of the input "
+                                  rf"\(shape \[3, {features + 1}\]\) must be divisible by"))
+    else:
+        bad.append(("0-d input", lambda: make_op()(torch.tensor(1.0), torch.tensor(1.0)),
+                    RuntimeError, rf"te_cpp\.scaled_{stem}_fwd: input must have at least 1 "
+                                  rf"dimension\(s\), got shape \[\]"))
+    suffix = "" if scales_require_grad else "(scales without grad)"
+    return OpCase(
+        id=case_id or cls.__name__ + suffix,
+        make=lambda dtype: [make_op()],
+        reference=lambda p, x, s: ref_fn(x, s, *args, **ref_kw),
+        features=features,
+        num_extra_inputs=1,
+        extra_shape=_rows,
+        extra_requires_grad=scales_require_grad,
+        opcheck_samples=_samples_scaled(stem, *args, gated=gated, interleave=interleave or 0,
+                                        features=features if interleave else 16),
+        input_scale=input_scale,
+        bad_inputs=tuple(bad),
+    )
+
+
 def _bias_act_case(act_cls, stem, ref_fn):
     """Bias followed by a unary activation: the backward runs the fused dbias_d<act> op."""
     from transformer_engine_cpp.ops.fused import BackwardActivationBias
@@ -295,6 +378,25 @@ OP_CASES: list[OpCase] = [
     _gated_case(te.ops.SiTUGLU, "situglu", ref.situglu, ctor=dict(beta1=2.0, beta2=3.0),
                 args=(2.0, 3.0), interleave=5, features=40, input_scale=3.0,
                 case_id="SiTUGLU(interleave=5)"),
+    _scaled_case(te.ops.ScaledSwiGLU, "swiglu", ref.scaled_swiglu),
+    _scaled_case(te.ops.ScaledSwiGLU, "swiglu", ref.scaled_swiglu, interleave=3, features=42,
+                 case_id="ScaledSwiGLU(interleave=3)"),
+    _scaled_case(te.ops.ScaledSwiGLU, "swiglu", ref.scaled_swiglu, scales_require_grad=False),
+    _scaled_case(te.ops.ScaledClampedQGeGLU, "clamped_qgeglu", ref.scaled_clamped_qgeglu,
+                 ctor=dict(limit=1.5, alpha=1.702, glu_linear_offset=0.5), args=(1.5, 1.702, 0.5),
+                 input_scale=2.0),
+    _scaled_case(te.ops.ScaledClampedQGeGLU, "clamped_qgeglu", ref.scaled_clamped_qgeglu,
+                 ctor=dict(limit=1.5, alpha=1.702, glu_linear_offset=0.5), args=(1.5, 1.702, 0.5),
+                 interleave=16, features=64, input_scale=2.0,
+                 case_id="ScaledClampedQGeGLU(interleave=16)"),
+    _scaled_case(te.ops.ScaledSiTUGLU, "situglu", ref.scaled_situglu,
+                 ctor=dict(beta1=2.0, beta2=3.0), args=(2.0, 3.0), input_scale=3.0),
+    _scaled_case(te.ops.ScaledSiTUGLU, "situglu", ref.scaled_situglu,
+                 ctor=dict(beta1=2.0, beta2=3.0), args=(2.0, 3.0), interleave=5, features=40,
+                 input_scale=3.0, case_id="ScaledSiTUGLU(interleave=5)"),
+    _scaled_case(te.ops.ScaledSReLU, "srelu", ref.scaled_srelu, features=37),
+    _scaled_case(te.ops.ScaledSReLU, "srelu", ref.scaled_srelu, features=37,
+                 scales_require_grad=False),
     _l2normalization_case(),
     _l2normalization_case(eps=0.5),
     _bias_act_case(te.ops.GELU, "gelu", ref.gelu),

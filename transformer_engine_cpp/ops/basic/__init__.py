@@ -20,9 +20,11 @@ from .constant_scale import ConstantScale
 from .extra_tensors import AddExtraInput, MakeExtraOutput
 from .identity import Identity, Reshape
 from .l2normalization import L2Normalization
+from .scaled_activation import ScaledClampedQGeGLU, ScaledSiTUGLU, ScaledSReLU, ScaledSwiGLU
 
 __all__ = [
     "AddExtraInput", "Bias", "ClampedSwiGLU", "ConstantScale", "GEGLU", "GELU", "GLU",
     "Identity", "L2Normalization", "MakeExtraOutput", "QGEGLU", "QGELU", "ReGLU", "ReLU",
-    "Reshape", "SiLU", "SiTUGLU", "SReGLU", "SReLU", "SwiGLU",
+    "Reshape", "ScaledClampedQGeGLU", "ScaledSiTUGLU", "ScaledSReLU", "ScaledSwiGLU", "SiLU",
+    "SiTUGLU", "SReGLU", "SReLU", "SwiGLU",
 ]
