@@ -33,6 +33,8 @@ constexpr std::array kOps = {
     "scaled_srelu_fwd", "scaled_srelu_bwd",
     // L2Normalization
     "l2normalization_fwd", "l2normalization_bwd",
+    // Dropout
+    "dropout_fwd", "dropout_bwd",
 };
 
 }  // namespace
@@ -108,6 +110,14 @@ TORCH_LIBRARY(te_cpp, m) {
   // which the backward takes with the forward's input.
   m.def("l2normalization_fwd(Tensor x, float eps) -> (Tensor, Tensor)", tags);
   m.def("l2normalization_bwd(Tensor dy, Tensor x, Tensor rsqrt_norm) -> Tensor", tags);
+
+  // ---- Dropout (training): y = x * mask / (1 - p) ------------------------------------------
+  // The keep mask (uint8, 0/1, x's shape) is a pure function of (seed, element index): a
+  // counter-based Philox draw keyed by the int64 `seed` tensor, which the Python op draws from
+  // torch's generator. Given its inputs the op is deterministic, so it is traced, partitioned
+  // and CSE'd like any other op under torch.compile (docs/ops.md, Dropout).
+  m.def("dropout_fwd(Tensor x, Tensor seed, float p) -> (Tensor, Tensor)", tags);
+  m.def("dropout_bwd(Tensor dy, Tensor mask, float p) -> Tensor", tags);
 }
 
 TORCH_LIBRARY_IMPL(te_cpp, Autograd, m) {

@@ -125,7 +125,8 @@ def _samples_l2normalization(dtype):
                 (te_ops.l2normalization_bwd, (dy, x, rnorm))]
     xt = _rand(16, 5, dtype=dtype).t()
     out.append((te_ops.l2normalization_fwd, (xt, 0.5)))
-    out.append((te_ops.l2normalization_bwd, (xt.clone(), xt, te_ops.l2normalization_fwd(xt, 0.5)[1])))
+    rnorm_t = te_ops.l2normalization_fwd(xt, 0.5)[1]
+    out.append((te_ops.l2normalization_bwd, (xt.clone(), xt, rnorm_t)))
     return out
 
 
@@ -148,6 +149,23 @@ def _samples_scaled(stem, *args, gated=True, interleave=0, features=16):
         out += [(fwd, (xt, st, *args, *extra)), (bwd, (dyt, xt, st, True, *args, *extra))]
         return out
     return samples
+
+
+def _samples_dropout(dtype):
+    # dropout_fwd is a deterministic function of (x, seed, p): the mask comes from a
+    # counter-based draw keyed by the seed tensor, not from a generator's state. So every
+    # opcheck utility is meaningful for it, test_aot_dispatch_dynamic included (it compares
+    # real outputs of repeated runs, which an op drawing from a global generator would fail).
+    out = []
+    seed = torch.tensor(20240607, dtype=torch.int64)
+    for shape, p in [((1, 16), 0.3), ((2, 3, 16), 0.5), ((13,), 0.0)]:
+        x, dy = _rand(*shape, dtype=dtype), _rand(*shape, dtype=dtype)
+        _, mask = te_ops.dropout_fwd(x, seed, p)
+        out += [(te_ops.dropout_fwd, (x, seed, p)), (te_ops.dropout_bwd, (dy, mask, p))]
+    xt = _rand(16, 5, dtype=dtype).t()
+    out.append((te_ops.dropout_fwd, (xt, torch.tensor([-7], dtype=torch.int64), 0.25)))
+    out.append((te_ops.dropout_bwd, (xt, te_ops.dropout_fwd(xt, seed, 0.25)[1], 0.25)))
+    return out
 
 
 # ---- bad inputs ---------------------------------------------------------------------------------
@@ -307,6 +325,51 @@ def _scaled_case(cls, stem, ref_fn, *, ctor=None, args=(), interleave=None, feat
     )
 
 
+def _dropout_case(p, *, training):
+    """Dropout's deterministic configurations (evaluation mode, or p == 0 in training) run
+    through the harness; its random training output has its own tests (tests/test_dropout.py).
+    The case also carries the opcheck samples and bad inputs of dropout_fwd / dropout_bwd."""
+    seed = torch.tensor(1, dtype=torch.int64)
+    return OpCase(
+        id=f"Dropout(p={p}, {'train' if training else 'eval'})",
+        make=lambda dtype: [te.ops.Dropout(p).train(training)],
+        reference=lambda params, x: x,
+        features=37,
+        opcheck_samples=_samples_dropout,
+        bad_inputs=(
+            ("p = 1 (op)", lambda: te_ops.dropout_fwd(torch.ones(2, 3), seed, 1.0), ValueError,
+             r"te_cpp\.dropout_fwd: dropout probability p must be in \[0, 1\), got 1"),
+            ("negative p (bwd)",
+             lambda: te_ops.dropout_bwd(torch.ones(2, 3), torch.ones(2, 3, dtype=torch.uint8),
+                                        -0.5),
+             ValueError, r"te_cpp\.dropout_bwd: dropout probability p must be in \[0, 1\), "
+                         r"got -0\.5"),
+            ("integer input", lambda: te.ops.Dropout(0.5)(torch.ones(3, 4, dtype=torch.int32)),
+             RuntimeError, r"te_cpp\.dropout_fwd: input must be float32"),
+            ("float seed", lambda: te_ops.dropout_fwd(torch.ones(2, 3), torch.tensor(1.0), 0.5),
+             RuntimeError, r"te_cpp\.dropout_fwd: seed must be an int64 tensor, got Float"),
+            ("two seeds",
+             lambda: te_ops.dropout_fwd(torch.ones(2, 3), torch.ones(2, dtype=torch.int64), 0.5),
+             RuntimeError, r"te_cpp\.dropout_fwd: seed must have exactly one element, got "
+                           r"shape \[2\]"),
+            ("seed on another device",
+             lambda: te_ops.dropout_fwd(torch.ones(2, 3, device="meta"), seed, 0.5),
+             RuntimeError, r"te_cpp\.dropout_fwd: input and seed must be on the same device, "
+                           r"got meta and cpu"),
+            ("bool mask",
+             lambda: te_ops.dropout_bwd(torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool),
+                                        0.5),
+             RuntimeError, r"te_cpp\.dropout_bwd: mask must be uint8 \(dropout_fwd's mask\), "
+                           r"got Bool"),
+            ("mask shape",
+             lambda: te_ops.dropout_bwd(torch.ones(2, 3), torch.ones(3, 2, dtype=torch.uint8),
+                                        0.5),
+             RuntimeError, r"te_cpp\.dropout_bwd: grad_output and mask must have the same "
+                           r"shape, got \[2, 3\] and \[3, 2\]"),
+        ),
+    )
+
+
 def _bias_act_case(act_cls, stem, ref_fn):
     """Bias followed by a unary activation: the backward runs the fused dbias_d<act> op."""
     from transformer_engine_cpp.ops.fused import BackwardActivationBias
@@ -399,6 +462,8 @@ OP_CASES: list[OpCase] = [
                  scales_require_grad=False),
     _l2normalization_case(),
     _l2normalization_case(eps=0.5),
+    _dropout_case(0.3, training=False),
+    _dropout_case(0.0, training=True),
     _bias_act_case(te.ops.GELU, "gelu", ref.gelu),
     _bias_act_case(te.ops.ReLU, "relu", ref.relu),
     _bias_act_case(te.ops.SiLU, "silu", ref.silu),

@@ -47,6 +47,14 @@ BAD_CONSTRUCTORS = [
      r"ScaledClampedQGeGLU: glu_linear_offset must be a finite number, got inf"),
     (lambda: te.ops.ScaledSiTUGLU(beta2=-1.0), ValueError,
      r"ScaledSiTUGLU: beta2 must be finite and > 0, got -1.0"),
+    (lambda: te.ops.Dropout(1.0), ValueError,
+     r"Dropout: p must be a number in \[0, 1\), got 1.0"),
+    (lambda: te.ops.Dropout(-0.1), ValueError,
+     r"Dropout: p must be a number in \[0, 1\), got -0.1"),
+    (lambda: te.ops.Dropout("0.5"), ValueError,
+     r"Dropout: p must be a number in \[0, 1\), got '0.5'"),
+    (lambda: te.ops.Dropout(True), ValueError,
+     r"Dropout: p must be a number in \[0, 1\), got True"),
     (lambda: te.ops.L2Normalization(eps=-1e-3), ValueError,
      r"L2Normalization: eps must be a finite number >= 0, got -0.001"),
     (lambda: te.ops.L2Normalization(eps=math.nan), ValueError,
@@ -80,6 +88,7 @@ def test_defaults_follow_the_anchor():
     assert (t.beta1, t.beta2, t.glu_interleave_size) == (4.0, 25.0, 32)
     assert te.ops.ScaledSwiGLU().num_extra_inputs == 1
     assert te.ops.ScaledSReLU(activation_recompute_in_mlp=True).activation_recompute_in_mlp
+    assert te.ops.Dropout(0.25).dropout_probability == 0.25
     l2 = te.ops.L2Normalization()
     assert (l2.eps, l2.seq_length, l2.micro_batch_size) == (1e-6, None, None)
     l2 = te.ops.L2Normalization(eps=0.25, seq_length=128, micro_batch_size=4)

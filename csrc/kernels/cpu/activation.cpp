@@ -228,7 +228,8 @@ std::tuple<Tensor, Tensor> scaled_bwd_impl(const Tensor& dy_in, const Tensor& x_
   // dscales is reduced in the accumulation type, then stored in the scales' dtype.
   Tensor ds_acc;
   if (compute_dscales) {
-    ds_acc = ds.scalar_type() == acc_type ? ds : at::empty(ds.sizes(), ds.options().dtype(acc_type));
+    ds_acc = ds.scalar_type() == acc_type ? ds
+                                          : at::empty(ds.sizes(), ds.options().dtype(acc_type));
   }
   TE_DISPATCH_FLOAT(x.scalar_type(), "scaled_activation", [&] {
     using T = scalar_t;

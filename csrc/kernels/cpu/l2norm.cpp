@@ -80,7 +80,8 @@ Tensor l2normalization_bwd_cpu(const Tensor& dy_in, const Tensor& x_in, const Te
         const T* xr = xp + r * n;
         const T* dyr = dyp + r * n;
         T* dxr = dxp + r * n;
-        const A dot = row_sum<T>(dyr, xr, n, [](const Vec<T>& u, const Vec<T>& v) { return u * v; });
+        const A dot =
+            row_sum<T>(dyr, xr, n, [](const Vec<T>& u, const Vec<T>& v) { return u * v; });
         const A rs = rp[r];
         const Vec<T> rv(rs), cv(rs * rs * rs * dot);
         auto step = [&](int64_t i, int64_t k) {

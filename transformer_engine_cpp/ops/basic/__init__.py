@@ -17,13 +17,14 @@ from .activation import (
 )
 from .bias import Bias
 from .constant_scale import ConstantScale
+from .dropout import Dropout
 from .extra_tensors import AddExtraInput, MakeExtraOutput
 from .identity import Identity, Reshape
 from .l2normalization import L2Normalization
 from .scaled_activation import ScaledClampedQGeGLU, ScaledSiTUGLU, ScaledSReLU, ScaledSwiGLU
 
 __all__ = [
-    "AddExtraInput", "Bias", "ClampedSwiGLU", "ConstantScale", "GEGLU", "GELU", "GLU",
+    "AddExtraInput", "Bias", "ClampedSwiGLU", "ConstantScale", "Dropout", "GEGLU", "GELU", "GLU",
     "Identity", "L2Normalization", "MakeExtraOutput", "QGEGLU", "QGELU", "ReGLU", "ReLU",
     "Reshape", "ScaledClampedQGeGLU", "ScaledSiTUGLU", "ScaledSReLU", "ScaledSwiGLU", "SiLU",
     "SiTUGLU", "SReGLU", "SReLU", "SwiGLU",

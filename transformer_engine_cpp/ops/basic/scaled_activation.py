@@ -83,7 +83,10 @@ class _ScaledGatedActivation(_ScaledActivation):
     included). Activation recomputation (a fused grouped-MLP feature) is refused."""
 
     def __init__(
-        self, glu_interleave_size: Optional[int] = None, *, activation_recompute_in_mlp: bool = False
+        self,
+        glu_interleave_size: Optional[int] = None,
+        *,
+        activation_recompute_in_mlp: bool = False,
     ) -> None:
         name = self.__class__.__name__
         if _check_bool(name, "activation_recompute_in_mlp", activation_recompute_in_mlp):
