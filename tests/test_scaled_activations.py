@@ -1,6 +1,6 @@
 """Scaled activations beyond the conformance cases: every combination of which of (input,
-scales) requires grad, 1-D inputs with 0-d scales, dscales dtype, and ScaledSReLU's
-activation_recompute_in_mlp refusal at run time."""
+scales) requires grad (fp32, and fp64 with fp64 tolerances), 1-D inputs with 0-d scales,
+dscales dtype, and ScaledSReLU's activation_recompute_in_mlp refusal at run time."""
 
 from __future__ import annotations
 
@@ -39,11 +39,12 @@ def _run(name, shape, dtype, x_rg, s_rg, scales_dtype=None):
     return (x, s, y), (x64, s64, y64)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 @pytest.mark.parametrize("x_rg,s_rg", [(True, True), (True, False), (False, True)])
 @pytest.mark.parametrize("name", list(OPS))
-def test_grad_requirements(name, x_rg, s_rg):
-    (x, s, y), (x64, s64, y64) = _run(name, (5, 7, 32), torch.float32, x_rg, s_rg)
-    tol = tols(torch.float32)
+def test_grad_requirements(name, x_rg, s_rg, dtype):
+    (x, s, y), (x64, s64, y64) = _run(name, (5, 7, 32), dtype, x_rg, s_rg)
+    tol = tols(dtype)
     torch.testing.assert_close(y.double(), y64, **tol)
     if x_rg:
         torch.testing.assert_close(x.grad.double(), x64.grad, **tol)
