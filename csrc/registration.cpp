@@ -32,6 +32,14 @@ constexpr std::array kOps = {
     // linear
     "linear_fwd", "linear_bias_act_fwd", "linear_fwd_add", "linear_fwd_add_inplace",
     "linear_dgrad", "linear_dgrad_add", "linear_wgrad",
+    // scaled activations (per-row scales as an extra input)
+    "scaled_swiglu_fwd", "scaled_swiglu_bwd", "scaled_clamped_qgeglu_fwd",
+    "scaled_clamped_qgeglu_bwd", "scaled_situglu_fwd", "scaled_situglu_bwd",
+    "scaled_srelu_fwd", "scaled_srelu_bwd",
+    // L2Normalization
+    "l2normalization_fwd", "l2normalization_bwd",
+    // Dropout
+    "dropout_fwd", "dropout_bwd",
 };
 
 }  // namespace
@@ -117,6 +125,45 @@ TORCH_LIBRARY(te_cpp, m) {
         tags);
   // wgrad dW = alpha * dy^T x.
   m.def("linear_wgrad(Tensor dy, Tensor x, float alpha=1.0) -> Tensor", tags);
+
+  // ---- Scaled activations: y = scales[..., None] * act(x), scales of shape x.shape[:-1] -----
+  // The backward returns (dx, dscales) with dscales[r] = sum_j dy[r, j] * act(x)[r, j]; with
+  // compute_dscales=false the second output is an empty tensor of shape [0] (fixed arity).
+  m.def("scaled_swiglu_fwd(Tensor x, Tensor scales, int glu_interleave_size=0) -> Tensor", tags);
+  m.def("scaled_swiglu_bwd(Tensor dy, Tensor x, Tensor scales, bool compute_dscales, "
+        "int glu_interleave_size=0) -> (Tensor, Tensor)",
+        tags);
+  m.def("scaled_clamped_qgeglu_fwd(Tensor x, Tensor scales, float limit, float alpha, "
+        "float glu_linear_offset, int glu_interleave_size=0) -> Tensor",
+        tags);
+  m.def("scaled_clamped_qgeglu_bwd(Tensor dy, Tensor x, Tensor scales, bool compute_dscales, "
+        "float limit, float alpha, float glu_linear_offset, int glu_interleave_size=0) "
+        "-> (Tensor, Tensor)",
+        tags);
+  m.def("scaled_situglu_fwd(Tensor x, Tensor scales, float beta1, float beta2, "
+        "int glu_interleave_size=0) -> Tensor",
+        tags);
+  m.def("scaled_situglu_bwd(Tensor dy, Tensor x, Tensor scales, bool compute_dscales, "
+        "float beta1, float beta2, int glu_interleave_size=0) -> (Tensor, Tensor)",
+        tags);
+  m.def("scaled_srelu_fwd(Tensor x, Tensor scales) -> Tensor", tags);
+  m.def("scaled_srelu_bwd(Tensor dy, Tensor x, Tensor scales, bool compute_dscales) "
+        "-> (Tensor, Tensor)",
+        tags);
+
+  // ---- L2Normalization: y = x * rsqrt(sum(x^2 over the last dim) + eps) --------------------
+  // The forward also returns rsqrt_norm (shape x.shape[:-1], fp32; fp64 for fp64 inputs),
+  // which the backward takes with the forward's input.
+  m.def("l2normalization_fwd(Tensor x, float eps) -> (Tensor, Tensor)", tags);
+  m.def("l2normalization_bwd(Tensor dy, Tensor x, Tensor rsqrt_norm) -> Tensor", tags);
+
+  // ---- Dropout (training): y = x * mask / (1 - p) ------------------------------------------
+  // The keep mask (uint8, 0/1, x's shape) is a pure function of (seed, element index): a
+  // counter-based Philox draw keyed by the int64 `seed` tensor, which the Python op draws from
+  // torch's generator. Given its inputs the op is deterministic, so it is traced, partitioned
+  // and CSE'd like any other op under torch.compile (docs/ops.md, Dropout).
+  m.def("dropout_fwd(Tensor x, Tensor seed, float p) -> (Tensor, Tensor)", tags);
+  m.def("dropout_bwd(Tensor dy, Tensor mask, float p) -> Tensor", tags);
 }
 
 TORCH_LIBRARY_IMPL(te_cpp, Autograd, m) {

@@ -47,10 +47,16 @@ class OpCase:
     @property
     def tail(self) -> tuple:
         return self.input_tail or (self.features,)
+    #: shape of every extra input from (leading dims, features); None: the input's shape.
+    #: Extra inputs with their own shape are standard normal and follow the layout's
+    #: non-contiguity (e.g. the per-row scales of the scaled activations).
+    extra_shape: Optional[Callable[[tuple, int], tuple]] = None
+    #: whether the extra inputs require grad (False: the op must not compute their grad).
+    extra_requires_grad: bool = True
 
 
 def _rand(*shape, dtype=torch.float32, scale=1.0):
-    return torch.randn(*shape, dtype=dtype) * scale
+    return torch.randn(shape, dtype=dtype) * scale
 
 
 # ---- opcheck samples ----------------------------------------------------------------------------
@@ -118,6 +124,58 @@ def _samples_make_extra_output(dtype):
             (te_ops.make_extra_output_bwd_inplace, (de.clone(), dy))]
 
 
+def _samples_l2normalization(dtype):
+    out = []
+    for shape in _shapes(16) + [(13,)]:
+        x, dy = _rand(*shape, dtype=dtype), _rand(*shape, dtype=dtype)
+        y, rnorm = te_ops.l2normalization_fwd(x, 1e-6)
+        out += [(te_ops.l2normalization_fwd, (x, 1e-6)),
+                (te_ops.l2normalization_bwd, (dy, x, rnorm))]
+    xt = _rand(16, 5, dtype=dtype).t()
+    out.append((te_ops.l2normalization_fwd, (xt, 0.5)))
+    rnorm_t = te_ops.l2normalization_fwd(xt, 0.5)[1]
+    out.append((te_ops.l2normalization_bwd, (xt.clone(), xt, rnorm_t)))
+    return out
+
+
+def _samples_scaled(stem, *args, gated=True, interleave=0, features=16):
+    fwd, bwd = getattr(te_ops, f"scaled_{stem}_fwd"), getattr(te_ops, f"scaled_{stem}_bwd")
+    extra = (interleave,) if gated else ()
+
+    def samples(dtype):
+        out = []
+        for shape in _shapes(features) + [(features,)]:
+            x, s = _rand(*shape, dtype=dtype), _rand(*shape[:-1], dtype=dtype)
+            dy = _rand(*shape[:-1], features // 2 if gated else features, dtype=dtype)
+            out += [(fwd, (x, s, *args, *extra)),
+                    (bwd, (dy, x, s, True, *args, *extra)),
+                    (bwd, (dy, x, s, False, *args, *extra))]
+        # non-contiguous input and scales; fp32 scales with a low-precision input
+        xt = _rand(features, 6, dtype=dtype).t()
+        st = _rand(12, dtype=torch.float32)[::2]
+        dyt = _rand(6, features // 2 if gated else features, dtype=dtype)
+        out += [(fwd, (xt, st, *args, *extra)), (bwd, (dyt, xt, st, True, *args, *extra))]
+        return out
+    return samples
+
+
+def _samples_dropout(dtype):
+    # dropout_fwd is a deterministic function of (x, seed, p): the mask comes from a
+    # counter-based draw keyed by the seed tensor, not from a generator's state. So every
+    # opcheck utility is meaningful for it, test_aot_dispatch_dynamic included (it compares
+    # real outputs of repeated runs, which an op drawing from a global generator would fail).
+    out = []
+    seed = torch.tensor(20240607, dtype=torch.int64)
+    for shape, p in [((1, 16), 0.3), ((2, 3, 16), 0.5), ((13,), 0.0)]:
+        x, dy = _rand(*shape, dtype=dtype), _rand(*shape, dtype=dtype)
+        _, mask = te_ops.dropout_fwd(x, seed, p)
+        out += [(te_ops.dropout_fwd, (x, seed, p)), (te_ops.dropout_bwd, (dy, mask, p))]
+    xt = _rand(16, 5, dtype=dtype).t()
+    out.append((te_ops.dropout_fwd, (xt, torch.tensor([-7], dtype=torch.int64), 0.25)))
+    out.append((te_ops.dropout_bwd, (xt, te_ops.dropout_fwd(xt, seed, 0.25)[1], 0.25)))
+    return out
+
+
 # ---- bad inputs ---------------------------------------------------------------------------------
 
 
@@ -179,6 +237,143 @@ def _bias_case():
              r"size 8"),
             _bad_dtype(lambda: te.ops.Bias(8), 8, "bias_fwd"),
             _bad_device(lambda: te.ops.Bias(8), 8, "bias_fwd"),
+        ),
+    )
+
+
+def _l2normalization_case(eps=None):
+    ctor = {} if eps is None else {"eps": eps}
+    ref_eps = 1e-6 if eps is None else eps
+    return OpCase(
+        id="L2Normalization" + ("" if eps is None else f"(eps={eps})"),
+        make=lambda dtype: [te.ops.L2Normalization(**ctor)],
+        reference=lambda p, x: ref.l2normalization(x, ref_eps),
+        features=37,
+        opcheck_samples=_samples_l2normalization,
+        bad_inputs=(
+            _bad_dtype(te.ops.L2Normalization, 8, "l2normalization_fwd"),
+            ("0-d input", lambda: te.ops.L2Normalization()(torch.tensor(2.0)), RuntimeError,
+             r"te_cpp\.l2normalization_fwd: input must have at least 1 dimension\(s\), got "
+             r"shape \[\]"),
+            ("negative eps", lambda: te_ops.l2normalization_fwd(torch.ones(2, 3), -1.0),
+             ValueError, r"te_cpp\.l2normalization_fwd: eps must be finite and >= 0, got -1"),
+            ("rsqrt_norm dtype",
+             lambda: te_ops.l2normalization_bwd(torch.ones(2, 3, dtype=torch.bfloat16),
+                                                torch.ones(2, 3, dtype=torch.bfloat16),
+                                                torch.ones(2, dtype=torch.bfloat16)),
+             RuntimeError, r"te_cpp\.l2normalization_bwd: rsqrt_norm must be Float for a "
+                           r"BFloat16 input, got BFloat16"),
+            ("rsqrt_norm shape",
+             lambda: te_ops.l2normalization_bwd(torch.ones(2, 3), torch.ones(2, 3),
+                                                torch.ones(3)),
+             RuntimeError, r"te_cpp\.l2normalization_bwd: rsqrt_norm must have the input's "
+                           r"leading shape, got \[3\] for input shape \[2, 3\]"),
+            ("grad_output shape",
+             lambda: te_ops.l2normalization_bwd(torch.ones(2, 4), torch.ones(2, 3),
+                                                torch.ones(2)),
+             RuntimeError, r"te_cpp\.l2normalization_bwd: grad_output and input must have the "
+                           r"same shape, got \[2, 4\] and \[2, 3\]"),
+        ),
+    )
+
+
+def _rows(lead, features):
+    """The per-row scales' shape."""
+    return tuple(lead)
+
+
+def _with_ones_scales(make_op):
+    """An op factory for _bad_dtype: the op, called on x, gets all-ones scales of the right
+    shape."""
+    def factory():
+        op = make_op()
+        return lambda x: op(x, torch.ones(x.shape[:-1]))
+    return factory
+
+
+def _scaled_case(cls, stem, ref_fn, *, ctor=None, args=(), interleave=None, features=38,
+                 input_scale=1.0, scales_require_grad=True, case_id=None):
+    gated = cls is not te.ops.ScaledSReLU
+    ctor = dict(ctor or {})
+    ref_kw = {"glu_interleave_size": interleave} if gated else {}
+    make_op = lambda: cls(interleave, **ctor) if gated else cls(**ctor)  # noqa: E731
+    bad = [
+        _bad_dtype(_with_ones_scales(make_op), features, f"scaled_{stem}_fwd"),
+        ("scales shape", lambda: make_op()(torch.ones(3, features), torch.ones(features)),
+         RuntimeError, rf"te_cpp\.scaled_{stem}_fwd: scales shape \[{features}\] must equal the "
+                       rf"input's leading dims \(input shape \[3, {features}\]\)"),
+        ("integer scales",
+         lambda: make_op()(torch.ones(3, features), torch.ones(3, dtype=torch.int64)),
+         RuntimeError, rf"te_cpp\.scaled_{stem}_fwd: scales must be float32"),
+        ("meta scales", lambda: make_op()(torch.ones(3, features), torch.ones(3, device="meta")),
+         RuntimeError, rf"te_cpp\.scaled_{stem}_fwd: scales and input must be on the same "
+                       rf"device, got meta and cpu"),
+    ]
+    if gated:
+        bad.append(("odd width", lambda: make_op()(torch.ones(3, features + 1), torch.ones(3)),
+                    RuntimeError, rf"te_cpp\.scaled_{stem}_fwd: the last dimension of the input "
+                                  rf"\(shape \[3, {features + 1}\]\) must be divisible by"))
+    else:
+        bad.append(("0-d input", lambda: make_op()(torch.tensor(1.0), torch.tensor(1.0)),
+                    RuntimeError, rf"te_cpp\.scaled_{stem}_fwd: input must have at least 1 "
+                                  rf"dimension\(s\), got shape \[\]"))
+    suffix = "" if scales_require_grad else "(scales without grad)"
+    return OpCase(
+        id=case_id or cls.__name__ + suffix,
+        make=lambda dtype: [make_op()],
+        reference=lambda p, x, s: ref_fn(x, s, *args, **ref_kw),
+        features=features,
+        num_extra_inputs=1,
+        extra_shape=_rows,
+        extra_requires_grad=scales_require_grad,
+        opcheck_samples=_samples_scaled(stem, *args, gated=gated, interleave=interleave or 0,
+                                        features=features if interleave else 16),
+        input_scale=input_scale,
+        bad_inputs=tuple(bad),
+    )
+
+
+def _dropout_case(p, *, training):
+    """Dropout's deterministic configurations (evaluation mode, or p == 0 in training) run
+    through the harness; its random training output has its own tests (tests/test_dropout.py).
+    The case also carries the opcheck samples and bad inputs of dropout_fwd / dropout_bwd."""
+    seed = torch.tensor(1, dtype=torch.int64)
+    return OpCase(
+        id=f"Dropout(p={p}, {'train' if training else 'eval'})",
+        make=lambda dtype: [te.ops.Dropout(p).train(training)],
+        reference=lambda params, x: x,
+        features=37,
+        opcheck_samples=_samples_dropout,
+        bad_inputs=(
+            ("p = 1 (op)", lambda: te_ops.dropout_fwd(torch.ones(2, 3), seed, 1.0), ValueError,
+             r"te_cpp\.dropout_fwd: dropout probability p must be in \[0, 1\), got 1"),
+            ("negative p (bwd)",
+             lambda: te_ops.dropout_bwd(torch.ones(2, 3), torch.ones(2, 3, dtype=torch.uint8),
+                                        -0.5),
+             ValueError, r"te_cpp\.dropout_bwd: dropout probability p must be in \[0, 1\), "
+                         r"got -0\.5"),
+            ("integer input", lambda: te.ops.Dropout(0.5)(torch.ones(3, 4, dtype=torch.int32)),
+             RuntimeError, r"te_cpp\.dropout_fwd: input must be float32"),
+            ("float seed", lambda: te_ops.dropout_fwd(torch.ones(2, 3), torch.tensor(1.0), 0.5),
+             RuntimeError, r"te_cpp\.dropout_fwd: seed must be an int64 tensor, got Float"),
+            ("two seeds",
+             lambda: te_ops.dropout_fwd(torch.ones(2, 3), torch.ones(2, dtype=torch.int64), 0.5),
+             RuntimeError, r"te_cpp\.dropout_fwd: seed must have exactly one element, got "
+                           r"shape \[2\]"),
+            ("seed on another device",
+             lambda: te_ops.dropout_fwd(torch.ones(2, 3, device="meta"), seed, 0.5),
+             RuntimeError, r"te_cpp\.dropout_fwd: input and seed must be on the same device, "
+                           r"got meta and cpu"),
+            ("bool mask",
+             lambda: te_ops.dropout_bwd(torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool),
+                                        0.5),
+             RuntimeError, r"te_cpp\.dropout_bwd: mask must be uint8 \(dropout_fwd's mask\), "
+                           r"got Bool"),
+            ("mask shape",
+             lambda: te_ops.dropout_bwd(torch.ones(2, 3), torch.ones(3, 2, dtype=torch.uint8),
+                                        0.5),
+             RuntimeError, r"te_cpp\.dropout_bwd: grad_output and mask must have the same "
+                           r"shape, got \[2, 3\] and \[3, 2\]"),
         ),
     )
 
@@ -429,6 +624,29 @@ OP_CASES: list[OpCase] = [
     _gated_case(te.ops.SiTUGLU, "situglu", ref.situglu, ctor=dict(beta1=2.0, beta2=3.0),
                 args=(2.0, 3.0), interleave=5, features=40, input_scale=3.0,
                 case_id="SiTUGLU(interleave=5)"),
+    _scaled_case(te.ops.ScaledSwiGLU, "swiglu", ref.scaled_swiglu),
+    _scaled_case(te.ops.ScaledSwiGLU, "swiglu", ref.scaled_swiglu, interleave=3, features=42,
+                 case_id="ScaledSwiGLU(interleave=3)"),
+    _scaled_case(te.ops.ScaledSwiGLU, "swiglu", ref.scaled_swiglu, scales_require_grad=False),
+    _scaled_case(te.ops.ScaledClampedQGeGLU, "clamped_qgeglu", ref.scaled_clamped_qgeglu,
+                 ctor=dict(limit=1.5, alpha=1.702, glu_linear_offset=0.5), args=(1.5, 1.702, 0.5),
+                 input_scale=2.0),
+    _scaled_case(te.ops.ScaledClampedQGeGLU, "clamped_qgeglu", ref.scaled_clamped_qgeglu,
+                 ctor=dict(limit=1.5, alpha=1.702, glu_linear_offset=0.5), args=(1.5, 1.702, 0.5),
+                 interleave=16, features=64, input_scale=2.0,
+                 case_id="ScaledClampedQGeGLU(interleave=16)"),
+    _scaled_case(te.ops.ScaledSiTUGLU, "situglu", ref.scaled_situglu,
+                 ctor=dict(beta1=2.0, beta2=3.0), args=(2.0, 3.0), input_scale=3.0),
+    _scaled_case(te.ops.ScaledSiTUGLU, "situglu", ref.scaled_situglu,
+                 ctor=dict(beta1=2.0, beta2=3.0), args=(2.0, 3.0), interleave=5, features=40,
+                 input_scale=3.0, case_id="ScaledSiTUGLU(interleave=5)"),
+    _scaled_case(te.ops.ScaledSReLU, "srelu", ref.scaled_srelu, features=37),
+    _scaled_case(te.ops.ScaledSReLU, "srelu", ref.scaled_srelu, features=37,
+                 scales_require_grad=False),
+    _l2normalization_case(),
+    _l2normalization_case(eps=0.5),
+    _dropout_case(0.3, training=False),
+    _dropout_case(0.0, training=True),
     _bias_act_case(te.ops.GELU, "gelu", ref.gelu),
     _bias_act_case(te.ops.ReLU, "relu", ref.relu),
     _bias_act_case(te.ops.SiLU, "silu", ref.silu),

@@ -45,8 +45,15 @@ def inputs_for(case, dtype, layout, seed=4321):
     torch.manual_seed(seed)
     x = make_input(lead, case.tail, dtype, non_contiguous=non_contiguous,
                    scale=case.input_scale)
-    extras = [make_input(lead, case.extra_input_tail or case.tail, dtype, scale=case.input_scale)
-              for _ in range(case.num_extra_inputs)]
+    if case.extra_shape is None:
+        extras = [make_input(lead, case.extra_input_tail or case.tail, dtype,
+                             scale=case.input_scale, requires_grad=case.extra_requires_grad)
+                  for _ in range(case.num_extra_inputs)]
+    else:
+        shape = tuple(case.extra_shape(lead, case.features))
+        extras = [make_input(shape[:-1], shape[-1:], dtype, non_contiguous=non_contiguous,
+                             requires_grad=case.extra_requires_grad)
+                  for _ in range(case.num_extra_inputs)]
     return x, extras
 
 

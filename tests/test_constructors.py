@@ -31,6 +31,38 @@ BAD_CONSTRUCTORS = [
      r"GELU: cache_quantized_input must be a bool"),
     (lambda: te.ops.GEGLU(cache_quantized_input=True), NotImplementedError,
      r"GEGLU: cache_quantized_input=True needs FP8"),
+    (lambda: te.ops.ScaledSwiGLU(activation_recompute_in_mlp=True), ValueError,
+     r"ScaledSwiGLU does not support activation recomputation"),
+    (lambda: te.ops.ScaledClampedQGeGLU(activation_recompute_in_mlp=True), ValueError,
+     r"ScaledClampedQGeGLU does not support activation recomputation"),
+    (lambda: te.ops.ScaledSiTUGLU(activation_recompute_in_mlp=True), ValueError,
+     r"ScaledSiTUGLU does not support activation recomputation"),
+    (lambda: te.ops.ScaledSReLU(activation_recompute_in_mlp=1), TypeError,
+     r"ScaledSReLU: activation_recompute_in_mlp must be a bool, got int"),
+    (lambda: te.ops.ScaledSwiGLU(0), ValueError,
+     r"ScaledSwiGLU: glu_interleave_size must be a positive int or None, got 0"),
+    (lambda: te.ops.ScaledClampedQGeGLU(limit=0.0), ValueError,
+     r"ScaledClampedQGeGLU: limit must be > 0, got 0.0"),
+    (lambda: te.ops.ScaledClampedQGeGLU(glu_linear_offset=math.inf), ValueError,
+     r"ScaledClampedQGeGLU: glu_linear_offset must be a finite number, got inf"),
+    (lambda: te.ops.ScaledSiTUGLU(beta2=-1.0), ValueError,
+     r"ScaledSiTUGLU: beta2 must be finite and > 0, got -1.0"),
+    (lambda: te.ops.Dropout(1.0), ValueError,
+     r"Dropout: p must be a number in \[0, 1\), got 1.0"),
+    (lambda: te.ops.Dropout(-0.1), ValueError,
+     r"Dropout: p must be a number in \[0, 1\), got -0.1"),
+    (lambda: te.ops.Dropout("0.5"), ValueError,
+     r"Dropout: p must be a number in \[0, 1\), got '0.5'"),
+    (lambda: te.ops.Dropout(True), ValueError,
+     r"Dropout: p must be a number in \[0, 1\), got True"),
+    (lambda: te.ops.L2Normalization(eps=-1e-3), ValueError,
+     r"L2Normalization: eps must be a finite number >= 0, got -0.001"),
+    (lambda: te.ops.L2Normalization(eps=math.nan), ValueError,
+     r"L2Normalization: eps must be a finite number >= 0, got nan"),
+    (lambda: te.ops.L2Normalization(seq_length=0), ValueError,
+     r"L2Normalization: seq_length must be a positive int or None, got 0"),
+    (lambda: te.ops.L2Normalization(micro_batch_size=2.0), ValueError,
+     r"L2Normalization: micro_batch_size must be a positive int or None, got 2.0"),
 ]
 
 
@@ -50,6 +82,17 @@ def test_defaults_follow_the_anchor():
     s = te.ops.SiTUGLU()
     assert (s.beta1, s.beta2) == (4.0, 25.0)
     assert te.ops.SwiGLU().glu_interleave_size is None
+    q = te.ops.ScaledClampedQGeGLU()
+    assert (q.limit, q.alpha, q.glu_linear_offset, q.glu_interleave_size) == (7.0, 1.702, 1.0, None)
+    t = te.ops.ScaledSiTUGLU(32)  # glu_interleave_size is positional, as in the anchor
+    assert (t.beta1, t.beta2, t.glu_interleave_size) == (4.0, 25.0, 32)
+    assert te.ops.ScaledSwiGLU().num_extra_inputs == 1
+    assert te.ops.ScaledSReLU(activation_recompute_in_mlp=True).activation_recompute_in_mlp
+    assert te.ops.Dropout(0.25).dropout_probability == 0.25
+    l2 = te.ops.L2Normalization()
+    assert (l2.eps, l2.seq_length, l2.micro_batch_size) == (1e-6, None, None)
+    l2 = te.ops.L2Normalization(eps=0.25, seq_length=128, micro_batch_size=4)
+    assert (l2.eps, l2.seq_length, l2.micro_batch_size) == (0.25, 128, 4)
 
 
 def test_bias_on_the_meta_device_materialises_on_first_use():

@@ -29,6 +29,23 @@ const char* act_op_name(Act a, ActOp kind) {
   return kNames[static_cast<int>(a)][static_cast<int>(kind)];
 }
 
+const char* scaled_act_op_name(Act a, ActOp kind) {
+  const bool fwd = kind == ActOp::FWD;
+  if (kind == ActOp::DBIAS) return "(none)";
+  switch (a) {
+    case Act::SWIGLU:
+      return fwd ? "scaled_swiglu_fwd" : "scaled_swiglu_bwd";
+    case Act::CLAMPED_SWIGLU:
+      return fwd ? "scaled_clamped_qgeglu_fwd" : "scaled_clamped_qgeglu_bwd";
+    case Act::SITUGLU:
+      return fwd ? "scaled_situglu_fwd" : "scaled_situglu_bwd";
+    case Act::SRELU:
+      return fwd ? "scaled_srelu_fwd" : "scaled_srelu_bwd";
+    default:
+      return "(none)";
+  }
+}
+
 namespace {
 
 void check_config(const char* op, const ActConfig& cfg) {
@@ -113,6 +130,46 @@ std::tuple<Tensor, Tensor> DbiasDact::allocate(const Tensor& x, at::ScalarType b
 
 namespace {
 
+// scales: a float tensor of shape x.shape[:-1], on x's device.
+void check_scales(const char* op, const Tensor& x, const Tensor& scales) {
+  check_float(op, "scales", scales);
+  check_same_device(op, "scales", scales, "input", x);
+  TE_CHECK(scales.sym_sizes() == x.sym_sizes().slice(0, x.dim() - 1), op, "scales shape ",
+           shape_str(scales), " must equal the input's leading dims (input shape ", shape_str(x),
+           ")");
+}
+
+}  // namespace
+
+void ScaledActivationFwd::check(const char* op, const Tensor& x, const Tensor& scales,
+                                const ActConfig& cfg) {
+  TE_CHECK(has_scaled(cfg.act), op, "no scaled variant of ", act_op_name(cfg.act, ActOp::FWD));
+  ActivationFwd::check(op, x, cfg);
+  check_min_dim(op, "input", x, 1);
+  check_scales(op, x, scales);
+}
+
+Tensor ScaledActivationFwd::allocate(const Tensor& x, const ActConfig& cfg) {
+  return ActivationFwd::allocate(x, cfg);
+}
+
+void ScaledActivationBwd::check(const char* op, const Tensor& dy, const Tensor& x,
+                                const Tensor& scales, const ActConfig& cfg) {
+  TE_CHECK(has_scaled(cfg.act), op, "no scaled variant of ", act_op_name(cfg.act, ActOp::BWD));
+  ActivationBwd::check(op, dy, x, cfg);
+  check_min_dim(op, "input", x, 1);
+  check_scales(op, x, scales);
+}
+
+std::tuple<Tensor, Tensor> ScaledActivationBwd::allocate(const Tensor& x, const Tensor& scales,
+                                                         bool compute_dscales) {
+  Tensor dscales = compute_dscales ? at::empty_symint(scales.sym_sizes(), scales.options())
+                                   : at::empty_symint({c10::SymInt(0)}, scales.options());
+  return {at::empty_symint(x.sym_sizes(), x.options()), std::move(dscales)};
+}
+
+namespace {
+
 struct MetaBackend {
   static Tensor fwd(const Tensor& x, const ActConfig& cfg) {
     ActivationFwd::check(act_op_name(cfg.act, ActOp::FWD), x, cfg);
@@ -126,6 +183,16 @@ struct MetaBackend {
                                                at::ScalarType bias_dtype, const ActConfig& cfg) {
     DbiasDact::check(act_op_name(cfg.act, ActOp::DBIAS), dy, x, bias_dtype);
     return DbiasDact::allocate(x, bias_dtype);
+  }
+  static Tensor scaled_fwd(const Tensor& x, const Tensor& scales, const ActConfig& cfg) {
+    ScaledActivationFwd::check(scaled_act_op_name(cfg.act, ActOp::FWD), x, scales, cfg);
+    return ScaledActivationFwd::allocate(x, cfg);
+  }
+  static std::tuple<Tensor, Tensor> scaled_bwd(const Tensor& dy, const Tensor& x,
+                                               const Tensor& scales, bool compute_dscales,
+                                               const ActConfig& cfg) {
+    ScaledActivationBwd::check(scaled_act_op_name(cfg.act, ActOp::BWD), dy, x, scales, cfg);
+    return ScaledActivationBwd::allocate(x, scales, compute_dscales);
   }
 };
 

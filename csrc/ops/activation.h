@@ -1,6 +1,8 @@
 // Operator classes of the activation family: the unary activations (GELU, ReLU, SiLU, QGELU,
-// SReLU), the gated ones (GLU, GEGLU, QGEGLU, ReGLU, SReGLU, SwiGLU, ClampedSwiGLU, SiTUGLU)
-// and the fused dbias+dact backward of Bias followed by a unary activation.
+// SReLU), the gated ones (GLU, GEGLU, QGEGLU, ReGLU, SReGLU, SwiGLU, ClampedSwiGLU, SiTUGLU),
+// the fused dbias+dact backward of Bias followed by a unary activation, and the scaled
+// activations (ScaledSwiGLU, ScaledClampedQGeGLU, ScaledSiTUGLU, ScaledSReLU), which multiply
+// each row of the activation's output by a per-row scale.
 //
 // Gated convention (the anchor's): the last dim of x is split in halves (a, b) and the
 // activation applies to the *first* half: y = act(a) * lin(b). With glu_interleave_size = s > 0
@@ -73,8 +75,38 @@ struct DbiasDact {
   static std::tuple<Tensor, Tensor> allocate(const Tensor& x, at::ScalarType bias_dtype);
 };
 
+// Scaled activations: y = scales[..., None] * act(x), where scales has shape x.shape[:-1] (any
+// supported float dtype, read in the accumulation type) and x.dim() >= 1. The backward returns
+//   dx = scales[..., None] * act'(x) * dy   (the gated product rule as in ActivationBwd), and
+//   dscales[r] = sum_j dy[r, j] * act(x)[r, j]   (in the scales' dtype, only if requested:
+//   otherwise an empty [0] tensor, so the arity stays fixed).
+// Defined for SRELU (ScaledSReLU), SWIGLU (ScaledSwiGLU), CLAMPED_SWIGLU (ScaledClampedQGeGLU:
+// the anchor's clamped quick-GEGLU uses ClampedSwiGLU's numerics, sigmoid(alpha a') with
+// alpha = 1.702 by default being quick-GELU) and SITUGLU (ScaledSiTUGLU).
+constexpr bool has_scaled(Act a) {
+  return a == Act::SRELU || a == Act::SWIGLU || a == Act::CLAMPED_SWIGLU || a == Act::SITUGLU;
+}
+
+// "scaled_swiglu_fwd", "scaled_clamped_qgeglu_bwd", ... (FWD and BWD only); "(none)" for an
+// activation without a scaled variant.
+const char* scaled_act_op_name(Act a, ActOp kind);
+
+struct ScaledActivationFwd {
+  static void check(const char* op, const Tensor& x, const Tensor& scales, const ActConfig& cfg);
+  static Tensor allocate(const Tensor& x, const ActConfig& cfg);
+};
+
+struct ScaledActivationBwd {
+  static void check(const char* op, const Tensor& dy, const Tensor& x, const Tensor& scales,
+                    const ActConfig& cfg);
+  // (dx, dscales); dscales is empty with shape [0] when compute_dscales is false.
+  static std::tuple<Tensor, Tensor> allocate(const Tensor& x, const Tensor& scales,
+                                             bool compute_dscales);
+};
+
 // Binds every activation op name to the static functions of a backend class B, which must
-// provide fwd(op, x, cfg), bwd(op, dy, x, cfg) and dbias_dact(op, dy, x, bias_dtype, cfg).
+// provide fwd(x, cfg), bwd(dy, x, cfg), dbias_dact(dy, x, bias_dtype, cfg),
+// scaled_fwd(x, scales, cfg) and scaled_bwd(dy, x, scales, compute_dscales, cfg).
 // The Meta, CPU and CUDA registrations all use it, so the three stay in step.
 template <class B>
 struct ActivationRegistrar {
@@ -113,6 +145,41 @@ struct ActivationRegistrar {
     return B::bwd(dy, x, ActConfig{Act::SITUGLU, beta1, beta2, 0, s});
   }
 
+  using Grads = std::tuple<Tensor, Tensor>;
+  static Tensor scaled_swiglu_fwd(const Tensor& x, const Tensor& scales, int64_t s) {
+    return B::scaled_fwd(x, scales, ActConfig{Act::SWIGLU, 0, 0, 0, s});
+  }
+  static Grads scaled_swiglu_bwd(const Tensor& dy, const Tensor& x, const Tensor& scales,
+                                 bool compute_dscales, int64_t s) {
+    return B::scaled_bwd(dy, x, scales, compute_dscales, ActConfig{Act::SWIGLU, 0, 0, 0, s});
+  }
+  static Tensor scaled_clamped_qgeglu_fwd(const Tensor& x, const Tensor& scales, double limit,
+                                          double alpha, double offset, int64_t s) {
+    return B::scaled_fwd(x, scales, ActConfig{Act::CLAMPED_SWIGLU, limit, alpha, offset, s});
+  }
+  static Grads scaled_clamped_qgeglu_bwd(const Tensor& dy, const Tensor& x, const Tensor& scales,
+                                         bool compute_dscales, double limit, double alpha,
+                                         double offset, int64_t s) {
+    return B::scaled_bwd(dy, x, scales, compute_dscales,
+                         ActConfig{Act::CLAMPED_SWIGLU, limit, alpha, offset, s});
+  }
+  static Tensor scaled_situglu_fwd(const Tensor& x, const Tensor& scales, double beta1,
+                                   double beta2, int64_t s) {
+    return B::scaled_fwd(x, scales, ActConfig{Act::SITUGLU, beta1, beta2, 0, s});
+  }
+  static Grads scaled_situglu_bwd(const Tensor& dy, const Tensor& x, const Tensor& scales,
+                                  bool compute_dscales, double beta1, double beta2, int64_t s) {
+    return B::scaled_bwd(dy, x, scales, compute_dscales,
+                         ActConfig{Act::SITUGLU, beta1, beta2, 0, s});
+  }
+  static Tensor scaled_srelu_fwd(const Tensor& x, const Tensor& scales) {
+    return B::scaled_fwd(x, scales, ActConfig{Act::SRELU});
+  }
+  static Grads scaled_srelu_bwd(const Tensor& dy, const Tensor& x, const Tensor& scales,
+                                bool compute_dscales) {
+    return B::scaled_bwd(dy, x, scales, compute_dscales, ActConfig{Act::SRELU});
+  }
+
   template <class Lib>
   static void register_all(Lib& m) {
 #define TE_UNARY(STEM, A)                                  \
@@ -139,6 +206,14 @@ struct ActivationRegistrar {
     m.impl("clamped_swiglu_bwd", &clamped_swiglu_bwd);
     m.impl("situglu_fwd", &situglu_fwd);
     m.impl("situglu_bwd", &situglu_bwd);
+    m.impl("scaled_swiglu_fwd", &scaled_swiglu_fwd);
+    m.impl("scaled_swiglu_bwd", &scaled_swiglu_bwd);
+    m.impl("scaled_clamped_qgeglu_fwd", &scaled_clamped_qgeglu_fwd);
+    m.impl("scaled_clamped_qgeglu_bwd", &scaled_clamped_qgeglu_bwd);
+    m.impl("scaled_situglu_fwd", &scaled_situglu_fwd);
+    m.impl("scaled_situglu_bwd", &scaled_situglu_bwd);
+    m.impl("scaled_srelu_fwd", &scaled_srelu_fwd);
+    m.impl("scaled_srelu_bwd", &scaled_srelu_bwd);
   }
 };
 

@@ -92,6 +92,28 @@ def situglu(x, beta1=4.0, beta2=25.0, glu_interleave_size=None):
     return beta1 * torch.tanh(a / beta1) * torch.sigmoid(a) * (beta2 * torch.tanh(b / beta2))
 
 
+# ---- scaled activations: y = scales[..., None] * act(x) ------------------------------------
+
+
+def scaled_swiglu(x, scales, glu_interleave_size=None):
+    return scales.unsqueeze(-1) * swiglu(x, glu_interleave_size)
+
+
+def scaled_clamped_qgeglu(x, scales, limit=7.0, alpha=1.702, glu_linear_offset=1.0,
+                          glu_interleave_size=None):
+    """The anchor's ScaledClampedQGeGLU uses ClampedSwiGLU's numerics."""
+    return scales.unsqueeze(-1) * clamped_swiglu(x, limit, alpha, glu_linear_offset,
+                                                 glu_interleave_size)
+
+
+def scaled_situglu(x, scales, beta1=4.0, beta2=25.0, glu_interleave_size=None):
+    return scales.unsqueeze(-1) * situglu(x, beta1, beta2, glu_interleave_size)
+
+
+def scaled_srelu(x, scales):
+    return scales.unsqueeze(-1) * srelu(x)
+
+
 # ---- the other basic ops --------------------------------------------------------------------
 
 
@@ -101,6 +123,10 @@ def bias(x, b):
 
 def constant_scale(x, scale: float):
     return x * scale
+
+
+def l2normalization(x, eps: float = 1e-6):
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
 # ---- reference models (the demo and the benchmarks share them) ------------------------------

@@ -1,4 +1,7 @@
 // CPU kernels of the activation family (see ops/activation.h for the conventions).
+#include <ATen/OpMathType.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include "common/vec.h"
@@ -18,6 +21,14 @@ struct GatedGeometry {
     len = interleave > 0 ? interleave : n / 2;
     segments = len == 0 ? 0 : (n / 2) / len;
     stride = 2 * len;
+  }
+  // A unary activation's row seen as one run of n (used by the row-wise scaled kernels).
+  static GatedGeometry unary(int64_t n) {
+    GatedGeometry g(0, 0);
+    g.len = n;
+    g.segments = n > 0 ? 1 : 0;
+    g.stride = n;
+    return g;
   }
 };
 
@@ -150,6 +161,119 @@ std::tuple<Tensor, Tensor> dbias_dact_impl(const Tensor& dy_in, const Tensor& x_
   return {dx, db};
 }
 
+// Scaled activations (ops/activation.h): row r of the output is scales[r] * act(x_r). Rows run in
+// parallel; each row is `segments` runs (one for a unary activation), vectorised as the plain
+// kernels. dscales[r] is accumulated in one Vectorized<acc_t> register per row and its lanes
+// summed once, so it depends only on the row, never on the thread count.
+template <Act K>
+Tensor scaled_fwd_impl(const Tensor& x_in, const Tensor& s_in, const ActConfig& cfg) {
+  const char* op = scaled_act_op_name(K, ActOp::FWD);
+  ScaledActivationFwd::check(op, x_in, s_in, cfg);
+  Tensor y = ScaledActivationFwd::allocate(x_in, cfg);
+  const Tensor x = x_in.contiguous();
+  const Tensor s = s_in.to(at::toOpMathType(x.scalar_type())).contiguous();
+  const int64_t n = x.size(-1);
+  const int64_t rows = s.numel();
+  const int64_t n_out = is_gated(K) ? n / 2 : n;
+  const GatedGeometry g = is_gated(K) ? GatedGeometry(n, cfg.interleave) : GatedGeometry::unary(n);
+  TE_DISPATCH_FLOAT(x.scalar_type(), "scaled_activation", [&] {
+    using T = scalar_t;
+    using A = acc_t<T>;
+    using Vec = AccVec<T>;
+    constexpr int64_t W = Vec::size();
+    const typename cpu::ActTraits<K, A>::Act act(cfg);
+    const typename cpu::ActTraits<K, A>::Lin lin(cfg);
+    const T* xp = x.const_data_ptr<T>();
+    const A* sp = s.const_data_ptr<A>();
+    T* yp = y.mutable_data_ptr<T>();
+    at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const Vec sv(sp[r]);
+        for (int64_t seg = 0; seg < g.segments; ++seg) {
+          const T* a = xp + r * n + seg * g.stride;
+          T* yr = yp + r * n_out + seg * g.len;
+          for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
+            Vec v = act.f(load_acc<T>(a + i, k));
+            if constexpr (is_gated(K)) v = v * lin.f(load_acc<T>(a + g.len + i, k));
+            store_acc<T>(yr + i, sv * v, k);
+          });
+        }
+      }
+    });
+  });
+  return y;
+}
+
+template <Act K>
+std::tuple<Tensor, Tensor> scaled_bwd_impl(const Tensor& dy_in, const Tensor& x_in,
+                                           const Tensor& s_in, bool compute_dscales,
+                                           const ActConfig& cfg) {
+  const char* op = scaled_act_op_name(K, ActOp::BWD);
+  ScaledActivationBwd::check(op, dy_in, x_in, s_in, cfg);
+  auto [dx, ds] = ScaledActivationBwd::allocate(x_in, s_in, compute_dscales);
+  const Tensor x = x_in.contiguous();
+  const Tensor dy = dy_in.to(x.scalar_type()).contiguous();
+  const at::ScalarType acc_type = at::toOpMathType(x.scalar_type());
+  const Tensor s = s_in.to(acc_type).contiguous();
+  const int64_t n = x.size(-1);
+  const int64_t rows = s.numel();
+  const int64_t n_out = is_gated(K) ? n / 2 : n;
+  const GatedGeometry g = is_gated(K) ? GatedGeometry(n, cfg.interleave) : GatedGeometry::unary(n);
+  // dscales is reduced in the accumulation type, then stored in the scales' dtype.
+  Tensor ds_acc;
+  if (compute_dscales) {
+    ds_acc = ds.scalar_type() == acc_type ? ds
+                                          : at::empty(ds.sizes(), ds.options().dtype(acc_type));
+  }
+  TE_DISPATCH_FLOAT(x.scalar_type(), "scaled_activation", [&] {
+    using T = scalar_t;
+    using A = acc_t<T>;
+    using Vec = AccVec<T>;
+    constexpr int64_t W = Vec::size();
+    const typename cpu::ActTraits<K, A>::Act act(cfg);
+    const typename cpu::ActTraits<K, A>::Lin lin(cfg);
+    const T* xp = x.const_data_ptr<T>();
+    const T* dyp = dy.const_data_ptr<T>();
+    const A* sp = s.const_data_ptr<A>();
+    T* dxp = dx.mutable_data_ptr<T>();
+    A* dsp = compute_dscales ? ds_acc.mutable_data_ptr<A>() : nullptr;
+    at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const Vec sv(sp[r]);
+        Vec acc(A(0));
+        for (int64_t seg = 0; seg < g.segments; ++seg) {
+          const int64_t a_off = r * n + seg * g.stride;
+          const T* dyr = dyp + r * n_out + seg * g.len;
+          for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
+            // Partial chunks load zeros past the row's end: d = 0 there, so the dscales
+            // lanes of the tail add exactly 0 (the activations are finite at 0).
+            const Vec d = load_acc<T>(dyr + i, k);
+            const Vec gs = d * sv;
+            Vec fa, dfa;
+            act.both(load_acc<T>(xp + a_off + i, k), fa, dfa);
+            if constexpr (is_gated(K)) {
+              const int64_t b_off = a_off + g.len;
+              Vec fb, dfb;
+              lin.both(load_acc<T>(xp + b_off + i, k), fb, dfb);
+              store_acc<T>(dxp + a_off + i, gs * dfa * fb, k);
+              store_acc<T>(dxp + b_off + i, gs * fa * dfb, k);
+              if (dsp != nullptr) acc += d * (fa * fb);
+            } else {
+              store_acc<T>(dxp + a_off + i, gs * dfa, k);
+              if (dsp != nullptr) acc += d * fa;
+            }
+          });
+        }
+        if (dsp != nullptr) {
+          dsp[r] = at::vec::vec_reduce_all<A>([](Vec& u, Vec& v) { return u + v; }, acc);
+        }
+      }
+    });
+  });
+  if (compute_dscales && !ds_acc.is_same(ds)) ds.copy_(ds_acc);
+  return {dx, ds};
+}
+
 struct CpuBackend {
   static Tensor fwd(const Tensor& x, const ActConfig& cfg) {
     return visit_act(cfg.act, [&](auto k) { return fwd_impl<decltype(k)::value>(x, cfg); });
@@ -166,6 +290,28 @@ struct CpuBackend {
                     act_op_name(K, ActOp::FWD));
       } else {
         return dbias_dact_impl<K>(dy, x, bias_dtype, cfg);
+      }
+    });
+  }
+  static Tensor scaled_fwd(const Tensor& x, const Tensor& scales, const ActConfig& cfg) {
+    return visit_act(cfg.act, [&](auto k) -> Tensor {
+      constexpr Act K = decltype(k)::value;
+      if constexpr (!has_scaled(K)) {
+        TORCH_CHECK(false, "te_cpp: no scaled variant of ", act_op_name(K, ActOp::FWD));
+      } else {
+        return scaled_fwd_impl<K>(x, scales, cfg);
+      }
+    });
+  }
+  static std::tuple<Tensor, Tensor> scaled_bwd(const Tensor& dy, const Tensor& x,
+                                               const Tensor& scales, bool compute_dscales,
+                                               const ActConfig& cfg) {
+    return visit_act(cfg.act, [&](auto k) -> std::tuple<Tensor, Tensor> {
+      constexpr Act K = decltype(k)::value;
+      if constexpr (!has_scaled(K)) {
+        TORCH_CHECK(false, "te_cpp: no scaled variant of ", act_op_name(K, ActOp::BWD));
+      } else {
+        return scaled_bwd_impl<K>(dy, x, scales, compute_dscales, cfg);
       }
     });
   }

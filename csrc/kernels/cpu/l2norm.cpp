@@ -1,0 +1,106 @@
+// CPU kernels of L2Normalization (see ops/l2norm.h for the math). Rows are independent:
+// at::parallel_for over rows, each row reduced in one Vectorized<acc_t> register (lanes summed
+// once at the end), so the result depends only on the row, never on the thread count.
+#include <ATen/cpu/vec/functional.h>
+#include <torch/library.h>
+
+#include <cmath>
+
+#include "common/vec.h"
+#include "ops/l2norm.h"
+
+namespace te_cpp {
+namespace {
+
+template <typename T>
+using Vec = AccVec<T>;
+
+// sum_i f(a[i], b[i]) over a row of n elements, f working on Vec<T>.
+template <typename T, typename F>
+acc_t<T> row_sum(const T* a, const T* b, int64_t n, const F& f) {
+  constexpr int64_t W = Vec<T>::size();
+  Vec<T> acc(acc_t<T>(0));
+  int64_t i = 0;
+  for (; i + W <= n; i += W) acc += f(load_acc<T>(a + i), load_acc<T>(b + i));
+  if (i < n) {
+    // Partial loads zero the tail lanes, and f(0, 0) = 0 for the products used here.
+    acc += f(load_acc<T>(a + i, n - i), load_acc<T>(b + i, n - i));
+  }
+  return at::vec::vec_reduce_all<acc_t<T>>([](Vec<T>& u, Vec<T>& v) { return u + v; }, acc);
+}
+
+std::tuple<Tensor, Tensor> l2normalization_fwd_cpu(const Tensor& x_in, double eps) {
+  L2NormalizationFwd::check(x_in, eps);
+  auto [y, rnorm] = L2NormalizationFwd::allocate(x_in);
+  const Tensor x = x_in.contiguous();
+  const int64_t n = x.size(-1);
+  const int64_t rows = rnorm.numel();  // also right for n == 0 (rows of an empty sum)
+  TE_DISPATCH_FLOAT(x.scalar_type(), "l2normalization_fwd", [&] {
+    using T = scalar_t;
+    using A = acc_t<T>;
+    constexpr int64_t W = Vec<T>::size();
+    const T* xp = x.const_data_ptr<T>();
+    T* yp = y.mutable_data_ptr<T>();
+    A* rp = rnorm.mutable_data_ptr<A>();
+    at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* xr = xp + r * n;
+        T* yr = yp + r * n;
+        const A ss = row_sum<T>(xr, xr, n, [](const Vec<T>& u, const Vec<T>& v) { return u * v; });
+        const A rs = A(1) / std::sqrt(ss + static_cast<A>(eps));
+        rp[r] = rs;
+        const Vec<T> rv(rs);
+        int64_t i = 0;
+        for (; i + W <= n; i += W) store_acc<T>(yr + i, load_acc<T>(xr + i) * rv);
+        if (i < n) store_acc<T>(yr + i, load_acc<T>(xr + i, n - i) * rv, n - i);
+      }
+    });
+  });
+  return {y, rnorm};
+}
+
+Tensor l2normalization_bwd_cpu(const Tensor& dy_in, const Tensor& x_in, const Tensor& rn_in) {
+  L2NormalizationBwd::check(dy_in, x_in, rn_in);
+  Tensor dx = L2NormalizationBwd::allocate(x_in);
+  const Tensor x = x_in.contiguous();
+  const Tensor dy = dy_in.to(x.scalar_type()).contiguous();
+  const Tensor rnorm = rn_in.contiguous();
+  const int64_t n = x.size(-1);
+  const int64_t rows = n == 0 ? 0 : x.numel() / n;
+  TE_DISPATCH_FLOAT(x.scalar_type(), "l2normalization_bwd", [&] {
+    using T = scalar_t;
+    using A = acc_t<T>;
+    constexpr int64_t W = Vec<T>::size();
+    const T* xp = x.const_data_ptr<T>();
+    const T* dyp = dy.const_data_ptr<T>();
+    const A* rp = rnorm.const_data_ptr<A>();
+    T* dxp = dx.mutable_data_ptr<T>();
+    at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* xr = xp + r * n;
+        const T* dyr = dyp + r * n;
+        T* dxr = dxp + r * n;
+        const A dot =
+            row_sum<T>(dyr, xr, n, [](const Vec<T>& u, const Vec<T>& v) { return u * v; });
+        const A rs = rp[r];
+        const Vec<T> rv(rs), cv(rs * rs * rs * dot);
+        auto step = [&](int64_t i, int64_t k) {
+          store_acc<T>(dxr + i, rv * load_acc<T>(dyr + i, k) - cv * load_acc<T>(xr + i, k), k);
+        };
+        int64_t i = 0;
+        for (; i + W <= n; i += W) step(i, W);
+        if (i < n) step(i, n - i);
+      }
+    });
+  });
+  return dx;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(te_cpp, CPU, m) {
+  m.impl("l2normalization_fwd", l2normalization_fwd_cpu);
+  m.impl("l2normalization_bwd", l2normalization_bwd_cpu);
+}
+
+}  // namespace te_cpp

@@ -1,0 +1,30 @@
+// Operator classes of L2Normalization: y = x * rsqrt(sum(x^2 over the last dim) + eps).
+//
+// The forward returns (y, rsqrt_norm): rsqrt_norm holds one value per row (shape
+// x.shape[:-1]) in the accumulation type (fp32 for fp32/bf16/fp16 inputs, fp64 for fp64). The
+// backward takes the forward's input and rsqrt_norm:
+//   dx = r * dy - r^3 * (dy . x) * x,   r = rsqrt_norm of the row.
+#pragma once
+
+#include <tuple>
+
+#include "common/common.h"
+
+namespace te_cpp {
+
+// The dtype of rsqrt_norm for an input of dtype t.
+at::ScalarType l2norm_stat_dtype(at::ScalarType t);
+
+struct L2NormalizationFwd {
+  static constexpr const char* kName = "l2normalization_fwd";
+  static void check(const Tensor& x, double eps);
+  static std::tuple<Tensor, Tensor> allocate(const Tensor& x);  // (y, rsqrt_norm)
+};
+
+struct L2NormalizationBwd {
+  static constexpr const char* kName = "l2normalization_bwd";
+  static void check(const Tensor& dy, const Tensor& x, const Tensor& rsqrt_norm);
+  static Tensor allocate(const Tensor& x);  // dx
+};
+
+}  // namespace te_cpp

@@ -1,0 +1,70 @@
+"""Dropout: in training, zero each element with probability p and scale the kept ones by
+1 / (1 - p); in evaluation mode, the identity."""
+
+from __future__ import annotations
+
+import torch
+
+from ..op import BasicOperation, OperationContext
+
+# Seeds are drawn uniformly from [0, 2^62): plenty of keys for the Philox mask generator, and
+# a range every backend's randint lowering handles.
+_SEED_HIGH = 2**62
+
+
+class Dropout(BasicOperation):
+    """Randomly zeroes elements during training.
+
+    Training (``self.training`` and ``p > 0``): the op draws a fresh int64 ``seed`` from torch's
+    random number generator for ``x``'s device (``torch.randint``, so ``torch.manual_seed``
+    makes runs reproducible), then ``torch.ops.te_cpp.dropout_fwd(x, seed, p) -> (y, mask)``
+    computes the keep mask from ``(seed, element index)`` with a counter-based Philox draw and
+    ``y = x * mask / (1 - p)``. The uint8 mask is saved; backward calls
+    ``dropout_bwd(dy, mask, p)``. Evaluation mode and ``p == 0``: ``y`` is ``x`` and ``dx`` is
+    ``dy``, in Python, without a custom op.
+
+    Under ``torch.compile`` the seed draw is part of the traced graph (the custom op itself is
+    deterministic given its seed), so every compiled call draws a new mask; with the inductor
+    backend the seed comes from inductor's own generator, so the masks differ from eager ones
+    for the same ``torch.manual_seed`` (still reproducible from run to run).
+
+    Args:
+        p: dropout probability, in ``[0, 1)``.
+    """
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+            raise ValueError(f"Dropout: p must be a number in [0, 1), got {p!r}")
+        self.dropout_probability = float(p)
+
+    def op_forward(
+        self,
+        ctx: OperationContext,
+        input_: torch.Tensor,
+        *,
+        prev_op_grad_output_quantizer=None,
+        next_op_input_quantizer=None,
+        **kwargs,
+    ) -> torch.Tensor:
+        if kwargs:
+            raise ValueError(f"Dropout takes no forward kwargs, got {sorted(kwargs)}")
+        p = self.dropout_probability
+        if not self.training or p == 0.0:
+            ctx.impl = "evaluation" if not self.training else "identity"
+            return input_
+        ctx.impl = "mask"
+        seed = torch.randint(0, _SEED_HIGH, (), dtype=torch.int64, device=input_.device)
+        y, mask = torch.ops.te_cpp.dropout_fwd(input_, seed, p)
+        if ctx.requires_grad:
+            ctx.save_for_backward(mask)
+        return y
+
+    def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
+        if ctx.impl != "mask":
+            return grad_output, ()
+        (mask,) = ctx.saved_tensors
+        return torch.ops.te_cpp.dropout_bwd(grad_output, mask, self.dropout_probability), ()
+
+    def extra_repr(self) -> str:
+        return f"p={self.dropout_probability}"
