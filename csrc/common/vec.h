@@ -34,7 +34,7 @@ inline AccVec<T> load_acc(const T* p, int64_t n = AccVec<T>::size()) {
   }
 }
 
-// Store `n` (<= AccVec::size()) elements of v to p, rounding to T.
+// Store `n` (<= AccVec::size()) elements of v to p, rounding to T (round to nearest even).
 template <typename T>
 inline void store_acc(T* p, const AccVec<T>& v, int64_t n = AccVec<T>::size()) {
   using A = acc_t<T>;
@@ -45,9 +45,9 @@ inline void store_acc(T* p, const AccVec<T>& v, int64_t n = AccVec<T>::size()) {
       v.store(p, n);
     }
   } else {
-    alignas(64) A buf[AccVec<T>::size()];
-    v.store(buf);
-    at::vec::convert(buf, p, n);  // vectorised fp32 -> bf16/fp16, round to nearest even
+    // Vectorized<T> holds two float vectors' worth of bf16/fp16: convert (v, v) and store the
+    // first n lanes.
+    at::vec::convert_from_float<T>(v, v).store(p, n);
   }
 }
 
