@@ -1,10 +1,12 @@
 """The main job: train a small residual regression MLP built from te.ops, eager and under
 torch.compile(fullgraph=True), side by side from the same seed.
 
-Each block is a pre-norm residual MLP:  x + scale * (fc2(GELU(fc1(LayerNorm(x)) + b1)) + b2).
-The LayerNorm, the bias+GELU pair (its backward uses the fused dbias+dgelu kernel) and the
-output bias, scale and residual add run as three te.ops fusers. The GEMMs are torch.nn.Linear until te.ops.Linear exists; they
-sit between the fusible ops and split them into fusers, as in TransformerEngine.
+Each block is a pre-norm residual MLP, x + scale * fc2(GELU(fc1(LayerNorm(x)))), built
+entirely from te.ops and run as one fuser: the residual branch travels on a named channel
+(MakeExtraOutput -> AddExtraInput). Forward: fc1's GEMM applies its bias and the GELU in one
+epilogue pass (ForwardLinearBiasActivation) and fc2's GEMM accumulates into the residual
+(ForwardLinearScaleAdd / ForwardLinearBiasAdd). Backward: dbias+dgelu in one kernel
+(BackwardActivationBias) and the scale folded into fc2's GEMMs (BackwardLinearScale).
 
     python examples/train_residual_mlp.py [--steps 200] [--backend inductor]
 """
@@ -22,14 +24,13 @@ import transformer_engine_cpp as te
 
 def residual_block(hidden: int, ffn: int, scale: float) -> te.ops.Sequential:
     return te.ops.Sequential(
+        te.ops.MakeExtraOutput().set_extra_output_channel(0, "residual", output_to_caller=False),
         te.ops.LayerNorm(hidden),
-        torch.nn.Linear(hidden, ffn, bias=False),
-        te.ops.Bias(ffn),
+        te.ops.Linear(hidden, ffn),
         te.ops.GELU(),
-        torch.nn.Linear(ffn, hidden, bias=False),
-        te.ops.Bias(hidden),
+        te.ops.BasicLinear(ffn, hidden),
         te.ops.ConstantScale(scale),
-        te.ops.AddExtraInput(),  # the residual: the block's input, passed as extra input
+        te.ops.AddExtraInput().set_extra_input_channel(0, "residual"),
     )
 
 
@@ -41,16 +42,14 @@ class ResidualMLP(torch.nn.Module):
             residual_block(hidden, ffn, scale=depth ** -0.5) for _ in range(depth)
         )
         self.head = torch.nn.Linear(hidden, 1)
-        with torch.no_grad():  # te.ops.Bias starts at zero; give the biases a start like nn.Linear
+        with torch.no_grad():  # te.ops biases start at zero; give them a start like nn.Linear
             for block in self.blocks:
-                for op in block:
-                    if isinstance(op, te.ops.Bias):
-                        op.bias.uniform_(-0.05, 0.05)
+                block[2].bias.uniform_(-0.05, 0.05)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.embed(x)
         for block in self.blocks:
-            h = block(h, h)
+            h = block(h)
         return self.head(h).squeeze(-1)
 
 
@@ -85,9 +84,15 @@ def main() -> None:
 
     print(f"transformer_engine_cpp {te.__version__} | torch {torch.__version__} | "
           f"threads {torch.get_num_threads()} | backend {args.backend}")
-    print(f"model: {args.depth} pre-norm residual blocks [LayerNorm, Linear, Bias, GELU, Linear, "
-          "Bias, ConstantScale, AddExtraInput]")
+    print(f"model: {args.depth} pre-norm residual blocks [MakeExtraOutput, LayerNorm, Linear, GELU, "
+          "BasicLinear, ConstantScale, AddExtraInput]")
     print(f"       hidden {args.hidden}, ffn {args.ffn}, batch {args.batch}, {args.steps} Adam steps")
+    # the plan the fuser chose for a training step (built with the fuser, cached)
+    with torch.enable_grad():
+        eager_model.blocks[0](torch.zeros(1, args.hidden, requires_grad=True))
+    plan = eager_model.blocks[0]._module_groups[0]
+    print("fusion plan, forward: ", [type(op).__name__ for op, _ in plan._forward_ops])
+    print("fusion plan, backward:", [type(op).__name__ for op, _ in plan._backward_ops])
     print(f"{'step':>5} {'eager loss':>12} {'compiled loss':>14} {'|diff|':>10}")
 
     max_diff = 0.0

@@ -57,7 +57,7 @@ def materialize_device(op_device: torch.device) -> torch.device:
 
 
 def has_meta_parameters(op: torch.nn.Module) -> bool:
-    return any(p.device.type == "meta" for p in op.parameters(recurse=False))
+    return any(p is not None and p.device.type == "meta" for p in op._parameters.values())
 
 
 def compute_dtype(device_type: str, default: Optional[torch.dtype]) -> Optional[torch.dtype]:

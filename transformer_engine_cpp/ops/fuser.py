@@ -71,6 +71,13 @@ def _map_to_basic_ops(ops: list, basic_ops: list, what: str) -> tuple:
     return tuple(result)
 
 
+def _op_params(op: BasicOperation) -> list:
+    """A basic op's own parameters, read fresh on every call (an op may replace them, e.g. on
+    deferred initialisation); the direct dict read keeps this off the host-overhead path that
+    Module.parameters()'s generators would cost."""
+    return [p for p in op._parameters.values() if p is not None]
+
+
 class _Routing:
     """Static extra-tensor routing of a fuser, resolved once at construction."""
 
@@ -346,7 +353,7 @@ class OperationFuser:
         public_extra = {slot: t for slot, t in zip(self._routing.external_extra_input_slots,
                                                    extra_inputs)}
         for i, op in enumerate(self._basic_ops):
-            if any(p.requires_grad for p in op.parameters()):
+            if any(p.requires_grad for p in _op_params(op)):
                 return i
             for slot in range(op.num_extra_inputs):
                 t = public_extra.get((i, slot))
@@ -445,7 +452,7 @@ class OperationFuser:
             return len(tensors) - 1
 
         input_pos = position(input)
-        param_pos = tuple(tuple(position(p) for p in op.parameters()) for op in self._basic_ops)
+        param_pos = tuple(tuple(position(p) for p in _op_params(op)) for op in self._basic_ops)
         extra_pos = tuple(position(t) for t in extra_inputs)
         arg_layout = (input_pos, param_pos, extra_pos)
 

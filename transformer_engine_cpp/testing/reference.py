@@ -171,3 +171,23 @@ def rms_norm(x, weight, eps=1e-5, zero_centered_gamma=False):
 def linear(x, weight, bias=None):
     y = x @ weight.t()
     return y if bias is None else y + bias
+
+
+class PreNormMLP(torch.nn.Module):
+    """Plain-PyTorch pre-norm residual MLP block: x + fc2(act(fc1(LayerNorm(x)))), the twin of
+    the te.ops block in examples/ and bench/ (act: tanh GELU, or SwiGLU with fc1 -> 2 * ffn)."""
+
+    def __init__(self, hidden: int, ffn: int, *, activation: str = "gelu", dtype=None,
+                 device=None):
+        super().__init__()
+        kw = dict(dtype=dtype, device=device)
+        self.norm = torch.nn.LayerNorm(hidden, **kw)
+        self.activation = activation
+        fc1_out = 2 * ffn if activation == "swiglu" else ffn
+        self.fc1 = torch.nn.Linear(hidden, fc1_out, **kw)
+        self.fc2 = torch.nn.Linear(ffn, hidden, **kw)
+
+    def forward(self, x):
+        h = self.fc1(self.norm(x))
+        h = swiglu(h) if self.activation == "swiglu" else gelu(h)
+        return x + self.fc2(h)
