@@ -11,3 +11,17 @@ def _reset_dynamo():
     torch._dynamo.utils.counters.clear()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def fusion_registry():
+    """Restores the process-wide fusion registries after a test registers its own."""
+    from transformer_engine_cpp.ops.fuser import OperationFuser
+
+    saved = {name: list(getattr(OperationFuser, name)) for name in
+             ("forward_fusion_functions", "backward_fusion_functions",
+              "forward_backward_fusion_functions")}
+    yield
+    for name, funcs in saved.items():
+        setattr(OperationFuser, name, funcs)
+    OperationFuser._fusion_registry_version += 1

@@ -16,18 +16,6 @@ from tolerances import tols
 FP32 = tols(torch.float32)
 
 
-@pytest.fixture
-def fusion_registry():
-    """Restores the process-wide fusion registries after a test registers its own."""
-    saved = {name: list(getattr(OperationFuser, name)) for name in
-             ("forward_fusion_functions", "backward_fusion_functions",
-              "forward_backward_fusion_functions")}
-    yield
-    for name, funcs in saved.items():
-        setattr(OperationFuser, name, funcs)
-    OperationFuser._fusion_registry_version += 1
-
-
 def leaf(*shape, dtype=torch.float32, seed=0):
     torch.manual_seed(seed)
     return torch.randn(*shape, dtype=dtype).requires_grad_()

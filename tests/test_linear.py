@@ -22,17 +22,6 @@ from tolerances import COMPILED_VS_EAGER, tols
 FP32 = tols(torch.float32)
 
 
-@pytest.fixture
-def fusion_registry():
-    saved = {name: list(getattr(OperationFuser, name)) for name in
-             ("forward_fusion_functions", "backward_fusion_functions",
-              "forward_backward_fusion_functions")}
-    yield
-    for name, funcs in saved.items():
-        setattr(OperationFuser, name, funcs)
-    OperationFuser._fusion_registry_version += 1
-
-
 def mlp_block(hidden=32, ffn=64, act="gelu", dtype=torch.float32):
     """Pre-norm residual MLP: x + fc2(act(fc1(LayerNorm(x)))), residual by channel."""
     acts = {"gelu": lambda: te.ops.GELU(), "swiglu": lambda: te.ops.SwiGLU()}

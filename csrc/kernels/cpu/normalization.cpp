@@ -95,7 +95,105 @@ inline A sum_sq_dev(const A* v, int64_t n, A c) {
   return s;
 }
 
-// ---- LayerNorm ----------------------------------------------------------------------------------
+// ---- LayerNorm and RMSNorm, one kernel each way -------------------------------------------------
+//
+// kCentered = true is LayerNorm (subtract the mean, add beta), false is RMSNorm:
+//   forward   xhat = (x - mu) * rstd, y = xhat * gamma (+ beta); mu = 0 for RMSNorm
+//   backward  g = dy * gamma; dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) [+ dextra],
+//             with the mean(g) term only for LayerNorm; dgamma = sum dy * xhat, dbeta = sum dy.
+
+template <bool kCentered, typename T>
+void norm_fwd_kernel(const Tensor& x, const Tensor& weight, const Tensor* bias, double eps,
+                     bool zero_centered_gamma, const Tensor& y, const Tensor* mean,
+                     const Tensor& rstd) {
+  using A = acc_t<T>;
+  using V = AccVec<T>;
+  constexpr int64_t W = V::size();
+  const int64_t n = weight.numel();
+  const int64_t rows = n == 0 ? 0 : x.numel() / n;
+  const std::vector<A> gamma = effective_gamma<T>(weight, zero_centered_gamma);
+  const std::vector<A> beta = kCentered ? to_acc<T>(*bias) : std::vector<A>();
+  const T* xp = x.const_data_ptr<T>();
+  T* yp = y.mutable_data_ptr<T>();
+  A* meanp = kCentered ? mean->mutable_data_ptr<A>() : nullptr;
+  A* rstdp = rstd.mutable_data_ptr<A>();
+  at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
+    std::vector<A> scratch(std::is_same_v<T, A> ? 0 : static_cast<size_t>(n));
+    for (int64_t r = r0; r < r1; ++r) {
+      const A* xr = row_as_acc<T>(xp + r * n, n, scratch.data());
+      const A mu = kCentered ? sum_row<A>(xr, n) / static_cast<A>(n) : A(0);
+      const A rs = A(1) / std::sqrt(sum_sq_dev<A>(xr, n, mu) / static_cast<A>(n) + A(eps));
+      if constexpr (kCentered) meanp[r] = mu;
+      rstdp[r] = rs;
+      const V muv(mu), rsv(rs);
+      T* yr = yp + r * n;
+      for_chunks<W>(n, [&](int64_t i, int64_t k) {
+        const V xh = (V::loadu(xr + i, k) - muv) * rsv;
+        const V g = V::loadu(gamma.data() + i, k);
+        if constexpr (kCentered) {
+          store_acc<T>(yr + i, at::vec::fmadd(xh, g, V::loadu(beta.data() + i, k)), k);
+        } else {
+          store_acc<T>(yr + i, xh * g, k);
+        }
+      });
+    }
+  });
+}
+
+// dweight (and dbias for LayerNorm) are reduced deterministically over row blocks.
+template <bool kCentered, typename T>
+void norm_bwd_kernel(const Tensor& dy, const Tensor& x, const Tensor* mean, const Tensor& rstd,
+                     const Tensor& weight, bool zero_centered_gamma, const Tensor* dextra,
+                     const Tensor& dx, const Tensor& dweight, const Tensor* dbias) {
+  using A = acc_t<T>;
+  using V = AccVec<T>;
+  constexpr int64_t W = V::size();
+  const int64_t n = weight.numel();
+  const int64_t rows = n == 0 ? 0 : x.numel() / n;
+  const std::vector<A> gamma = effective_gamma<T>(weight, zero_centered_gamma);
+  const T* xp = x.const_data_ptr<T>();
+  const T* dyp = dy.const_data_ptr<T>();
+  const T* dep = dextra ? dextra->const_data_ptr<T>() : nullptr;
+  const A* meanp = kCentered ? mean->const_data_ptr<A>() : nullptr;
+  const A* rstdp = rstd.const_data_ptr<A>();
+  T* dxp = dx.mutable_data_ptr<T>();
+  // acc[0, n): dgamma partials; for LayerNorm acc[n, 2n): dbeta partials.
+  auto row_fn = [&](int64_t r, A* acc) {
+    const T* xr = xp + r * n;
+    const T* dyr = dyp + r * n;
+    const V muv(kCentered ? meanp[r] : A(0)), rsv(rstdp[r]);
+    V sg(A(0)), sgx(A(0));
+    for_chunks<W>(n, [&](int64_t i, int64_t k) {
+      const V xh = (load_acc<T>(xr + i, k) - muv) * rsv;
+      const V d = load_acc<T>(dyr + i, k);
+      const V g = d * V::loadu(gamma.data() + i, k);
+      sgx = at::vec::fmadd(g, xh, sgx);
+      at::vec::fmadd(d, xh, V::loadu(acc + i, k)).store(acc + i, k);
+      if constexpr (kCentered) {
+        sg += g;
+        (V::loadu(acc + n + i, k) + d).store(acc + n + i, k);
+      }
+    });
+    const V c1(kCentered ? hsum<A>(sg) / static_cast<A>(n) : A(0));
+    const V c2(hsum<A>(sgx) / static_cast<A>(n));
+    T* dxr = dxp + r * n;
+    const T* der = dep ? dep + r * n : nullptr;
+    for_chunks<W>(n, [&](int64_t i, int64_t k) {
+      const V xh = (load_acc<T>(xr + i, k) - muv) * rsv;
+      const V g = load_acc<T>(dyr + i, k) * V::loadu(gamma.data() + i, k);
+      V out = rsv * (g - c1 - xh * c2);
+      if (der != nullptr) out += load_acc<T>(der + i, k);
+      store_acc<T>(dxr + i, out, k);
+    });
+  };
+  const std::vector<A> sums = cpu::blocked_column_sums<A>(rows, kCentered ? 2 * n : n, row_fn);
+  T* dwp = dweight.mutable_data_ptr<T>();
+  T* dbp = kCentered ? dbias->mutable_data_ptr<T>() : nullptr;
+  for (int64_t i = 0; i < n; ++i) {
+    dwp[i] = static_cast<T>(sums[i]);
+    if constexpr (kCentered) dbp[i] = static_cast<T>(sums[n + i]);
+  }
+}
 
 std::tuple<Tensor, Tensor, Tensor> layernorm_fwd_cpu(const Tensor& x_in, const Tensor& weight_in,
                                                      const Tensor& bias_in, double eps,
@@ -104,36 +202,8 @@ std::tuple<Tensor, Tensor, Tensor> layernorm_fwd_cpu(const Tensor& x_in, const T
   NormShapes::check_eps(LayerNormFwd::kName, eps);
   auto [y, mean, rstd] = LayerNormFwd::allocate(x_in, weight_in);
   const Tensor x = x_in.contiguous(), weight = weight_in.contiguous(), bias = bias_in.contiguous();
-  const int64_t n = weight.numel();
-  const int64_t rows = n == 0 ? 0 : x.numel() / n;
   TE_DISPATCH_FLOAT(x.scalar_type(), "layernorm_fwd", [&] {
-    using T = scalar_t;
-    using A = acc_t<T>;
-    using V = AccVec<T>;
-    constexpr int64_t W = V::size();
-    const std::vector<A> gamma = effective_gamma<T>(weight, zero_centered_gamma);
-    const std::vector<A> beta = to_acc<T>(bias);
-    const T* xp = x.const_data_ptr<T>();
-    T* yp = y.mutable_data_ptr<T>();
-    A* meanp = mean.mutable_data_ptr<A>();
-    A* rstdp = rstd.mutable_data_ptr<A>();
-    at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
-      std::vector<A> scratch(std::is_same_v<T, A> ? 0 : static_cast<size_t>(n));
-      for (int64_t r = r0; r < r1; ++r) {
-        const A* xr = row_as_acc<T>(xp + r * n, n, scratch.data());
-        const A mu = sum_row<A>(xr, n) / static_cast<A>(n);
-        const A rs = A(1) / std::sqrt(sum_sq_dev<A>(xr, n, mu) / static_cast<A>(n) + A(eps));
-        meanp[r] = mu;
-        rstdp[r] = rs;
-        const V muv(mu), rsv(rs);
-        T* yr = yp + r * n;
-        for_chunks<W>(n, [&](int64_t i, int64_t k) {
-          const V xh = (V::loadu(xr + i, k) - muv) * rsv;
-          store_acc<T>(yr + i, at::vec::fmadd(xh, V::loadu(gamma.data() + i, k),
-                                              V::loadu(beta.data() + i, k)), k);
-        });
-      }
-    });
+    norm_fwd_kernel<true, scalar_t>(x, weight, &bias, eps, zero_centered_gamma, y, &mean, rstd);
   });
   return {y, mean, rstd};
 }
@@ -147,54 +217,12 @@ std::tuple<Tensor, Tensor, Tensor> layernorm_bwd_cpu(const Tensor& dy_in, const 
   const Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
   const Tensor dy = dy_in.to(x.scalar_type()).contiguous();
   const Tensor mean = mean_in.contiguous(), rstd = rstd_in.contiguous();
-  const int64_t n = weight.numel();
-  const int64_t rows = n == 0 ? 0 : x.numel() / n;
   TE_DISPATCH_FLOAT(x.scalar_type(), "layernorm_bwd", [&] {
-    using T = scalar_t;
-    using A = acc_t<T>;
-    using V = AccVec<T>;
-    constexpr int64_t W = V::size();
-    const std::vector<A> gamma = effective_gamma<T>(weight, zero_centered_gamma);
-    const T* xp = x.const_data_ptr<T>();
-    const T* dyp = dy.const_data_ptr<T>();
-    const A* meanp = mean.const_data_ptr<A>();
-    const A* rstdp = rstd.const_data_ptr<A>();
-    T* dxp = dx.mutable_data_ptr<T>();
-    // acc[0, n): dgamma partials, acc[n, 2n): dbeta partials.
-    auto row_fn = [&](int64_t r, A* acc) {
-      const T* xr = xp + r * n;
-      const T* dyr = dyp + r * n;
-      const V muv(meanp[r]), rsv(rstdp[r]);
-      V sg(A(0)), sgx(A(0));
-      for_chunks<W>(n, [&](int64_t i, int64_t k) {
-        const V xh = (load_acc<T>(xr + i, k) - muv) * rsv;
-        const V d = load_acc<T>(dyr + i, k);
-        const V g = d * V::loadu(gamma.data() + i, k);
-        sg += g;
-        sgx = at::vec::fmadd(g, xh, sgx);
-        at::vec::fmadd(d, xh, V::loadu(acc + i, k)).store(acc + i, k);
-        (V::loadu(acc + n + i, k) + d).store(acc + n + i, k);
-      });
-      const V c1(hsum<A>(sg) / static_cast<A>(n)), c2(hsum<A>(sgx) / static_cast<A>(n));
-      T* dxr = dxp + r * n;
-      for_chunks<W>(n, [&](int64_t i, int64_t k) {
-        const V xh = (load_acc<T>(xr + i, k) - muv) * rsv;
-        const V g = load_acc<T>(dyr + i, k) * V::loadu(gamma.data() + i, k);
-        store_acc<T>(dxr + i, rsv * (g - c1 - xh * c2), k);
-      });
-    };
-    const std::vector<A> sums = cpu::blocked_column_sums<A>(rows, 2 * n, row_fn);
-    T* dwp = dweight.mutable_data_ptr<T>();
-    T* dbp = dbias.mutable_data_ptr<T>();
-    for (int64_t i = 0; i < n; ++i) {
-      dwp[i] = static_cast<T>(sums[i]);
-      dbp[i] = static_cast<T>(sums[n + i]);
-    }
+    norm_bwd_kernel<true, scalar_t>(dy, x, &mean, rstd, weight, zero_centered_gamma, nullptr, dx,
+                                    dweight, &dbias);
   });
   return {dx, dweight, dbias};
 }
-
-// ---- RMSNorm ------------------------------------------------------------------------------------
 
 std::tuple<Tensor, Tensor> rmsnorm_fwd_cpu(const Tensor& x_in, const Tensor& weight_in, double eps,
                                            bool zero_centered_gamma) {
@@ -202,35 +230,14 @@ std::tuple<Tensor, Tensor> rmsnorm_fwd_cpu(const Tensor& x_in, const Tensor& wei
   NormShapes::check_eps(RMSNormFwd::kName, eps);
   auto [y, rstd] = RMSNormFwd::allocate(x_in, weight_in);
   const Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
-  const int64_t n = weight.numel();
-  const int64_t rows = n == 0 ? 0 : x.numel() / n;
   TE_DISPATCH_FLOAT(x.scalar_type(), "rmsnorm_fwd", [&] {
-    using T = scalar_t;
-    using A = acc_t<T>;
-    using V = AccVec<T>;
-    constexpr int64_t W = V::size();
-    const std::vector<A> gamma = effective_gamma<T>(weight, zero_centered_gamma);
-    const T* xp = x.const_data_ptr<T>();
-    T* yp = y.mutable_data_ptr<T>();
-    A* rstdp = rstd.mutable_data_ptr<A>();
-    at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
-      std::vector<A> scratch(std::is_same_v<T, A> ? 0 : static_cast<size_t>(n));
-      for (int64_t r = r0; r < r1; ++r) {
-        const A* xr = row_as_acc<T>(xp + r * n, n, scratch.data());
-        const A rs = A(1) / std::sqrt(sum_sq_dev<A>(xr, n, A(0)) / static_cast<A>(n) + A(eps));
-        rstdp[r] = rs;
-        const V rsv(rs);
-        T* yr = yp + r * n;
-        for_chunks<W>(n, [&](int64_t i, int64_t k) {
-          store_acc<T>(yr + i, V::loadu(xr + i, k) * rsv * V::loadu(gamma.data() + i, k), k);
-        });
-      }
-    });
+    norm_fwd_kernel<false, scalar_t>(x, weight, nullptr, eps, zero_centered_gamma, y, nullptr,
+                                     rstd);
   });
   return {y, rstd};
 }
 
-// dx = rstd * (g - xhat * mean(g * xhat)) [+ dextra], g = dy * gamma, xhat = x * rstd.
+// rmsnorm_bwd, and rmsnorm_bwd_add when dextra is given.
 std::tuple<Tensor, Tensor> rmsnorm_bwd_impl(const char* op, const Tensor& dy_in,
                                             const Tensor& x_in, const Tensor& rstd_in,
                                             const Tensor& weight_in, bool zero_centered_gamma,
@@ -241,42 +248,9 @@ std::tuple<Tensor, Tensor> rmsnorm_bwd_impl(const char* op, const Tensor& dy_in,
   const Tensor dy = dy_in.to(x.scalar_type()).contiguous();
   const Tensor rstd = rstd_in.contiguous();
   const Tensor dextra = dextra_in ? dextra_in->to(x.scalar_type()).contiguous() : Tensor();
-  const int64_t n = weight.numel();
-  const int64_t rows = n == 0 ? 0 : x.numel() / n;
   TE_DISPATCH_FLOAT(x.scalar_type(), "rmsnorm_bwd", [&] {
-    using T = scalar_t;
-    using A = acc_t<T>;
-    using V = AccVec<T>;
-    constexpr int64_t W = V::size();
-    const std::vector<A> gamma = effective_gamma<T>(weight, zero_centered_gamma);
-    const T* xp = x.const_data_ptr<T>();
-    const T* dyp = dy.const_data_ptr<T>();
-    const T* dep = dextra.defined() ? dextra.const_data_ptr<T>() : nullptr;
-    const A* rstdp = rstd.const_data_ptr<A>();
-    T* dxp = dx.mutable_data_ptr<T>();
-    auto row_fn = [&](int64_t r, A* acc) {
-      const T* xr = xp + r * n;
-      const T* dyr = dyp + r * n;
-      const V rsv(rstdp[r]);
-      V sgx(A(0));
-      for_chunks<W>(n, [&](int64_t i, int64_t k) {
-        const V xh = load_acc<T>(xr + i, k) * rsv;
-        const V d = load_acc<T>(dyr + i, k);
-        sgx = at::vec::fmadd(d * V::loadu(gamma.data() + i, k), xh, sgx);
-        at::vec::fmadd(d, xh, V::loadu(acc + i, k)).store(acc + i, k);
-      });
-      const V c2(hsum<A>(sgx) / static_cast<A>(n));
-      T* dxr = dxp + r * n;
-      const T* der = dep ? dep + r * n : nullptr;
-      for_chunks<W>(n, [&](int64_t i, int64_t k) {
-        const V xh = load_acc<T>(xr + i, k) * rsv;
-        const V g = load_acc<T>(dyr + i, k) * V::loadu(gamma.data() + i, k);
-        V out = rsv * (g - xh * c2);
-        if (der != nullptr) out += load_acc<T>(der + i, k);
-        store_acc<T>(dxr + i, out, k);
-      });
-    };
-    cpu::blocked_column_sum<A>(rows, n, dweight.mutable_data_ptr<T>(), row_fn);
+    norm_bwd_kernel<false, scalar_t>(dy, x, nullptr, rstd, weight, zero_centered_gamma,
+                                     dextra.defined() ? &dextra : nullptr, dx, dweight, nullptr);
   });
   return {dx, dweight};
 }

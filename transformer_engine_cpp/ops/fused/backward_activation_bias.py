@@ -12,6 +12,7 @@ import torch
 
 from ..basic import GELU, QGELU, Bias, ReLU, SiLU, SReLU
 from ..op import FusedOperation
+from ._window import fuse_windows
 
 # Activation class -> fused dbias+dact custom op name.
 _DBIAS_DACT_OPS = {
@@ -51,15 +52,10 @@ def fuse_backward_activation_bias(ops: list, *, recipe=None) -> list:
     """Replace each ``[Bias, act]`` window (act in the table above) with the fused op."""
     if recipe is not None and getattr(recipe, "backward_override", None) is not None:
         return ops
-    out = []
-    i = 0
-    while i < len(ops):
-        op = ops[i]
-        if (i + 1 < len(ops) and type(op) is Bias
-                and type(ops[i + 1]) in _DBIAS_DACT_OPS):
-            out.append(BackwardActivationBias(bias=op, activation=ops[i + 1]))
-            i += 2
-            continue
-        out.append(op)
-        i += 1
-    return out
+
+    def match(ops, i):
+        if i + 1 < len(ops) and type(ops[i]) is Bias and type(ops[i + 1]) in _DBIAS_DACT_OPS:
+            return BackwardActivationBias(bias=ops[i], activation=ops[i + 1]), 2
+        return None
+
+    return fuse_windows(ops, match)

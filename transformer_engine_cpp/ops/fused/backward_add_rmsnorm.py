@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..basic import MakeExtraOutput, RMSNorm
 from ..op import FusedOperation
+from ._window import fuse_windows
 
 
 class BackwardAddRMSNorm(FusedOperation):
@@ -27,15 +28,10 @@ class BackwardAddRMSNorm(FusedOperation):
 
 def fuse_backward_add_rmsnorm(ops: list, *, recipe=None) -> list:
     """Replace each ``[MakeExtraOutput(in_place=False), RMSNorm]`` window with the fused op."""
-    out = []
-    i = 0
-    while i < len(ops):
-        op = ops[i]
-        if (i + 1 < len(ops) and type(op) is MakeExtraOutput and not op._in_place
+    def match(ops, i):
+        if (i + 1 < len(ops) and type(ops[i]) is MakeExtraOutput and not ops[i]._in_place
                 and type(ops[i + 1]) is RMSNorm):
-            out.append(BackwardAddRMSNorm(add=op, rmsnorm=ops[i + 1]))
-            i += 2
-            continue
-        out.append(op)
-        i += 1
-    return out
+            return BackwardAddRMSNorm(add=ops[i], rmsnorm=ops[i + 1]), 2
+        return None
+
+    return fuse_windows(ops, match)

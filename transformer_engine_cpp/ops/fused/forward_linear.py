@@ -31,11 +31,24 @@ from ._window import fuse_windows
 EPILOGUE_ACTIVATIONS = {GELU: "gelu", ReLU: "relu", SiLU: "silu", QGELU: "qgelu", SReLU: "srelu"}
 
 
-def _no_kwargs(fused, basic_op_kwargs) -> None:
+def _linear_prologue(fused, basic_op_ctxs, input_, basic_op_kwargs, has_bias: bool):
+    """The shared start of the linear forward fusions: no kwargs; the linear's input and weight
+    in the compute dtype, its context saved as the unfused BasicLinear would, and the Bias'
+    context filled. Returns (x, w, bias or None) in the compute dtype."""
     for op, kwargs in zip(fused.basic_ops, basic_op_kwargs):
         if kwargs:
             raise ValueError(f"{type(fused).__name__}: {type(op).__name__} takes no forward "
                              f"kwargs, got {sorted(kwargs)}")
+    linear = fused.basic_ops[0]
+    linear_ctx = basic_op_ctxs[0]
+    x, w = linear.prepare(linear_ctx, input_)
+    b = None
+    if has_bias:
+        bias = fused.basic_ops[1]
+        bias.fill_ctx(basic_op_ctxs[1])
+        b = bias.bias_in(linear_ctx.dtype)
+    linear.save_ctx(linear_ctx, x, w)
+    return x, w, b
 
 
 class ForwardLinearBiasActivation(FusedOperation):
@@ -54,16 +67,7 @@ class ForwardLinearBiasActivation(FusedOperation):
     def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs,
                       prev_op_grad_output_quantizer=None, next_op_input_quantizer=None,
                       basic_op_kwargs):
-        _no_kwargs(self, basic_op_kwargs)
-        linear = self.basic_ops[0]
-        linear_ctx = basic_op_ctxs[0]
-        x, w = linear.prepare(linear_ctx, input_)
-        b = None
-        if self._has_bias:
-            bias = self.basic_ops[1]
-            bias.fill_ctx(basic_op_ctxs[1])
-            b = bias.bias_in(linear_ctx.dtype)
-        linear.save_ctx(linear_ctx, x, w)
+        x, w, b = _linear_prologue(self, basic_op_ctxs, input_, basic_op_kwargs, self._has_bias)
         if self._activation is None:
             return torch.ops.te_cpp.linear_fwd(x, w, b), [()] * len(self.basic_ops)
         y, act_input = torch.ops.te_cpp.linear_bias_act_fwd(x, w, b, self._activation)
@@ -87,16 +91,7 @@ class ForwardLinearBiasAdd(FusedOperation):
     def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs,
                       prev_op_grad_output_quantizer=None, next_op_input_quantizer=None,
                       basic_op_kwargs):
-        _no_kwargs(self, basic_op_kwargs)
-        linear = self.basic_ops[0]
-        linear_ctx = basic_op_ctxs[0]
-        x, w = linear.prepare(linear_ctx, input_)
-        b = None
-        if self._has_bias:
-            bias = self.basic_ops[1]
-            bias.fill_ctx(basic_op_ctxs[1])
-            b = bias.bias_in(linear_ctx.dtype)
-        linear.save_ctx(linear_ctx, x, w)
+        x, w, b = _linear_prologue(self, basic_op_ctxs, input_, basic_op_kwargs, self._has_bias)
         extra = basic_op_extra_inputs[-1][0]
         if self._in_place and not is_compiling():
             out = extra.detach()
