@@ -337,3 +337,45 @@ def test_model_built_under_inference_mode():
         model = te.ops.Sequential(te.ops.Linear(8, 8), te.ops.ReLU())
         y = model(torch.randn(2, 8))
     assert y.shape == (2, 8)
+
+
+# ---- fused against unfused ------------------------------------------------------------------
+
+
+def _fused_cases():
+    from cases import OP_CASES
+    return [c for c in OP_CASES if c.fused_forward or c.fused_backward]
+
+
+@pytest.mark.parametrize("case", _fused_cases(), ids=lambda c: c.id)
+def test_fused_path_matches_unfused_path(case, fusion_registry):
+    """Each fused op gives the unfused basic ops' results (fp32; the fusions only change where
+    roundings happen, which fp32 keeps within its tolerance)."""
+    from harness import as_tuple, build, eager_run, inputs_for, random_grads_like
+
+    def run():
+        seq = build(case, torch.float32)
+        x, extras = inputs_for(case, torch.float32, "leading_dims")
+        with torch.no_grad():
+            grads = random_grads_like(as_tuple(seq(x.detach(), *[e.detach() for e in extras])))
+        return seq, eager_run(seq, x, extras, grads)
+
+    fused_seq, fused = run()
+    assert any(op.is_fused_op for op, _ in
+               fused_seq._module_groups[0]._forward_ops + fused_seq._module_groups[0]._backward_ops)
+    for name in ("forward_fusion_functions", "backward_fusion_functions"):
+        setattr(OperationFuser, name, [])
+    OperationFuser._fusion_registry_version += 1
+    unfused_seq, unfused = run()
+    assert not any(op.is_fused_op for op, _ in
+                   unfused_seq._module_groups[0]._forward_ops
+                   + unfused_seq._module_groups[0]._backward_ops)
+    outs, dx, dextras, dparams = fused
+    u_outs, u_dx, u_dextras, u_dparams = unfused
+    for a, b in zip(outs, u_outs):
+        torch.testing.assert_close(a, b, **FP32)
+    torch.testing.assert_close(dx, u_dx, **FP32)
+    for a, b in zip(dextras, u_dextras):
+        torch.testing.assert_close(a, b, **FP32)
+    for name, g in dparams.items():
+        torch.testing.assert_close(g, u_dparams[name], **FP32, msg=lambda m: f"{name}: {m}")
