@@ -34,16 +34,54 @@ __all__ = [
 
 
 @dataclasses.dataclass(frozen=True)
+class _ForwardStep:
+    """One forward group with what the pipeline needs per call, precomputed at plan time."""
+
+    op: FusibleOperation
+    idxs: tuple
+    idx_set: frozenset
+    # (consumer op, slot, producer op, producer slot) for channels fed from an earlier group
+    channel_fills: tuple
+    prev_idx: Optional[int]  # basic op before the group (its grad-output quantizer), or None
+    next_idx: Optional[int]  # basic op after the group (its input quantizer), or None
+    # whether any op in the group has extra outputs (only then are they validated in detail)
+    has_extra_outputs: bool
+
+
+@dataclasses.dataclass(frozen=True)
 class _FusionPlan:
     """One cached fusion plan: groupings of the basic ops for the forward and backward pass.
 
     Each entry of ``forward_ops`` / ``backward_ops`` is ``(op, basic_op_indices)`` in forward
-    order. The plan is immutable; the pipeline Function only reads it.
+    order; ``forward_steps`` holds the forward groups with their per-call bookkeeping
+    precomputed. The plan is immutable; the pipeline Function only reads it.
     """
 
     forward_ops: tuple
     backward_ops: tuple
     first_op_requiring_backward: int
+    forward_steps: tuple
+    quantized: bool  # a recipe is active: neighbours' quantizers are looked up per call
+
+
+def _forward_steps(forward_ops: tuple, basic_ops: list, routing: "_Routing") -> tuple:
+    n = len(basic_ops)
+    steps = []
+    for op, idxs in forward_ops:
+        idx_set = frozenset(idxs)
+        fills = tuple(
+            (i, slot, src[1], src[2])
+            for i in idxs
+            for slot, src in enumerate(routing.extra_input_sources[i])
+            if src[0] == "channel" and src[1] not in idx_set
+        )
+        steps.append(_ForwardStep(
+            op=op, idxs=idxs, idx_set=idx_set, channel_fills=fills,
+            prev_idx=idxs[0] - 1 if idxs[0] > 0 else None,
+            next_idx=idxs[-1] + 1 if idxs[-1] + 1 < n else None,
+            has_extra_outputs=any(basic_ops[i].num_extra_outputs for i in idxs),
+        ))
+    return tuple(steps)
 
 
 def _map_to_basic_ops(ops: list, basic_ops: list, what: str) -> tuple:
@@ -157,14 +195,16 @@ class _OperationFuserAutogradFunction(torch.autograd.Function):
         ]
         extra_outputs: list[Optional[tuple]] = [None] * n
 
-        for op, idxs in plan.forward_ops:
-            idx_set = set(idxs)
-            for i in idxs:
-                for slot, src in enumerate(routing.extra_input_sources[i]):
-                    if src[0] == "channel" and src[1] not in idx_set:
-                        extra_inputs[i][slot] = extra_outputs[src[1]][src[2]]
-            prev_q = basic_ops[idxs[0] - 1].get_grad_output_quantizer() if idxs[0] > 0 else None
-            next_q = basic_ops[idxs[-1] + 1].get_input_quantizer() if idxs[-1] + 1 < n else None
+        for step in plan.forward_steps:
+            op, idxs = step.op, step.idxs
+            for i, slot, p_op, p_slot in step.channel_fills:
+                extra_inputs[i][slot] = extra_outputs[p_op][p_slot]
+            prev_q = next_q = None
+            if plan.quantized:
+                if step.prev_idx is not None:
+                    prev_q = basic_ops[step.prev_idx].get_grad_output_quantizer()
+                if step.next_idx is not None:
+                    next_q = basic_ops[step.next_idx].get_input_quantizer()
             x, op_extra_outputs = op.fuser_forward(
                 [ctxs[i] for i in idxs],
                 x,
@@ -179,6 +219,14 @@ class _OperationFuserAutogradFunction(torch.autograd.Function):
                     f"{op.__class__.__name__}.fuser_forward returned extra outputs for "
                     f"{len(op_extra_outputs)} basic ops, expected {len(idxs)}"
                 )
+            if not step.has_extra_outputs:
+                if any(len(outs) for outs in op_extra_outputs):
+                    raise RuntimeError(
+                        f"{op.__class__.__name__}.fuser_forward returned extra outputs for basic "
+                        "ops that have none"
+                    )
+                continue
+            idx_set = step.idx_set
             for i, outs in zip(idxs, op_extra_outputs):
                 outs = tuple(outs)
                 if len(outs) != basic_ops[i].num_extra_outputs:
@@ -328,6 +376,11 @@ class OperationFuser:
         self.num_extra_inputs = len(self._routing.external_extra_input_slots)
         for op in basic_ops:
             op._extra_tensor_channels_locked = True
+        # ops whose pre_fuser_forward hook does something (called before every forward)
+        self._ops_with_pre_forward = tuple(
+            (i, op) for i, op in enumerate(basic_ops)
+            if type(op).pre_fuser_forward is not FusibleOperation.pre_fuser_forward
+        )
         # Plan cache: key -> _FusionPlan.
         self._plans: dict[tuple, _FusionPlan] = {}
         self._first_fuse_done = False
@@ -377,10 +430,13 @@ class OperationFuser:
         joint = self._fuse(list(self._basic_ops), self.forward_backward_fusion_functions, recipe)
         fwd = self._fuse(list(joint), self.forward_fusion_functions, recipe)
         bwd = self._fuse(list(joint), self.backward_fusion_functions, recipe)
+        forward_ops = _map_to_basic_ops(fwd, self._basic_ops, "forward")
         return _FusionPlan(
-            forward_ops=_map_to_basic_ops(fwd, self._basic_ops, "forward"),
+            forward_ops=forward_ops,
             backward_ops=_map_to_basic_ops(bwd, self._basic_ops, "backward"),
             first_op_requiring_backward=first,
+            forward_steps=_forward_steps(forward_ops, self._basic_ops, self._routing),
+            quantized=recipe is not None,
         )
 
     @staticmethod
@@ -430,7 +486,7 @@ class OperationFuser:
         is_grad_enabled = torch.is_grad_enabled()
         plan = self.maybe_fuse_ops(is_grad_enabled, None, input, extra_inputs)
         first = plan.first_op_requiring_backward
-        for i, op in enumerate(self._basic_ops):
+        for i, op in self._ops_with_pre_forward:
             op.pre_fuser_forward(requires_grad=i >= first)
 
         if torch.compiler.is_compiling():
