@@ -1,6 +1,6 @@
 """Shared benchmark harness (never run by pytest).
 
-Method (DESIGN.md "Speed", anchors B.9): one process; every provider of a case on identical
+Method (the project's design notes, "Speed"; see bench/README.md once written): one process; every provider of a case on identical
 inputs, checked against the plain-PyTorch eager result first; R interleaved rounds, each timing
 every provider once (rotated order) with torch.utils.benchmark's blocked_autorange; ratios are
 taken within a round and reported as the median (min-max) over rounds. Memory-bound cases also

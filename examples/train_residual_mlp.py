@@ -4,8 +4,8 @@ torch.compile(fullgraph=True), side by side from the same seed.
 Each block is a pre-norm residual MLP, x + scale * fc2(GELU(fc1(LayerNorm(x)))), built
 entirely from te.ops and run as one fuser: the residual branch travels on a named channel
 (MakeExtraOutput -> AddExtraInput). Forward: fc1's GEMM applies its bias and the GELU in one
-epilogue pass (ForwardLinearBiasActivation) and fc2's GEMM accumulates into the residual
-(ForwardLinearScaleAdd / ForwardLinearBiasAdd). Backward: dbias+dgelu in one kernel
+epilogue pass (ForwardLinearBiasActivation) and fc2's GEMM, scaled, accumulates into the
+residual (ForwardLinearScaleAdd). Backward: dbias+dgelu in one kernel
 (BackwardActivationBias) and the scale folded into fc2's GEMMs (BackwardLinearScale).
 
     python examples/train_residual_mlp.py [--steps 200] [--backend inductor]

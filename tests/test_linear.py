@@ -379,3 +379,57 @@ def test_fused_path_matches_unfused_path(case, fusion_registry):
         torch.testing.assert_close(a, b, **FP32)
     for name, g in dparams.items():
         torch.testing.assert_close(g, u_dparams[name], **FP32, msg=lambda m: f"{name}: {m}")
+
+
+# ---- regressions ------------------------------------------------------------------------------
+
+
+def test_scale_change_after_planning_is_seen_by_the_fused_forward():
+    scale = te.ops.ConstantScale(1.0)
+    model = te.ops.Sequential(te.ops.BasicLinear(4, 4), scale, te.ops.AddExtraInput())
+    x, e = torch.randn(2, 4), torch.zeros(2, 4)
+    y1 = model(x, e)
+    scale.scale = 2.0
+    y2 = model(x, e)
+    assert [type(op) for op, _ in model._module_groups[0]._forward_ops] == [F.ForwardLinearScaleAdd]
+    torch.testing.assert_close(y2, 2 * y1, **FP32)
+
+
+def test_fused_in_place_add_into_a_strided_buffer():
+    model = te.ops.Sequential(te.ops.Linear(4, 4), te.ops.AddExtraInput(in_place=True))
+    base = torch.zeros(4, 8)
+    extra = base[:, ::2]  # non-contiguous view
+    x = torch.randn(4, 4)
+    y = model(x, extra)
+    lin = model[0]
+    expected = ref.linear(x, lin.weight.detach(), lin.bias.detach())
+    torch.testing.assert_close(base[:, ::2], expected, **FP32)  # written into the caller's buffer
+    torch.testing.assert_close(y, expected, **FP32)
+
+
+def test_fused_linear_bias_keeps_the_unfused_dtype_promotion():
+    model = te.ops.Sequential(te.ops.BasicLinear(8, 8, dtype=torch.bfloat16),
+                              te.ops.Bias(8, dtype=torch.float32), te.ops.GELU())
+    x = torch.randn(3, 8, dtype=torch.bfloat16, requires_grad=True)
+    y = model(x)
+    assert y.dtype == torch.float32  # bf16 GEMM output + fp32 bias promotes, as unfused
+    y.sum().backward()
+    assert x.grad.dtype == torch.bfloat16 and model[1].bias.grad.dtype == torch.float32
+
+
+def test_bias_grad_in_the_input_dtype_under_autocast():
+    model = te.ops.Sequential(te.ops.Bias(8))
+    x = torch.randn(3, 8, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = model(x)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32 and model[0].bias.grad.dtype == torch.float32
+
+
+def test_rejected_sequential_change_leaves_it_unchanged():
+    model = te.ops.Sequential(te.ops.ReLU())
+    with pytest.raises(ValueError, match="has no producer"):
+        model.append(te.ops.AddExtraInput().set_extra_input_channel(0, "nowhere"))
+    assert len(model) == 1
+    torch.testing.assert_close(model(torch.tensor([-1.0, 2.0])), torch.tensor([0.0, 2.0]))

@@ -37,11 +37,11 @@ def is_compiling() -> bool:
 
 
 def init_parameter(op: torch.nn.Module, name: str, fill, device: torch.device) -> None:
-    """(Re)initialise ``op.<name>`` with ``fill(tensor)``: in place when it already lives on
-    ``device``, otherwise (deferred init from the meta device, or a move) as a new Parameter
-    on ``device`` that keeps the old one's dtype and requires_grad."""
+    """(Re)initialise ``op.<name>`` with ``fill(tensor)``: in place where it lives (also after
+    a ``.to()``), or, for a parameter still on the meta device (deferred init), as a new
+    Parameter on ``device`` that keeps the old one's dtype and requires_grad."""
     param = getattr(op, name)
-    if param.device.type == "meta" or param.device != device:
+    if param.device.type == "meta":
         data = torch.empty(param.shape, dtype=param.dtype, device=device)
         with torch.no_grad():
             fill(data)

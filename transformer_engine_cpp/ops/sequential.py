@@ -37,14 +37,27 @@ class Sequential(torch.nn.Module):
         # recompile on the second call.
         self._regroup()
 
-    def _regroup(self) -> None:
-        self._module_groups = self._make_module_groups()
+    def _regroup(self, previous: Optional[OrderedDict] = None) -> None:
+        """Rebuild the fusers. If that fails (e.g. a channel without producer), restore the
+        modules as they were before the change (``previous``) and re-raise, so a rejected
+        change leaves the Sequential as it was."""
+        try:
+            self._module_groups = self._make_module_groups()
+        except Exception:
+            if previous is not None:
+                self._modules = previous
+                self._module_groups = self._make_module_groups()
+            raise
+
+    def _snapshot(self) -> OrderedDict:
+        return OrderedDict(self._modules)
 
     # ---- list-like API (each change drops the cached module groups) -------------------------
 
     def add_module(self, name: str, module: Optional[torch.nn.Module]) -> None:
+        previous = self._snapshot()
         super().add_module(name, module)
-        self._regroup()
+        self._regroup(previous)
 
     def _get_keys_by_idx(self, idx: Union[int, slice]) -> list[str]:
         keys = list(self._modules.keys())
@@ -68,22 +81,25 @@ class Sequential(torch.nn.Module):
 
     def __setitem__(self, idx: int, module: torch.nn.Module) -> None:
         key = self._get_keys_by_idx(idx)[0]
+        previous = self._snapshot()
         self._modules[key] = module
-        self._regroup()
+        self._regroup(previous)
 
     def __delitem__(self, idx: Union[int, slice]) -> None:
+        previous = self._snapshot()
         for key in self._get_keys_by_idx(idx):
             del self._modules[key]
-        self._regroup()
+        self._regroup(previous)
 
     def append(self, module: torch.nn.Module) -> "Sequential":
         self.add_module(str(len(self)), module)
         return self
 
     def extend(self, modules) -> "Sequential":
+        previous = self._snapshot()
         for module in modules:
             super().add_module(str(len(self)), module)
-        self._regroup()
+        self._regroup(previous)
         return self
 
     def insert(self, idx: int, module: torch.nn.Module) -> "Sequential":
@@ -92,12 +108,13 @@ class Sequential(torch.nn.Module):
             raise IndexError(f"Sequential.insert: index {idx} is out of range (length {n})")
         if idx < 0:
             idx += n
+        previous = self._snapshot()
         modules = list(self._modules.items())
         modules.insert(idx, (str(idx), module))
         self._modules = OrderedDict()
         for i, (_, m) in enumerate(modules):
             super().add_module(str(i), m)
-        self._regroup()
+        self._regroup(previous)
         return self
 
     def pop(self, idx: int = -1) -> torch.nn.Module:

@@ -67,6 +67,7 @@ class Bias(BasicOperation):
         if kwargs:
             raise ValueError(f"Bias takes no forward kwargs, got {sorted(kwargs)}")
         self.fill_ctx(ctx)
+        ctx.input_dtype = input_.dtype
         dtype = compute_dtype(input_.device.type, None)
         if dtype is None:  # no autocast: the input and bias dtypes promote
             return torch.ops.te_cpp.bias_fwd(input_, self.bias)
@@ -84,5 +85,10 @@ class Bias(BasicOperation):
         db = None
         if ctx.bias_requires_grad:
             db = torch.ops.te_cpp.bias_bwd(grad_output, ctx.bias_dtype)
-        # dx = dy: a pass-through, never routed through a custom op.
-        return grad_output, (db,)
+        # dx = dy: a pass-through, never routed through a custom op (only cast back to the
+        # input's dtype where autocast or promotion changed it)
+        dx = grad_output
+        input_dtype = getattr(ctx, "input_dtype", dx.dtype)  # fused forwards may not set it
+        if dx.dtype != input_dtype:
+            dx = dx.to(input_dtype)
+        return dx, (db,)

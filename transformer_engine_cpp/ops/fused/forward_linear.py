@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from .._common import is_compiling
+from .._common import compute_dtype, is_compiling
 from ..basic import (GELU, QGELU, AddExtraInput, BasicLinear, Bias, ConstantScale, ReLU, SiLU,
                      SReLU)
 from ..op import FusedOperation
@@ -51,6 +51,23 @@ def _linear_prologue(fused, basic_op_ctxs, input_, basic_op_kwargs, has_bias: bo
     return x, w, b
 
 
+def bias_fuses(fused, input_) -> bool:
+    """Whether the bias can ride in the GEMM: under autocast both are cast to the autocast
+    dtype; otherwise only when the bias already has the linear's compute dtype (the unfused
+    Bias would promote a differing dtype, e.g. bf16 activations + fp32 bias -> fp32)."""
+    linear, bias = fused.basic_ops[0], fused.basic_ops[1]
+    dtype = compute_dtype(input_.device.type, None)
+    return dtype is not None or bias.bias.dtype == linear.weight.dtype
+
+
+def run_unfused(fused, basic_op_ctxs, input_, basic_op_kwargs):
+    """The basic ops' own forwards in sequence (for configurations a fusion does not cover)."""
+    x = input_
+    for op, ctx, kwargs in zip(fused.basic_ops, basic_op_ctxs, basic_op_kwargs):
+        x = op.op_forward(ctx, x, **kwargs)
+    return x, [()] * len(fused.basic_ops)
+
+
 class ForwardLinearBiasActivation(FusedOperation):
     """Forward-only fusion of BasicLinear with the Bias and/or activation after it."""
 
@@ -67,6 +84,8 @@ class ForwardLinearBiasActivation(FusedOperation):
     def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs,
                       prev_op_grad_output_quantizer=None, next_op_input_quantizer=None,
                       basic_op_kwargs):
+        if self._has_bias and not bias_fuses(self, input_):
+            return run_unfused(self, basic_op_ctxs, input_, basic_op_kwargs)
         x, w, b = _linear_prologue(self, basic_op_ctxs, input_, basic_op_kwargs, self._has_bias)
         if self._activation is None:
             return torch.ops.te_cpp.linear_fwd(x, w, b), [()] * len(self.basic_ops)
@@ -85,22 +104,35 @@ class ForwardLinearBiasAdd(FusedOperation):
                  scale: Optional[ConstantScale] = None):
         super().__init__([op for op in (linear, bias, scale, add) if op is not None])
         self._has_bias = bias is not None
-        self._alpha = 1.0 if scale is None else scale.scale
+        self._has_scale = scale is not None
         self._in_place = add._in_place
 
     def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs,
                       prev_op_grad_output_quantizer=None, next_op_input_quantizer=None,
                       basic_op_kwargs):
+        if self._has_bias and not bias_fuses(self, input_):
+            # linear and bias unfused; the residual add through the op's own forward
+            h, _ = run_unfused(self, basic_op_ctxs[:-1], input_, basic_op_kwargs[:-1])
+            add = self.basic_ops[-1]
+            return add.fuser_forward(basic_op_ctxs[-1:], h,
+                                     basic_op_extra_inputs=basic_op_extra_inputs[-1:],
+                                     basic_op_kwargs=basic_op_kwargs[-1:])[0], \
+                [()] * len(self.basic_ops)
         x, w, b = _linear_prologue(self, basic_op_ctxs, input_, basic_op_kwargs, self._has_bias)
         extra = basic_op_extra_inputs[-1][0]
+        # the scale is read per call (a ConstantScale's value may change after planning)
+        alpha = self.basic_ops[-2].scale if self._has_scale else 1.0
         if self._in_place and not is_compiling():
-            out = extra.detach()
-            torch.ops.te_cpp.linear_fwd_add_inplace(out, x, w, b, self._alpha)
-            torch.autograd.graph.increment_version(out)
-        else:
-            out_dtype = extra.dtype if self._in_place else torch.promote_types(x.dtype, extra.dtype)
-            extra = extra if extra.dtype == out_dtype else extra.to(out_dtype)
-            out = torch.ops.te_cpp.linear_fwd_add(x, w, b, extra, self._alpha)
+            buffer = extra.detach()
+            if buffer.is_contiguous():
+                torch.ops.te_cpp.linear_fwd_add_inplace(buffer, x, w, b, alpha)
+            else:  # the GEMM cannot accumulate into a strided buffer: compute, then write back
+                buffer.copy_(torch.ops.te_cpp.linear_fwd_add(x, w, b, buffer, alpha))
+            torch.autograd.graph.increment_version(buffer)
+            return buffer, [()] * len(self.basic_ops)
+        out_dtype = extra.dtype if self._in_place else torch.promote_types(x.dtype, extra.dtype)
+        extra = extra if extra.dtype == out_dtype else extra.to(out_dtype)
+        out = torch.ops.te_cpp.linear_fwd_add(x, w, b, extra, alpha)
         return out, [()] * len(self.basic_ops)
 
 
