@@ -40,6 +40,9 @@ constexpr std::array kOps = {
     "l2normalization_fwd", "l2normalization_bwd",
     // Dropout
     "dropout_fwd", "dropout_bwd",
+    // quantize (FP8 per-tensor, MXFP8)
+    "fp8_quantize", "fp8_quantize_scaled", "fp8_dequantize", "mxfp8_quantize",
+    "mxfp8_dequantize",
 };
 
 }  // namespace
@@ -164,6 +167,26 @@ TORCH_LIBRARY(te_cpp, m) {
   // and CSE'd like any other op under torch.compile (docs/ops.md, Dropout).
   m.def("dropout_fwd(Tensor x, Tensor seed, float p) -> (Tensor, Tensor)", tags);
   m.def("dropout_bwd(Tensor dy, Tensor mask, float p) -> Tensor", tags);
+
+  // ---- Quantize: FP8 as plain buffers, fp8_format 0 = E4M3, 1 = E5M2 (docs/fp8.md) ---------
+  // Per-tensor current scaling (te_ops.md 4.3): data = uint8 bytes of the saturating RNE cast
+  // of x * scale; scale_inv = 1 / scale and amax = max |x| (fp32, shape [1]).
+  m.def("fp8_quantize(Tensor x, int fp8_format, bool force_pow_2_scales, float amax_epsilon) "
+        "-> (Tensor data, Tensor scale_inv, Tensor amax)",
+        tags);
+  // Delayed scaling's cast with a given scale (fp32, shape [1]); amax is for the history.
+  m.def("fp8_quantize_scaled(Tensor x, Tensor scale, int fp8_format) "
+        "-> (Tensor data, Tensor scale_inv, Tensor amax)",
+        tags);
+  m.def("fp8_dequantize(Tensor data, Tensor scale_inv, int fp8_format, ScalarType dtype) "
+        "-> Tensor",
+        tags);
+  // MXFP8: blocks of 32 consecutive elements of the last dim, one E8M0 scale (uint8 biased
+  // exponent) per block; scale_e8m0 has x's shape with the last dim divided by 32.
+  m.def("mxfp8_quantize(Tensor x, int fp8_format) -> (Tensor data, Tensor scale_e8m0)", tags);
+  m.def("mxfp8_dequantize(Tensor data, Tensor scale_e8m0, int fp8_format, ScalarType dtype) "
+        "-> Tensor",
+        tags);
 }
 
 TORCH_LIBRARY_IMPL(te_cpp, Autograd, m) {

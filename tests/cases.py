@@ -663,3 +663,32 @@ OP_CASES: list[OpCase] = [
 ]
 
 CASE_IDS = [c.id for c in OP_CASES]
+
+
+# ---- custom ops whose numerics are tested outside the op-case harness ---------------------------
+# Each entry: sample(dtype) -> list of (custom op, args); test_conformance runs opcheck on every
+# sample and counts these ops as covered. The quantize family has no te.ops operation yet; its
+# numerics are in tests/test_fp8_quantize.py.
+
+
+def _samples_quantize(dtype):
+    out = []
+    for shape in [(1, 64), (2, 3, 64)]:
+        x = _rand(*shape, dtype=dtype)
+        for fmt in (0, 1):
+            out.append((te_ops.fp8_quantize, (x, fmt, False, 0.0)))
+            out.append((te_ops.fp8_quantize, (x, fmt, True, 1e-3)))
+            out.append((te_ops.fp8_quantize_scaled, (x, torch.tensor([3.0]), fmt)))
+            data, scale_inv, _ = te_ops.fp8_quantize(x, fmt, False, 0.0)
+            out.append((te_ops.fp8_dequantize, (data, scale_inv, fmt, dtype)))
+            mx, sc = te_ops.mxfp8_quantize(x, fmt)
+            out.append((te_ops.mxfp8_quantize, (x, fmt)))
+            out.append((te_ops.mxfp8_dequantize, (mx, sc, fmt, dtype)))
+    # a non-contiguous (transposed) input
+    xt = _rand(64, 32, dtype=dtype).t()
+    out.append((te_ops.fp8_quantize, (xt, 0, False, 0.0)))
+    out.append((te_ops.mxfp8_quantize, (xt, 0)))
+    return out
+
+
+STANDALONE_OPCHECK_SAMPLES = {"quantize": _samples_quantize}

@@ -11,7 +11,7 @@ from torch._dynamo.testing import AotEagerAndRecordGraphs
 from torch._dynamo.utils import counters
 from torch.library import opcheck
 
-from cases import CASE_IDS, OP_CASES
+from cases import CASE_IDS, OP_CASES, STANDALONE_OPCHECK_SAMPLES
 from harness import (LAYOUTS, as_tuple, build, clone_leaf, eager_run, inputs_for,
                      random_grads_like, reference_run)
 from tolerances import COMPILED_VS_EAGER, tols
@@ -32,11 +32,20 @@ def test_opcheck(case, dtype):
         opcheck(op, args)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("family", sorted(STANDALONE_OPCHECK_SAMPLES))
+def test_opcheck_standalone(family, dtype):
+    for op, args in STANDALONE_OPCHECK_SAMPLES[family](dtype):
+        opcheck(op, args)
+
+
 def test_every_custom_op_has_an_opcheck_sample():
     covered = set()
     for case in OP_CASES:
         if case.opcheck_samples:
             covered |= {op._qualified_op_name.split("::", 1)[1] for op, _ in case.opcheck_samples(torch.float32)}
+    for samples in STANDALONE_OPCHECK_SAMPLES.values():
+        covered |= {op._qualified_op_name.split("::", 1)[1] for op, _ in samples(torch.float32)}
     missing = _all_te_cpp_ops() - covered
     assert not missing, f"custom ops without an opcheck sample: {sorted(missing)}"
 

@@ -9,6 +9,10 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 
 from . import _C  # noqa: F401  (registers torch.ops.te_cpp.*)
 from . import ops
+from . import recipe
+from .quantization import (Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor,
+                           MXFP8Quantizer, MXFP8Tensor, QuantizedTensor, autocast, fp8_autocast,
+                           fp8_model_init, quantized_model_init)
 
 __version__ = "0.1.0"
 
@@ -18,4 +22,25 @@ def built_with_cuda() -> bool:
     return _C.built_with_cuda()
 
 
-__all__ = ["ops", "built_with_cuda", "__version__"]
+_FP8_REASON = "emulated on CPU (torch.float8_e4m3fn / torch.float8_e5m2 conversions)"
+
+
+def is_fp8_available(return_reason: bool = False):
+    """FP8 (per-tensor scaling) is available everywhere through CPU emulation."""
+    return (True, _FP8_REASON) if return_reason else True
+
+
+def is_mxfp8_available(return_reason: bool = False):
+    """MXFP8 (32-element blocks, E8M0 scales) is available everywhere through CPU emulation."""
+    return (True, _FP8_REASON) if return_reason else True
+
+
+def is_bf16_available() -> bool:
+    """bfloat16 compute is supported by every kernel of this extension."""
+    return True
+
+
+__all__ = ["ops", "recipe", "built_with_cuda", "__version__", "autocast", "fp8_autocast",
+           "quantized_model_init", "fp8_model_init", "QuantizedTensor", "Float8Tensor",
+           "MXFP8Tensor", "Float8Quantizer", "Float8CurrentScalingQuantizer", "MXFP8Quantizer",
+           "is_fp8_available", "is_mxfp8_available", "is_bf16_available"]

@@ -1,0 +1,149 @@
+// Checks, allocation and Meta kernels of the quantize family.
+#include "ops/quantize.h"
+
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+namespace te_cpp {
+
+void check_fp8_format(const char* op, int64_t fp8_format) {
+  TE_CHECK_VALUE(fp8::valid_format(fp8_format), op,
+                 "fp8_format must be 0 (E4M3) or 1 (E5M2), got ", fp8_format);
+}
+
+void Fp8Quantize::check(const char* op, const Tensor& x, int64_t fp8_format) {
+  check_float(op, "input", x);
+  check_fp8_format(op, fp8_format);
+}
+
+void Fp8Quantize::check_scale(const char* op, const Tensor& x, const Tensor& scale) {
+  TE_CHECK(scale.defined(), op, "scale is undefined");
+  TE_CHECK(scale.scalar_type() == at::kFloat, op, "scale must be float32, got ",
+           scale.scalar_type());
+  TE_CHECK(scale.dim() == 1 && scale.sym_size(0) == 1, op, "scale must have shape [1], got ",
+           shape_str(scale));
+  check_same_device(op, "input", x, "scale", scale);
+}
+
+void Fp8Quantize::check_epsilon(const char* op, double amax_epsilon) {
+  TE_CHECK_VALUE(amax_epsilon >= 0.0, op, "amax_epsilon must be >= 0, got ", amax_epsilon);
+}
+
+std::tuple<Tensor, Tensor, Tensor> Fp8Quantize::allocate(const Tensor& x) {
+  Tensor data = at::empty_symint(x.sym_sizes(), x.options().dtype(at::kByte));
+  Tensor scale_inv = at::empty_symint({c10::SymInt(1)}, x.options().dtype(at::kFloat));
+  Tensor amax = at::empty_symint({c10::SymInt(1)}, x.options().dtype(at::kFloat));
+  return {data, scale_inv, amax};
+}
+
+void Fp8Dequantize::check(const Tensor& data, const Tensor& scale_inv, int64_t fp8_format,
+                          at::ScalarType dtype) {
+  TE_CHECK(data.defined() && data.scalar_type() == at::kByte, kName,
+           "data must be uint8 (raw FP8 bytes), got ",
+           data.defined() ? c10::toString(data.scalar_type()) : "undefined");
+  TE_CHECK(scale_inv.defined() && scale_inv.scalar_type() == at::kFloat, kName,
+           "scale_inv must be float32, got ",
+           scale_inv.defined() ? c10::toString(scale_inv.scalar_type()) : "undefined");
+  TE_CHECK(scale_inv.dim() == 1 && scale_inv.sym_size(0) == 1, kName,
+           "scale_inv must have shape [1], got ", shape_str(scale_inv));
+  check_same_device(kName, "data", data, "scale_inv", scale_inv);
+  check_fp8_format(kName, fp8_format);
+  TE_CHECK_VALUE(is_supported_float(dtype), kName,
+                 "dtype must be float32, float64, bfloat16 or float16, got ", dtype);
+}
+
+Tensor Fp8Dequantize::allocate(const Tensor& data, at::ScalarType dtype) {
+  return at::empty_symint(data.sym_sizes(), data.options().dtype(dtype));
+}
+
+namespace {
+
+void check_mxfp8_last_dim(const char* op, const char* name, const Tensor& t) {
+  check_min_dim(op, name, t, 1);
+  TE_CHECK(t.sym_size(-1) % fp8::kMXFP8BlockSize == 0, op, name,
+           "'s last dimension must be a multiple of ", fp8::kMXFP8BlockSize,
+           " (one E8M0 scale per 32 consecutive elements), got shape ", shape_str(t));
+}
+
+}  // namespace
+
+void Mxfp8Quantize::check(const Tensor& x, int64_t fp8_format) {
+  check_float(kName, "input", x);
+  check_fp8_format(kName, fp8_format);
+  check_mxfp8_last_dim(kName, "input", x);
+}
+
+std::tuple<Tensor, Tensor> Mxfp8Quantize::allocate(const Tensor& x) {
+  Tensor data = at::empty_symint(x.sym_sizes(), x.options().dtype(at::kByte));
+  Tensor scale = at::empty_symint(sizes_with_last(x, x.sym_size(-1) / fp8::kMXFP8BlockSize),
+                                  x.options().dtype(at::kByte));
+  return {data, scale};
+}
+
+void Mxfp8Dequantize::check(const Tensor& data, const Tensor& scale_e8m0, int64_t fp8_format,
+                            at::ScalarType dtype) {
+  TE_CHECK(data.defined() && data.scalar_type() == at::kByte, kName,
+           "data must be uint8 (raw FP8 bytes), got ",
+           data.defined() ? c10::toString(data.scalar_type()) : "undefined");
+  TE_CHECK(scale_e8m0.defined() && scale_e8m0.scalar_type() == at::kByte, kName,
+           "scale_e8m0 must be uint8 (biased E8M0 exponents), got ",
+           scale_e8m0.defined() ? c10::toString(scale_e8m0.scalar_type()) : "undefined");
+  check_same_device(kName, "data", data, "scale_e8m0", scale_e8m0);
+  check_fp8_format(kName, fp8_format);
+  check_mxfp8_last_dim(kName, "data", data);
+  const auto expected = sizes_with_last(data, data.sym_size(-1) / fp8::kMXFP8BlockSize);
+  TE_CHECK(scale_e8m0.sym_sizes() == c10::SymIntArrayRef(expected), kName,
+           "scale_e8m0 must have shape ", c10::SymIntArrayRef(expected), " for data of shape ",
+           shape_str(data), ", got ", shape_str(scale_e8m0));
+  TE_CHECK_VALUE(is_supported_float(dtype), kName,
+                 "dtype must be float32, float64, bfloat16 or float16, got ", dtype);
+}
+
+Tensor Mxfp8Dequantize::allocate(const Tensor& data, at::ScalarType dtype) {
+  return at::empty_symint(data.sym_sizes(), data.options().dtype(dtype));
+}
+
+namespace {
+
+std::tuple<Tensor, Tensor, Tensor> fp8_quantize_meta(const Tensor& x, int64_t fp8_format, bool,
+                                                     double amax_epsilon) {
+  Fp8Quantize::check("fp8_quantize", x, fp8_format);
+  Fp8Quantize::check_epsilon("fp8_quantize", amax_epsilon);
+  return Fp8Quantize::allocate(x);
+}
+
+std::tuple<Tensor, Tensor, Tensor> fp8_quantize_scaled_meta(const Tensor& x, const Tensor& scale,
+                                                            int64_t fp8_format) {
+  Fp8Quantize::check("fp8_quantize_scaled", x, fp8_format);
+  Fp8Quantize::check_scale("fp8_quantize_scaled", x, scale);
+  return Fp8Quantize::allocate(x);
+}
+
+Tensor fp8_dequantize_meta(const Tensor& data, const Tensor& scale_inv, int64_t fp8_format,
+                           at::ScalarType dtype) {
+  Fp8Dequantize::check(data, scale_inv, fp8_format, dtype);
+  return Fp8Dequantize::allocate(data, dtype);
+}
+
+std::tuple<Tensor, Tensor> mxfp8_quantize_meta(const Tensor& x, int64_t fp8_format) {
+  Mxfp8Quantize::check(x, fp8_format);
+  return Mxfp8Quantize::allocate(x);
+}
+
+Tensor mxfp8_dequantize_meta(const Tensor& data, const Tensor& scale_e8m0, int64_t fp8_format,
+                             at::ScalarType dtype) {
+  Mxfp8Dequantize::check(data, scale_e8m0, fp8_format, dtype);
+  return Mxfp8Dequantize::allocate(data, dtype);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(te_cpp, Meta, m) {
+  m.impl("fp8_quantize", fp8_quantize_meta);
+  m.impl("fp8_quantize_scaled", fp8_quantize_scaled_meta);
+  m.impl("fp8_dequantize", fp8_dequantize_meta);
+  m.impl("mxfp8_quantize", mxfp8_quantize_meta);
+  m.impl("mxfp8_dequantize", mxfp8_dequantize_meta);
+}
+
+}  // namespace te_cpp

@@ -1,0 +1,314 @@
+"""Recipes, quantizers, Float8Tensor / MXFP8Tensor, autocast state and delayed scaling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import transformer_engine_cpp as te
+from transformer_engine_cpp import recipe
+from transformer_engine_cpp.quantization import (DelayedScalingRecipeState, FP8GlobalStateManager,
+                                                 Float8TensorStorage, MXFP8Tensor, RecipeState,
+                                                 update_delayed_scaling)
+
+te_ops = torch.ops.te_cpp
+
+
+def bits(t):
+    return t.view({4: torch.int32, 2: torch.int16, 1: torch.uint8}[t.element_size()])
+
+
+# ---- recipes -----------------------------------------------------------------------------------
+
+
+def test_format_maxima():
+    assert (recipe.Format.E4M3.max_fwd, recipe.Format.E4M3.max_bwd) == (448, 448)
+    assert (recipe.Format.E5M2.max_fwd, recipe.Format.E5M2.max_bwd) == (57344, 57344)
+    assert (recipe.Format.HYBRID.max_fwd, recipe.Format.HYBRID.max_bwd) == (448, 57344)
+
+
+def test_recipe_defaults_and_predicates():
+    d = recipe.DelayedScaling()
+    assert (d.margin, d.fp8_format, d.amax_history_len, d.amax_compute_algo, d.reduce_amax,
+            d.backward_override) == (0, recipe.Format.HYBRID, 1024, "max", True, None)
+    c = recipe.Float8CurrentScaling()
+    assert c.fp8_format == recipe.Format.HYBRID and c.use_power_2_scales is False
+    assert c.fp8_quant_fwd_inp == recipe.QParams() == recipe.QParams(False, 0.0)
+    m = recipe.MXFP8BlockScaling()
+    assert (m.margin, m.fp8_format, m.backward_override) == (0, recipe.Format.E4M3, None)
+    table = [(d, (True, False, True, False)), (c, (False, True, True, False)),
+             (m, (False, False, False, True))]
+    for r, (delayed, current, per_tensor, mx) in table:
+        assert isinstance(r, recipe.Recipe)
+        assert (r.delayed(), r.float8_current_scaling(), r.float8_per_tensor_scaling(),
+                r.mxfp8()) == (delayed, current, per_tensor, mx)
+        assert not (r.float8_block_scaling() or r.nvfp4() or r.custom())
+    assert recipe.Float8CurrentScaling(use_power_2_scales=True).fp8_quant_bwd_grad.power_2_scale
+
+
+@pytest.mark.parametrize("cls", [recipe.DelayedScaling, recipe.Float8CurrentScaling,
+                                 recipe.MXFP8BlockScaling])
+def test_recipe_validation(cls):
+    name = cls.__name__
+    with pytest.raises(ValueError, match=f"{name}: pure E5M2"):
+        cls(fp8_format=recipe.Format.E5M2)
+    with pytest.raises(ValueError, match=f"{name}: backward_override.*'bogus'"):
+        cls(backward_override="bogus")
+    with pytest.raises(ValueError, match=f"{name}: fp8_format"):
+        cls(fp8_format="E4M3")
+    if cls is not recipe.DelayedScaling:
+        for value in (None, "high_precision", "dequantized"):
+            assert cls(backward_override=value).backward_override == value
+
+
+def test_recipe_field_validation():
+    with pytest.raises(ValueError, match="DelayedScaling: margin.*-1"):
+        recipe.DelayedScaling(margin=-1)
+    with pytest.raises(ValueError, match="DelayedScaling: amax_history_len.*0"):
+        recipe.DelayedScaling(amax_history_len=0)
+    with pytest.raises(ValueError, match="DelayedScaling: amax_compute_algo.*'mean'"):
+        recipe.DelayedScaling(amax_compute_algo="mean")
+    with pytest.raises(ValueError, match="DelayedScaling: backward_override is not supported"):
+        recipe.DelayedScaling(backward_override="dequantized")
+    with pytest.raises(ValueError, match="QParams: amax_epsilon.*-0.5"):
+        recipe.QParams(amax_epsilon=-0.5)
+    with pytest.raises(ValueError, match="Float8CurrentScaling: fp8_quant_fwd_inp"):
+        recipe.Float8CurrentScaling(fp8_quant_fwd_inp=1.0)
+
+
+# ---- availability ------------------------------------------------------------------------------
+
+
+def test_availability():
+    assert te.is_fp8_available() is True and te.is_mxfp8_available() is True
+    ok, reason = te.is_fp8_available(return_reason=True)
+    assert ok and "emulated" in reason
+    assert te.is_mxfp8_available(return_reason=True)[0] and te.is_bf16_available()
+
+
+# ---- quantizers and tensors --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fp8_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_current_scaling_quantizer_round_trip(fp8_dtype, dtype):
+    fmt = 0 if fp8_dtype == torch.float8_e4m3fn else 1
+    x = torch.randn(6, 40, dtype=dtype)
+    q = te.Float8CurrentScalingQuantizer(fp8_dtype, force_pow_2_scales=True, amax_epsilon=0.1)
+    t = q(x)
+    assert isinstance(t, te.Float8Tensor) and isinstance(t, te.QuantizedTensor)
+    assert t.dtype == dtype and t.shape == x.shape and t._fp8_dtype == fp8_dtype
+    data, scale_inv, _ = te_ops.fp8_quantize(x, fmt, True, 0.1)
+    assert torch.equal(t._data, data) and torch.equal(bits(t._scale_inv), bits(scale_inv))
+    assert t._data.dtype == torch.uint8 and t._scale_inv.shape == (1,)
+    y = t.dequantize()
+    assert y.dtype == dtype and type(y) is torch.Tensor
+    ref = (data.view(fp8_dtype).float() * scale_inv).to(dtype)
+    assert torch.equal(bits(y), bits(ref))
+    assert t.dequantize(dtype=torch.float64).dtype == torch.float64
+
+
+def test_float8_tensor_dispatch():
+    x = torch.randn(4, 8)
+    t = te.Float8CurrentScalingQuantizer(torch.float8_e4m3fn)(x)
+    deq = t.dequantize()
+    # ops the subclass does not handle run on the dequantized tensor
+    assert type(t + 1) is torch.Tensor and torch.equal(t + 1, deq + 1)
+    assert torch.equal(t @ x.t(), deq @ x.t())
+    assert torch.equal(torch.nn.functional.gelu(t), torch.nn.functional.gelu(deq))
+    assert torch.equal(t.sum(), deq.sum())
+    # detach / clone / view keep the FP8 buffers
+    for u in (t.detach(), t.clone(), t.view(2, 16), t.view(-1)):
+        assert isinstance(u, te.Float8Tensor)
+        assert torch.equal(u.dequantize().reshape(-1), deq.reshape(-1))
+    assert t.detach()._data.data_ptr() == t._data.data_ptr()
+    assert t.clone()._data.data_ptr() != t._data.data_ptr()
+    assert t.view(2, 16)._data.shape == (2, 16)
+    assert "Float8Tensor" in repr(t)
+
+
+def test_quantizer_straight_through_gradient():
+    x = torch.randn(3, 32, requires_grad=True)
+    t = te.Float8CurrentScalingQuantizer(torch.float8_e4m3fn)(x)
+    assert t.requires_grad
+    g = torch.randn(3, 32)
+    t.dequantize().backward(g)
+    assert torch.equal(x.grad, g)
+
+
+def test_internal_quantizer_returns_storage():
+    q = te.Float8CurrentScalingQuantizer(torch.float8_e5m2)
+    q.internal = True
+    s = q(torch.randn(5, 7))
+    assert isinstance(s, Float8TensorStorage) and not isinstance(s, torch.Tensor)
+    assert s.dequantize().shape == (5, 7)
+
+
+def test_quantizer_set_usage_and_errors():
+    q = te.MXFP8Quantizer(torch.float8_e4m3fn)
+    assert q.rowwise_usage and q.columnwise_usage
+    q.set_usage(columnwise=False)
+    assert q.rowwise_usage and not q.columnwise_usage
+    with pytest.raises(ValueError, match="fp8_dtype must be torch.float8_e4m3fn"):
+        te.Float8CurrentScalingQuantizer(torch.float16)
+    with pytest.raises(ValueError, match="MXFP8Quantizer: columnwise usage needs"):
+        te.MXFP8Quantizer(torch.float8_e4m3fn)(torch.randn(3, 64))
+    with pytest.raises(TypeError, match="high-precision floating"):
+        te.Float8CurrentScalingQuantizer(torch.float8_e4m3fn)(torch.ones(3, dtype=torch.int64))
+
+
+def test_mxfp8_quantizer_rowwise_and_columnwise():
+    x = torch.randn(64, 96)
+    t = te.MXFP8Quantizer(torch.float8_e4m3fn)(x)
+    assert isinstance(t, MXFP8Tensor) and t.shape == x.shape
+    d, s = te_ops.mxfp8_quantize(x, 0)
+    assert torch.equal(t._rowwise_data, d) and torch.equal(t._rowwise_scale_inv, s)
+    dc, sc = te_ops.mxfp8_quantize(x.t().contiguous(), 0)
+    assert torch.equal(t._columnwise_data, dc) and torch.equal(t._columnwise_scale_inv, sc)
+    assert torch.equal(t.dequantize(), te_ops.mxfp8_dequantize(d, s, 0, torch.float32))
+    t.update_usage(rowwise_usage=False)
+    assert torch.equal(t.dequantize(), te_ops.mxfp8_dequantize(dc, sc, 0, torch.float32).t())
+    with pytest.raises(RuntimeError, match="cannot be rebuilt"):
+        t.update_usage(rowwise_usage=True)
+    assert torch.equal(t + 0, t.dequantize())
+
+
+# ---- delayed scaling ---------------------------------------------------------------------------
+
+
+def test_float8_quantizer_uses_scale_and_records_amax():
+    scale = torch.tensor([4.0])
+    amax = torch.zeros(1)
+    q = te.Float8Quantizer(scale, amax, torch.float8_e4m3fn)
+    x = torch.randn(5, 9)
+    t = q(x)
+    data, scale_inv, _ = te_ops.fp8_quantize_scaled(x, scale, 0)
+    assert torch.equal(t._data, data) and t._scale_inv.item() == 0.25
+    assert amax.item() == x.abs().max().item()
+    q(x * 0.5)  # a smaller amax does not lower the running max
+    assert amax.item() == x.abs().max().item()
+    q(x * 3)
+    assert amax.item() == (x * 3).abs().max().item()
+
+
+def test_recipe_state_quantizer_types_and_dtypes():
+    fwd = RecipeState.create(recipe.Float8CurrentScaling(), mode="forward", num_quantizers=3)
+    bwd = RecipeState.create(recipe.Float8CurrentScaling(), mode="backward", num_quantizers=2)
+    assert [q.dtype for q in fwd.make_quantizers()] == [torch.float8_e4m3fn] * 3
+    assert [q.dtype for q in bwd.make_quantizers()] == [torch.float8_e5m2] * 2
+    r = recipe.Float8CurrentScaling(use_power_2_scales=True,
+                                    fp8_quant_fwd_weight=recipe.QParams(amax_epsilon=0.5))
+    qs = RecipeState.create(r, mode="forward", num_quantizers=3).make_quantizers()
+    assert all(q.force_pow_2_scales for q in qs)
+    assert [q.amax_epsilon for q in qs] == [0.0, 0.5, 0.0]
+    e4 = RecipeState.create(recipe.Float8CurrentScaling(fp8_format=recipe.Format.E4M3),
+                            mode="backward", num_quantizers=1)
+    assert e4.make_quantizers()[0].dtype == torch.float8_e4m3fn
+    mx = RecipeState.create(recipe.MXFP8BlockScaling(), mode="backward", num_quantizers=2)
+    assert all(isinstance(q, te.MXFP8Quantizer) and q.dtype == torch.float8_e4m3fn
+               for q in mx.make_quantizers())
+    d = RecipeState.create(recipe.DelayedScaling(amax_history_len=4), mode="forward",
+                           num_quantizers=3)
+    assert isinstance(d, DelayedScalingRecipeState)
+    assert d.scale.shape == (3,) and d.amax_history.shape == (4, 3)
+    assert all(isinstance(q, te.Float8Quantizer) for q in d.make_quantizers())
+    with pytest.raises(ValueError, match="mode must be"):
+        RecipeState.create(recipe.DelayedScaling(), mode="sideways")
+
+
+def test_fp8_scale_update_margin_hybrid():
+    """As the anchor's test_fp8_scale_update: HYBRID, margin 2: (448/amax)/4 forward for x and w,
+    (57344/amax)/4 backward for dy."""
+    r = recipe.DelayedScaling(margin=2, amax_history_len=3, fp8_format=recipe.Format.HYBRID)
+    fwd = RecipeState.create(r, mode="forward", num_quantizers=2)
+    bwd = RecipeState.create(r, mode="backward", num_quantizers=1)
+    qx, qw = fwd.make_quantizers()
+    (qdy,) = bwd.make_quantizers()
+    x, w, dy = torch.randn(4, 8), torch.randn(8, 8) * 3, torch.randn(4, 8) * 0.01
+    qx(x), qw(w), qdy(dy)
+    assert fwd.amax_history[0].tolist() == [x.abs().max().item(), w.abs().max().item()]
+    update_delayed_scaling(fwd)
+    update_delayed_scaling(bwd)
+    f32 = lambda v: torch.tensor(v, dtype=torch.float32)  # noqa: E731
+    exp_x = (f32(448.0) / x.abs().max()) / 4
+    exp_w = (f32(448.0) / w.abs().max()) / 4
+    exp_dy = (f32(57344.0) / dy.abs().max()) / 4
+    assert torch.equal(fwd.scale, torch.stack([exp_x, exp_w]))
+    assert torch.equal(bwd.scale, exp_dy.reshape(1))
+    # history rolled: the recorded amaxes moved to the end, slot 0 zeroed
+    assert fwd.amax_history[0].tolist() == [0.0, 0.0]
+    assert fwd.amax_history[-1].tolist() == [x.abs().max().item(), w.abs().max().item()]
+    # a second step with a smaller x: "max" keeps the larger amax from the history
+    qx(x * 0.1)
+    update_delayed_scaling(fwd)
+    assert torch.equal(fwd.scale[0], exp_x)
+    # the new scale is used by the next cast
+    assert qx(x)._scale_inv.item() == torch.reciprocal(fwd.scale[0]).item()
+
+
+def test_fp8_scale_update_special_amax():
+    r = recipe.DelayedScaling(amax_history_len=1, amax_compute_algo="most_recent")
+    s = RecipeState.create(r, mode="forward", num_quantizers=4)
+    s.scale.copy_(torch.tensor([2.0, 3.0, 5.0, 7.0]))
+    s.amax_history[0] = torch.tensor([0.0, float("inf"), float("nan"), 1e-45])
+    update_delayed_scaling(s)
+    # amax 0 / inf / NaN keep the old scale; 448 / 1e-45 overflows: FLT_MAX
+    assert s.scale.tolist()[:3] == [2.0, 3.0, 5.0]
+    assert s.scale[3].item() == torch.finfo(torch.float32).max
+    assert s.amax_history.tolist() == [[0.0, 0.0, 0.0, 0.0]]
+
+
+# ---- autocast ----------------------------------------------------------------------------------
+
+
+def test_autocast_state_and_nesting():
+    M = FP8GlobalStateManager
+    assert not M.is_fp8_enabled()
+    assert isinstance(M.get_fp8_recipe(), recipe.Float8CurrentScaling)  # the CPU default
+    mx = recipe.MXFP8BlockScaling()
+    with te.autocast():
+        assert M.is_fp8_enabled() and isinstance(M.get_fp8_recipe(), recipe.Float8CurrentScaling)
+        with te.autocast(recipe=mx, amax_reduction_group="g"):
+            assert M.get_fp8_recipe() is mx and M.get_fp8_group() == "g"
+            with te.autocast(enabled=False):
+                assert not M.is_fp8_enabled()
+            assert M.is_fp8_enabled() and M.get_fp8_recipe() is mx
+        assert M.get_fp8_recipe() is not mx and M.get_fp8_group() is None
+    assert not M.is_fp8_enabled() and M.get_autocast_depth() == 0
+    with te.autocast(calibrating=True, enabled=False):
+        assert M.is_fp8_calibration() and not M.is_fp8_enabled()
+    with pytest.raises(KeyError):
+        with te.autocast(recipe=mx):
+            raise KeyError("boom")
+    assert not M.is_fp8_enabled() and M.FP8_RECIPE is None
+    with te.fp8_autocast(fp8_recipe=mx):
+        assert M.get_fp8_recipe() is mx
+    with pytest.raises(ValueError, match="autocast: recipe must be"):
+        with te.autocast(recipe="delayed"):
+            pass
+
+
+def test_autocast_exit_updates_delayed_scaling():
+    r = recipe.DelayedScaling(amax_history_len=2)
+    s = RecipeState.create(r, mode="forward", num_quantizers=1)
+    (q,) = s.make_quantizers()
+    x = torch.randn(8) * 5
+    with te.autocast(recipe=r):
+        with te.autocast(recipe=r):
+            FP8GlobalStateManager.add_delayed_scaling_state(s)
+            q(x)
+        assert s.scale.item() == 1.0  # inner exit: no update yet
+    expected = (torch.tensor(448.0) / x.abs().max()).item()
+    assert s.scale.item() == expected
+
+
+def test_quantized_model_init_flag():
+    M = FP8GlobalStateManager
+    assert not M.with_fp8_parameters()
+    r = recipe.MXFP8BlockScaling()
+    with te.quantized_model_init(recipe=r):
+        assert M.with_fp8_parameters() and M.get_fp8_model_init_recipe() is r
+        with te.quantized_model_init(enabled=False):
+            assert not M.with_fp8_parameters()
+        assert M.with_fp8_parameters()
+    assert not M.with_fp8_parameters() and M.get_fp8_model_init_recipe() is None

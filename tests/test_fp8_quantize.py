@@ -1,0 +1,331 @@
+"""FP8 quantize ops (te_cpp.fp8_quantize, fp8_quantize_scaled, fp8_dequantize, mxfp8_quantize,
+mxfp8_dequantize) against independent plain-PyTorch references, bit for bit."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import transformer_engine_cpp  # noqa: F401  (registers torch.ops.te_cpp)
+
+te_ops = torch.ops.te_cpp
+
+FP8 = {0: torch.float8_e4m3fn, 1: torch.float8_e5m2}
+FP8_MAX = {0: 448.0, 1: 57344.0}
+FLT_MAX = torch.finfo(torch.float32).max
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+SHAPES = [(1,), (7,), (3, 5), (2, 3, 64), (300, 97), (70000,)]
+
+
+# ---- references (written from te_ops.md 4.3 and TE's MXFP8 rule, torch ops only) ----------------
+
+
+def ref_scale(amax: torch.Tensor, fmt: int, pow2: bool, eps: float) -> torch.Tensor:
+    a = torch.where(amax < eps, torch.tensor(eps, dtype=torch.float32), amax)
+    special = (a == 0) | torch.isinf(a) | torch.isnan(a)
+    scale = torch.tensor(FP8_MAX[fmt], dtype=torch.float32) / a  # fp32, correctly rounded
+    scale = torch.where(torch.isinf(scale), torch.tensor(FLT_MAX), scale)
+    scale = torch.where(special, torch.tensor(1.0), scale)
+    if pow2:
+        scale = (scale.view(torch.int32) & -8388608).view(torch.float32)  # & 0xFF800000
+    return scale
+
+
+def ref_cast(xf: torch.Tensor, scale: torch.Tensor, fmt: int) -> torch.Tensor:
+    m = FP8_MAX[fmt]
+    return (xf * scale).clamp(-m, m).to(FP8[fmt]).view(torch.uint8)
+
+
+def ref_current(x, fmt, pow2=False, eps=0.0):
+    xf = x.float()
+    amax = xf.abs().amax() if xf.numel() else torch.tensor(0.0)
+    scale = ref_scale(amax.reshape(1), fmt, pow2, eps)
+    return ref_cast(xf, scale, fmt), torch.reciprocal(scale), amax.reshape(1)
+
+
+def ref_dequant(data, scale_inv, fmt, dtype):
+    return (data.view(FP8[fmt]).float() * scale_inv).to(dtype)
+
+
+def ref_e8m0(v: torch.Tensor) -> torch.Tensor:
+    """TE float_to_e8m0 for v >= 0: biased exponent of v rounded up to a power of two."""
+    bits = v.view(torch.int32)
+    exp = bits >> 23
+    mant = bits & 0x7FFFFF
+    up = (mant > 0) & (exp != 254) & ~((exp == 0) & (mant <= 0x400000))
+    e = exp + up.to(torch.int32)
+    e = torch.where(torch.isinf(v), torch.tensor(254, dtype=torch.int32), e)
+    return e
+
+
+def ref_mxfp8(x, fmt):
+    m = FP8_MAX[fmt]
+    xf = x.float().reshape(-1, 32)
+    amax = torch.where(torch.isnan(xf), torch.zeros(()), xf.abs()).amax(dim=1)
+    v = amax * torch.tensor(1.0 / m, dtype=torch.float32)
+    e = ref_e8m0(v)
+    rcp = torch.where(e == 0, torch.tensor(1.0), ((254 - e) << 23).view(torch.float32))
+    data = (xf * rcp[:, None]).clamp(-m, m).to(FP8[fmt]).view(torch.uint8)
+    return data.reshape(x.shape), e.to(torch.uint8).reshape(*x.shape[:-1], x.shape[-1] // 32)
+
+
+def ref_mx_dequant(data, scale, fmt, dtype):
+    e = scale.to(torch.int32).reshape(-1, 1)
+    s = torch.where(e == 0, torch.tensor(2.0 ** -127, dtype=torch.float32),
+                    (e << 23).view(torch.float32))
+    return (data.view(FP8[fmt]).float().reshape(-1, 32) * s).reshape(data.shape).to(dtype)
+
+
+def assert_bits_equal(a: torch.Tensor, b: torch.Tensor):
+    assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
+    if a.is_floating_point():
+        nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+        assert torch.equal(nan_a, nan_b)
+        a = torch.where(nan_a, torch.zeros((), dtype=a.dtype), a)
+        b = torch.where(nan_b, torch.zeros((), dtype=b.dtype), b)
+        w = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        a, b = a.view(w), b.view(w)
+    assert torch.equal(a, b), f"{(a != b).sum()} of {a.numel()} elements differ"
+
+
+def assert_fp8_bytes_equal(a: torch.Tensor, b: torch.Tensor, fmt: int):
+    """Byte equality, with every NaN encoding counted as one value."""
+    nan_a = torch.isnan(a.view(FP8[fmt]).float())
+    nan_b = torch.isnan(b.view(FP8[fmt]).float())
+    assert torch.equal(nan_a, nan_b)
+    assert torch.equal(a[~nan_a], b[~nan_b]), f"{(a != b).sum()} bytes differ"
+
+
+def randn(shape, dtype, scale=1.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * scale).to(dtype)
+
+
+# ---- current scaling --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", [0, 1], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_current_scaling_matches_reference(shape, dtype, fmt):
+    for seed, scale in enumerate([1.0, 1e-3, 300.0]):
+        x = randn(shape, dtype, scale, seed)
+        data, scale_inv, amax = te_ops.fp8_quantize(x, fmt, False, 0.0)
+        rdata, rscale_inv, ramax = ref_current(x, fmt)
+        assert data.dtype == torch.uint8 and data.shape == x.shape
+        assert scale_inv.shape == (1,) and amax.shape == (1,)
+        assert_bits_equal(data, rdata)
+        assert_bits_equal(scale_inv, rscale_inv)
+        assert_bits_equal(amax, ramax)
+        y = te_ops.fp8_dequantize(data, scale_inv, fmt, dtype)
+        assert_bits_equal(y, ref_dequant(data, scale_inv, fmt, dtype))
+
+
+@pytest.mark.parametrize("fmt", [0, 1], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("pow2", [False, True], ids=["fp32scale", "pow2"])
+@pytest.mark.parametrize("eps", [0.0, 1e-2, 10.0])
+def test_current_scaling_pow2_and_epsilon(fmt, pow2, eps):
+    for x in [randn((33, 17), torch.float32, 1.0, 3), randn((33, 17), torch.float32, 1e-4, 4),
+              torch.zeros(5, 8)]:
+        data, scale_inv, amax = te_ops.fp8_quantize(x, fmt, pow2, eps)
+        rdata, rscale_inv, ramax = ref_current(x, fmt, pow2, eps)
+        assert_bits_equal(data, rdata)
+        assert_bits_equal(scale_inv, rscale_inv)
+        assert_bits_equal(amax, ramax)  # the tensor's own amax, before the epsilon floor
+        if pow2:
+            m, _ = math.frexp(1.0 / scale_inv.item())
+            assert m == 0.5  # a power of two
+
+
+def test_current_scaling_epsilon_floors_amax():
+    x = torch.full((4,), 1e-3)
+    _, scale_inv, amax = te_ops.fp8_quantize(x, 0, False, 0.5)
+    assert amax.item() == pytest.approx(1e-3)
+    assert scale_inv.item() == torch.reciprocal(torch.tensor(448.0) / torch.tensor(0.5)).item()
+
+
+@pytest.mark.parametrize("fmt", [0, 1], ids=["e4m3", "e5m2"])
+def test_current_scaling_special_values(fmt):
+    cases = {
+        "zeros": torch.zeros(3, 40),
+        "empty": torch.zeros(0, 8),
+        "inf": torch.tensor([1.0, -float("inf"), 2.0, 0.5]),
+        "nan": torch.tensor([1.0, float("nan"), -3.0, 0.25]),
+        "tiny": torch.tensor([1e-40, -2e-45, 0.0]),  # 448 / amax overflows: FLT_MAX
+    }
+    for name, x in cases.items():
+        data, scale_inv, amax = te_ops.fp8_quantize(x, fmt, False, 0.0)
+        rdata, rscale_inv, ramax = ref_current(x, fmt)
+        assert_fp8_bytes_equal(data, rdata, fmt)
+        assert_bits_equal(scale_inv, rscale_inv)
+        assert_bits_equal(amax, ramax)
+    for name in ("zeros", "empty", "inf", "nan"):
+        _, scale_inv, _ = te_ops.fp8_quantize(cases[name], fmt, False, 0.0)
+        assert scale_inv.item() == 1.0, name
+    _, scale_inv, _ = te_ops.fp8_quantize(cases["tiny"], fmt, False, 0.0)
+    assert scale_inv.item() == torch.reciprocal(torch.tensor(FLT_MAX)).item()  # scale = FLT_MAX
+    # inf saturates to the format's max; NaN stays NaN
+    data, _, _ = te_ops.fp8_quantize(cases["inf"], fmt, False, 0.0)
+    assert data.view(FP8[fmt]).float()[1].item() == -FP8_MAX[fmt]
+    data, _, amax = te_ops.fp8_quantize(cases["nan"], fmt, False, 0.0)
+    assert torch.isnan(data.view(FP8[fmt]).float()[1]) and torch.isnan(amax).all()
+
+
+def test_current_scaling_fp64_input_is_rounded_to_fp32():
+    x = torch.randn(5, 33, dtype=torch.float64)
+    got = te_ops.fp8_quantize(x, 0, False, 0.0)
+    for a, b in zip(got, ref_current(x.float(), 0)):
+        assert_bits_equal(a, b)
+
+
+def test_current_scaling_thread_count_independent():
+    x = randn((257, 1031), torch.bfloat16, 5.0, 7)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = te_ops.fp8_quantize(x, 0, False, 0.0)
+        torch.set_num_threads(max(2, before))
+        many = te_ops.fp8_quantize(x, 0, False, 0.0)
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(one, many):
+        assert_bits_equal(a, b)
+
+
+# ---- delayed scaling's cast -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", [0, 1], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
+def test_quantize_scaled_matches_reference(dtype, fmt):
+    x = randn((9, 70), dtype, 4.0, 1)
+    for s in [1.0, 0.37, 100.0, 1e6]:  # large scales overflow: saturate to +-fp8_max
+        scale = torch.tensor([s], dtype=torch.float32)
+        data, scale_inv, amax = te_ops.fp8_quantize_scaled(x, scale, fmt)
+        assert_bits_equal(data, ref_cast(x.float(), scale, fmt))
+        assert_bits_equal(scale_inv, torch.reciprocal(scale))
+        assert_bits_equal(amax, x.float().abs().amax().reshape(1))
+    data, _, _ = te_ops.fp8_quantize_scaled(x, torch.tensor([1e6]), fmt)
+    assert data.view(FP8[fmt]).float().abs().max().item() == FP8_MAX[fmt]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_dequantize_dtypes(dtype):
+    data = torch.arange(256, dtype=torch.uint8).reshape(16, 16)
+    for fmt in (0, 1):
+        scale_inv = torch.tensor([0.125])
+        got = te_ops.fp8_dequantize(data, scale_inv, fmt, dtype)
+        assert got.dtype == dtype
+        assert_bits_equal(got, ref_dequant(data, scale_inv, fmt, dtype))
+
+
+# ---- MXFP8 -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", [0, 1], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("shape", [(32,), (3, 64), (2, 5, 96), (129, 320)], ids=str)
+def test_mxfp8_matches_reference(shape, dtype, fmt):
+    g = torch.Generator().manual_seed(11)
+    # per-block magnitudes spread over many binades, so the scales differ block to block
+    mags = torch.exp2(torch.randint(-20, 20, (*shape[:-1], shape[-1] // 32, 1), generator=g))
+    x = (torch.randn((*shape[:-1], shape[-1] // 32, 32), generator=g) * mags).reshape(shape)
+    x = x.to(dtype)
+    data, scale = te_ops.mxfp8_quantize(x, fmt)
+    rdata, rscale = ref_mxfp8(x, fmt)
+    assert scale.dtype == torch.uint8 and scale.shape == (*shape[:-1], shape[-1] // 32)
+    assert_bits_equal(scale, rscale)
+    assert_bits_equal(data, rdata)
+    y = te_ops.mxfp8_dequantize(data, scale, fmt, dtype)
+    assert_bits_equal(y, ref_mx_dequant(data, scale, fmt, dtype))
+
+
+@pytest.mark.parametrize("fmt", [0, 1], ids=["e4m3", "e5m2"])
+def test_mxfp8_scale_fits_block_amax(fmt):
+    """The rule's intent: block_amax * 2^-(e-127) lies in (fp8_max/2, fp8_max]."""
+    x = randn((64, 256), torch.float32, 3.0, 5) * torch.exp2(torch.randint(-30, 30, (64, 1)))
+    _, scale = te_ops.mxfp8_quantize(x, fmt)
+    amax = x.abs().reshape(64, 8, 32).amax(-1)
+    scaled = amax * torch.exp2(127.0 - scale.double())
+    assert (scaled <= FP8_MAX[fmt]).all() and (scaled > FP8_MAX[fmt] / 2).all()
+
+
+@pytest.mark.parametrize("fmt", [0, 1], ids=["e4m3", "e5m2"])
+def test_mxfp8_special_blocks(fmt):
+    x = torch.randn(6, 32)
+    x[0] = 0.0                       # zero block: e = 0, data 0
+    x[1, 3] = float("nan")           # NaN is ignored by the block amax and stays NaN
+    x[2, 5] = float("inf")           # inf block: e = 254
+    x[3] = 1e-39                     # subnormal amax
+    x[4] = FP8_MAX[fmt] * 2.0 ** 5   # exactly a power of two times fp8_max
+    x[5] = torch.finfo(torch.float32).max
+    data, scale = te_ops.mxfp8_quantize(x, fmt)
+    rdata, rscale = ref_mxfp8(x, fmt)
+    assert_bits_equal(scale, rscale)
+    assert_fp8_bytes_equal(data, rdata, fmt)
+    assert scale[0, 0].item() == 0 and scale[2, 0].item() == 254
+    assert scale[4, 0].item() == 127 + 5
+    assert torch.isnan(data[1].view(FP8[fmt]).float()[3])
+    assert not torch.isnan(data[1].view(FP8[fmt]).float()[torch.arange(32) != 3]).any()
+
+
+def test_mxfp8_e4m3_known_value():
+    x = torch.zeros(32)
+    x[0] = 1.0  # amax/448 = 2^-8.8 -> rounded up to 2^-8: e = 119, data = 256 in E4M3
+    data, scale = te_ops.mxfp8_quantize(x, 0)
+    assert scale.item() == 119
+    assert data.view(torch.float8_e4m3fn).float()[0].item() == 256.0
+
+
+# ---- errors ------------------------------------------------------------------------------------
+
+
+def test_bad_inputs():
+    x = torch.randn(4, 64)
+    with pytest.raises(ValueError, match=r"te_cpp.fp8_quantize: fp8_format must be 0 \(E4M3\) or 1"):
+        te_ops.fp8_quantize(x, 2, False, 0.0)
+    with pytest.raises(ValueError, match="te_cpp.fp8_quantize: amax_epsilon must be >= 0"):
+        te_ops.fp8_quantize(x, 0, False, -1.0)
+    with pytest.raises(RuntimeError, match="te_cpp.fp8_quantize: input must be float32"):
+        te_ops.fp8_quantize(x.to(torch.int32), 0, False, 0.0)
+    with pytest.raises(RuntimeError, match=r"te_cpp.fp8_quantize_scaled: scale must have shape \[1\]"):
+        te_ops.fp8_quantize_scaled(x, torch.ones(2), 0)
+    with pytest.raises(RuntimeError, match="te_cpp.fp8_quantize_scaled: scale must be float32"):
+        te_ops.fp8_quantize_scaled(x, torch.ones(1, dtype=torch.float64), 0)
+    data, scale_inv, _ = te_ops.fp8_quantize(x, 0, False, 0.0)
+    with pytest.raises(RuntimeError, match="te_cpp.fp8_dequantize: data must be uint8"):
+        te_ops.fp8_dequantize(x, scale_inv, 0, torch.float32)
+    with pytest.raises(ValueError, match="te_cpp.fp8_dequantize: dtype must be"):
+        te_ops.fp8_dequantize(data, scale_inv, 0, torch.int32)
+    with pytest.raises(RuntimeError, match=r"te_cpp.mxfp8_quantize: input's last dimension must be "
+                                           r"a multiple of 32.*\[4, 48\]"):
+        te_ops.mxfp8_quantize(torch.randn(4, 48), 0)
+    mx, sc = te_ops.mxfp8_quantize(x, 0)
+    with pytest.raises(RuntimeError, match="te_cpp.mxfp8_dequantize: scale_e8m0 must have shape"):
+        te_ops.mxfp8_dequantize(mx, sc[:, :1], 0, torch.float32)
+    with pytest.raises(ValueError, match="te_cpp.mxfp8_dequantize: fp8_format"):
+        te_ops.mxfp8_dequantize(mx, sc, 5, torch.float32)
+
+
+# ---- torch.compile -----------------------------------------------------------------------------
+
+
+def test_compiled_quantize_dequantize_matches_eager():
+    torch._dynamo.reset()
+
+    def f(x, scale):
+        d, si, amax = te_ops.fp8_quantize(x, 0, False, 0.0)
+        d2, si2, _ = te_ops.fp8_quantize_scaled(x * 2, scale, 1)
+        m, s = te_ops.mxfp8_quantize(x, 0)
+        return (te_ops.fp8_dequantize(d, si, 0, x.dtype) + te_ops.fp8_dequantize(d2, si2, 1, x.dtype),
+                te_ops.mxfp8_dequantize(m, s, 0, x.dtype), amax)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    for shape in [(4, 64), (3, 5, 32)]:
+        x = torch.randn(shape)
+        scale = torch.tensor([7.0])
+        for a, b in zip(compiled(x, scale), f(x, scale)):
+            assert_bits_equal(a, b)
+    torch._dynamo.reset()

@@ -1,0 +1,24 @@
+"""Quantization: quantizers, quantized tensors, autocast and recipe state (docs/fp8.md).
+
+The recipes themselves are in ``transformer_engine_cpp.recipe``.
+"""
+
+from .autocast import (FP8GlobalStateManager, autocast, fp8_autocast, fp8_model_init,
+                       get_default_fp8_recipe, quantized_model_init)
+from .quantizer import (Float8CurrentScalingQuantizer, Float8Quantizer, MXFP8Quantizer,
+                        Quantizer)
+from .recipe_state import (DelayedScalingRecipeState, Float8CurrentScalingRecipeState,
+                           MXFP8BlockScalingRecipeState, RecipeState, get_fp8_max,
+                           get_fp8_te_dtype, update_delayed_scaling)
+from .tensor import (Float8Tensor, Float8TensorStorage, MXFP8Tensor, MXFP8TensorStorage,
+                     QuantizedTensor, QuantizedTensorStorage)
+
+__all__ = [
+    "FP8GlobalStateManager", "autocast", "fp8_autocast", "fp8_model_init",
+    "get_default_fp8_recipe", "quantized_model_init", "Quantizer",
+    "Float8CurrentScalingQuantizer", "Float8Quantizer", "MXFP8Quantizer", "RecipeState",
+    "DelayedScalingRecipeState", "Float8CurrentScalingRecipeState",
+    "MXFP8BlockScalingRecipeState", "get_fp8_max", "get_fp8_te_dtype", "update_delayed_scaling",
+    "Float8Tensor", "Float8TensorStorage", "MXFP8Tensor", "MXFP8TensorStorage",
+    "QuantizedTensor", "QuantizedTensorStorage",
+]

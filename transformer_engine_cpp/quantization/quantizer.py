@@ -1,0 +1,159 @@
+"""Quantizers: turn a high-precision tensor into a quantized one (te_ops.md 4.2).
+
+* ``Float8CurrentScalingQuantizer``: per-tensor scale from this tensor's amax
+  (``te_cpp.fp8_quantize``, te_ops.md 4.3).
+* ``Float8Quantizer``: delayed scaling; casts with the scale it holds
+  (``te_cpp.fp8_quantize_scaled``) and records the amax into the amax tensor it holds
+  (``amax = max(amax, amax of this tensor)``, the amax history slot of its recipe state).
+* ``MXFP8Quantizer``: 32-element blocks with E8M0 scales (``te_cpp.mxfp8_quantize``).
+
+``quantize(t)`` (and ``__call__``) returns a ``Float8Tensor`` / ``MXFP8Tensor``, or the
+bare storage (``Float8TensorStorage`` / ``MXFP8TensorStorage``) when ``internal`` is set.
+``__call__`` passes gradients straight through when grad is enabled and not ``internal``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ._formats import format_of
+from .tensor import Float8Tensor, Float8TensorStorage, MXFP8Tensor, MXFP8TensorStorage
+
+te_ops = torch.ops.te_cpp
+
+__all__ = ["Quantizer", "Float8CurrentScalingQuantizer", "Float8Quantizer", "MXFP8Quantizer"]
+
+
+class _QuantizeFunc(torch.autograd.Function):
+    """Quantize with a straight-through gradient."""
+
+    @staticmethod
+    def forward(ctx, tensor, quantizer):
+        return quantizer.quantize_impl(tensor)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class Quantizer:
+    """Base quantizer: usage flags and the ``internal`` flag."""
+
+    def __init__(self, *, rowwise: bool = True, columnwise: bool = True):
+        self.rowwise_usage = rowwise
+        self.columnwise_usage = columnwise
+        self.internal = False
+        self.optimize_for_gemm = False
+
+    def set_usage(self, *, rowwise: Optional[bool] = None,
+                  columnwise: Optional[bool] = None) -> None:
+        if rowwise is not None:
+            self.rowwise_usage = bool(rowwise)
+        if columnwise is not None:
+            self.columnwise_usage = bool(columnwise)
+
+    def _check_input(self, tensor) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{type(self).__name__}.quantize: expected a torch.Tensor, "
+                            f"got {type(tensor).__name__}")
+        if not tensor.is_floating_point() or tensor.dtype.itemsize == 1:
+            raise TypeError(f"{type(self).__name__}.quantize: expected a high-precision floating "
+                            f"tensor, got {tensor.dtype}")
+
+    def quantize_impl(self, tensor: torch.Tensor):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def quantize(self, tensor: torch.Tensor):
+        """Quantize ``tensor`` (straight-through gradient when it requires grad)."""
+        self._check_input(tensor)
+        if not self.internal and torch.is_grad_enabled() and tensor.requires_grad:
+            return _QuantizeFunc.apply(tensor, self)
+        return self.quantize_impl(tensor)
+
+    def __call__(self, tensor: torch.Tensor):
+        return self.quantize(tensor)
+
+    def _make_float8(self, data, scale_inv, dtype):
+        if self.internal:
+            return Float8TensorStorage(data, scale_inv, self.dtype, dtype, quantizer=self)
+        return Float8Tensor(data, scale_inv, self.dtype, dtype, quantizer=self)
+
+
+class Float8CurrentScalingQuantizer(Quantizer):
+    """Per-tensor current scaling: scale = fp8_max / amax of the tensor itself."""
+
+    def __init__(self, fp8_dtype: torch.dtype, device=None, *, rowwise: bool = True,
+                 columnwise: bool = True, force_pow_2_scales: bool = False,
+                 amax_epsilon: float = 0.0):
+        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        self._format = format_of(fp8_dtype)
+        if amax_epsilon < 0:
+            raise ValueError(f"Float8CurrentScalingQuantizer: amax_epsilon must be >= 0, got "
+                             f"{amax_epsilon!r}")
+        self.dtype = fp8_dtype
+        self.force_pow_2_scales = bool(force_pow_2_scales)
+        self.amax_epsilon = float(amax_epsilon)
+
+    def quantize_impl(self, tensor):
+        data, scale_inv, _amax = te_ops.fp8_quantize(tensor, self._format,
+                                                     self.force_pow_2_scales, self.amax_epsilon)
+        return self._make_float8(data, scale_inv, tensor.dtype)
+
+
+class Float8Quantizer(Quantizer):
+    """Delayed scaling: casts with ``scale`` (fp32, one element) and writes the running max of
+    the amaxes it sees into ``amax`` (fp32, one element; a slot of the amax history)."""
+
+    def __init__(self, scale: torch.Tensor, amax: torch.Tensor, fp8_dtype: torch.dtype, *,
+                 rowwise: bool = True, columnwise: bool = True):
+        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        self._format = format_of(fp8_dtype)
+        for name, t in (("scale", scale), ("amax", amax)):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.numel() != 1:
+                raise ValueError(f"Float8Quantizer: {name} must be a float32 tensor with one "
+                                 f"element, got {t!r}")
+        self.scale = scale
+        self.amax = amax
+        self.dtype = fp8_dtype
+
+    def quantize_impl(self, tensor):
+        data, scale_inv, amax = te_ops.fp8_quantize_scaled(tensor, self.scale.reshape(1),
+                                                           self._format)
+        with torch.no_grad():
+            self.amax.copy_(torch.maximum(self.amax, amax.reshape(self.amax.shape)))
+        return self._make_float8(data, scale_inv, tensor.dtype)
+
+
+class MXFP8Quantizer(Quantizer):
+    """MXFP8: blocks of 32 consecutive elements with E8M0 scales. The rowwise copy is blocked
+    along the last dim; the columnwise copy is quantized separately from high precision with
+    blocks down the columns (the 2-D view's transpose), which needs rows % 32 == 0."""
+
+    def __init__(self, fp8_dtype: torch.dtype, *, rowwise: bool = True, columnwise: bool = True):
+        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        self._format = format_of(fp8_dtype)
+        self.dtype = fp8_dtype
+
+    def quantize_impl(self, tensor):
+        if not (self.rowwise_usage or self.columnwise_usage):
+            raise ValueError("MXFP8Quantizer: neither rowwise nor columnwise usage is set")
+        row_data = row_scale = col_data = col_scale = None
+        if self.rowwise_usage:
+            row_data, row_scale = te_ops.mxfp8_quantize(tensor, self._format)
+        if self.columnwise_usage:
+            if tensor.dim() < 1:
+                raise ValueError("MXFP8Quantizer: a 0-d tensor cannot be quantized")
+            cols = tensor.shape[-1]
+            rows = tensor.numel() // cols if cols else 0
+            if rows % 32:
+                raise ValueError(
+                    f"MXFP8Quantizer: columnwise usage needs the number of rows (product of the "
+                    f"leading dims) to be a multiple of 32, got shape {tuple(tensor.shape)}; "
+                    "use set_usage(columnwise=False) for a rowwise-only tensor")
+            col_data, col_scale = te_ops.mxfp8_quantize(
+                tensor.reshape(-1, cols).t().contiguous(), self._format)
+        cls = MXFP8TensorStorage if self.internal else MXFP8Tensor
+        return cls(row_data, row_scale, col_data, col_scale, self.dtype, tensor.dtype,
+                   tensor.shape, self)

@@ -1,0 +1,143 @@
+"""Per-op quantization state built from a recipe (te_ops.md 4.2, 4.4).
+
+``RecipeState.create(recipe, mode=..., num_quantizers=n)`` returns the state for one op and one
+direction ("forward": roles input, weight, output; "backward": grad_output, grad_input), and
+``state.make_quantizers()`` builds its ``n`` quantizers. ``update_delayed_scaling(state)`` is
+delayed scaling's update rule.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import recipe as _recipe
+from .quantizer import Float8CurrentScalingQuantizer, Float8Quantizer, MXFP8Quantizer
+
+__all__ = ["get_fp8_te_dtype", "get_fp8_max", "RecipeState", "DelayedScalingRecipeState",
+           "Float8CurrentScalingRecipeState", "MXFP8BlockScalingRecipeState",
+           "update_delayed_scaling"]
+
+_MODES = ("forward", "backward")
+
+
+def get_fp8_te_dtype(recipe, fprop_tensor: bool = True) -> torch.dtype:
+    """E4M3 if the format is E4M3, or HYBRID for a forward-pass tensor; E5M2 otherwise."""
+    if recipe.fp8_format == _recipe.Format.E4M3 or (
+            recipe.fp8_format == _recipe.Format.HYBRID and fprop_tensor):
+        return torch.float8_e4m3fn
+    return torch.float8_e5m2
+
+
+def get_fp8_max(recipe, fprop_tensor: bool = True) -> float:
+    return recipe.fp8_format.max_fwd if fprop_tensor else recipe.fp8_format.max_bwd
+
+
+class RecipeState:
+    """Quantization state of one op for one recipe and one mode."""
+
+    recipe = None
+    mode = None
+    num_quantizers = 0
+
+    @staticmethod
+    def create(recipe, *, mode: str, num_quantizers: int = 1, device=None) -> "RecipeState":
+        if mode not in _MODES:
+            raise ValueError(f"RecipeState: mode must be 'forward' or 'backward', got {mode!r}")
+        if not isinstance(num_quantizers, int) or num_quantizers < 0:
+            raise ValueError(f"RecipeState: num_quantizers must be an int >= 0, got "
+                             f"{num_quantizers!r}")
+        if isinstance(recipe, _recipe.DelayedScaling):
+            cls = DelayedScalingRecipeState
+        elif isinstance(recipe, _recipe.Float8CurrentScaling):
+            cls = Float8CurrentScalingRecipeState
+        elif isinstance(recipe, _recipe.MXFP8BlockScaling):
+            cls = MXFP8BlockScalingRecipeState
+        else:
+            raise ValueError(f"RecipeState: unsupported recipe {recipe!r}")
+        return cls(recipe, mode=mode, num_quantizers=num_quantizers, device=device)
+
+    def __init__(self, recipe, *, mode, num_quantizers, device=None):
+        self.recipe = recipe
+        self.mode = mode
+        self.num_quantizers = num_quantizers
+        self.device = torch.device("cpu") if device is None else torch.device(device)
+        self.dtype = get_fp8_te_dtype(recipe, mode == "forward")
+
+    def make_quantizers(self) -> list:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class DelayedScalingRecipeState(RecipeState):
+    """``scale`` (n,) starts at 1; ``amax_history`` (amax_history_len, n) starts at 0.
+    Quantizer i casts with ``scale[i]`` and records into ``amax_history[0, i]``."""
+
+    def __init__(self, recipe, *, mode, num_quantizers, device=None):
+        super().__init__(recipe, mode=mode, num_quantizers=num_quantizers, device=device)
+        self.scale = torch.ones(num_quantizers, dtype=torch.float32, device=self.device)
+        self.amax_history = torch.zeros(recipe.amax_history_len, num_quantizers,
+                                        dtype=torch.float32, device=self.device)
+
+    def make_quantizers(self) -> list:
+        return [Float8Quantizer(self.scale[i:i + 1], self.amax_history[0, i:i + 1], self.dtype)
+                for i in range(self.num_quantizers)]
+
+
+class Float8CurrentScalingRecipeState(RecipeState):
+    """Quantizer per role: force_pow_2_scales = recipe.use_power_2_scales; amax_epsilon from
+    the role's QParams (forward: input for roles 0 and 2, weight for role 1; backward:
+    grad)."""
+
+    def make_quantizers(self) -> list:
+        r = self.recipe
+        out = []
+        for i in range(self.num_quantizers):
+            if self.mode == "backward":
+                qp = r.fp8_quant_bwd_grad
+            else:
+                qp = r.fp8_quant_fwd_weight if i % 3 == 1 else r.fp8_quant_fwd_inp
+            out.append(Float8CurrentScalingQuantizer(
+                self.dtype, force_pow_2_scales=r.use_power_2_scales,
+                amax_epsilon=qp.amax_epsilon))
+        return out
+
+
+class MXFP8BlockScalingRecipeState(RecipeState):
+    def make_quantizers(self) -> list:
+        return [MXFP8Quantizer(self.dtype) for _ in range(self.num_quantizers)]
+
+
+@torch.no_grad()
+def update_delayed_scaling(state: DelayedScalingRecipeState) -> None:
+    """Delayed scaling's update (te_ops.md 4.4), in place on ``state.scale`` and
+    ``state.amax_history``:
+
+    * amax = max over the history ("max") or its slot 0 ("most_recent"), or
+      ``amax_compute_algo(amax_history)`` for a callable;
+    * the history is rolled by one (``torch.roll(h, -1, 0)``) and slot 0 zeroed;
+    * sf = (fp8_max / amax) / 2**margin in fp32, fp8_max of the state's mode; the old scale is
+      kept where amax <= 0 or amax is not finite; sf = +inf becomes FLT_MAX.
+    """
+    if not isinstance(state, DelayedScalingRecipeState):
+        raise TypeError(f"update_delayed_scaling: expected a DelayedScalingRecipeState, got "
+                        f"{type(state).__name__}")
+    r = state.recipe
+    h = state.amax_history
+    if callable(r.amax_compute_algo):
+        amax = r.amax_compute_algo(h)
+    elif r.amax_compute_algo == "max":
+        amax = torch.amax(h, dim=0)
+    else:
+        amax = h[0].clone()
+    h.copy_(torch.roll(h, -1, 0))
+    h[0].zero_()
+    fp8_max = torch.tensor(get_fp8_max(r, state.mode == "forward"), dtype=torch.float32,
+                           device=amax.device)
+    scale = state.scale
+    if r.scaling_factor_compute_algo is not None:
+        sf = r.scaling_factor_compute_algo(amax, scale, fp8_max, r)
+    else:
+        sf = (fp8_max / amax) / (2.0 ** r.margin)
+        sf = torch.where(amax > 0.0, sf, scale)
+        sf = torch.where(torch.isfinite(amax), sf, scale)
+        sf = torch.where(torch.isinf(sf), torch.full_like(sf, torch.finfo(torch.float32).max), sf)
+    scale.copy_(sf)

@@ -1,0 +1,257 @@
+"""Quantized tensors: ``Float8Tensor`` (per-tensor scale) and ``MXFP8Tensor`` (E8M0 scale per
+32-element block), torch.Tensor subclasses that exist only at the public API boundary.
+
+Inside ops, FP8 travels as plain buffers (``_data`` uint8, ``_scale_inv``); these classes hold
+those buffers plus the nominal ("fake") high-precision dtype. Any aten op the subclass does not
+handle runs on the dequantized tensor (``__torch_dispatch__`` fallback).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch.utils._pytree import tree_map
+
+from ._formats import dtype_of, format_of
+
+te_ops = torch.ops.te_cpp
+aten = torch.ops.aten
+
+__all__ = ["QuantizedTensorStorage", "QuantizedTensor", "Float8TensorStorage", "Float8Tensor",
+           "MXFP8TensorStorage", "MXFP8Tensor"]
+
+
+class QuantizedTensorStorage:
+    """Buffers of a quantized tensor without the torch.Tensor wrapper (``internal`` quantizers)."""
+
+    _quantizer = None
+
+    def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def update_usage(self, rowwise_usage: Optional[bool] = None,
+                     columnwise_usage: Optional[bool] = None) -> None:
+        raise NotImplementedError
+
+
+class _Dequantize(torch.autograd.Function):
+    """Dequantize with a straight-through gradient."""
+
+    @staticmethod
+    def forward(ctx, tensor, dtype):
+        return tensor._dequantize_impl(dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class QuantizedTensor(torch.Tensor):
+    """Base of the quantized torch.Tensor subclasses."""
+
+    # Ops handled on the quantized buffers; everything else dequantizes.
+    _HANDLED: dict = {}
+
+    def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        dtype = self.dtype if dtype is None else dtype
+        if torch.is_grad_enabled() and self.requires_grad:
+            return _Dequantize.apply(self, dtype)
+        return self._dequantize_impl(dtype)
+
+    def _dequantize_impl(self, dtype):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __repr__(self, *, tensor_contents=None):
+        return (f"{type(self).__name__}(fp8_dtype={self._fp8_dtype}, shape={tuple(self.shape)}, "
+                f"dtype={self.dtype}, data={self._dequantize_impl(self.dtype)})")
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        handler = cls._HANDLED.get(func)
+        if handler is not None:
+            return handler(*args, **kwargs)
+
+        def unwrap(t):
+            return t._dequantize_impl(t.dtype) if isinstance(t, QuantizedTensor) else t
+
+        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+
+
+class Float8TensorStorage(QuantizedTensorStorage):
+    """Per-tensor FP8 buffers: ``_data`` (uint8, logical shape), ``_scale_inv`` (fp32, (1,)).
+
+    Rowwise and columnwise copies of per-tensor scaling are numerically identical, so one copy
+    (``_data``) serves both usages and no transpose is materialised (as on Blackwell)."""
+
+    def __init__(self, data: torch.Tensor, scale_inv: torch.Tensor, fp8_dtype: torch.dtype,
+                 dtype: torch.dtype, quantizer=None):
+        self._data = data
+        self._scale_inv = scale_inv
+        self._fp8_dtype = fp8_dtype
+        self._nominal_dtype = dtype
+        self._quantizer = quantizer
+
+    @property
+    def shape(self):
+        return self._data.shape
+
+    def _dequantize_impl(self, dtype):
+        return te_ops.fp8_dequantize(self._data, self._scale_inv, format_of(self._fp8_dtype),
+                                     dtype)
+
+    def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        return self._dequantize_impl(self._nominal_dtype if dtype is None else dtype)
+
+    def update_usage(self, rowwise_usage=None, columnwise_usage=None) -> None:
+        if rowwise_usage is False and columnwise_usage is False:
+            raise ValueError("Float8Tensor.update_usage: at least one usage must remain")
+
+
+class Float8Tensor(Float8TensorStorage, QuantizedTensor):
+    """FP8 tensor with one per-tensor scale; ``dtype`` is the nominal high-precision dtype."""
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor, scale_inv: torch.Tensor, fp8_dtype: torch.dtype,
+                dtype: torch.dtype, quantizer=None, requires_grad: bool = False):
+        if data.dtype != torch.uint8:
+            raise ValueError(f"Float8Tensor: data must be uint8, got {data.dtype}")
+        format_of(fp8_dtype)
+        self = torch.Tensor._make_wrapper_subclass(
+            cls, data.shape, dtype=dtype, device=data.device, requires_grad=requires_grad)
+        Float8TensorStorage.__init__(self, data, scale_inv, fp8_dtype, dtype, quantizer)
+        return self
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    @property
+    def shape(self):
+        return torch.Tensor.shape.__get__(self)
+
+    def _dequantize_impl(self, dtype):
+        return Float8TensorStorage._dequantize_impl(self, dtype)
+
+    def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        return QuantizedTensor.dequantize(self, dtype=dtype)
+
+    def _with_data(self, data: torch.Tensor, scale_inv: Optional[torch.Tensor] = None):
+        return Float8Tensor(data, self._scale_inv if scale_inv is None else scale_inv,
+                            self._fp8_dtype, self.dtype, self._quantizer)
+
+    # torch.compile support: the subclass flattens to its two buffers.
+    def __tensor_flatten__(self):
+        return ["_data", "_scale_inv"], (self._fp8_dtype, self.dtype)
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        fp8_dtype, dtype = meta
+        return Float8Tensor(inner["_data"], inner["_scale_inv"], fp8_dtype, dtype)
+
+
+def _f8_detach(t):
+    return t._with_data(t._data.detach(), t._scale_inv.detach())
+
+
+def _f8_clone(t, *, memory_format=None):
+    return t._with_data(t._data.clone(), t._scale_inv.clone())
+
+
+def _f8_view(t, size):
+    return t._with_data(t._data.view(size))
+
+
+def _f8_unsafe_view(t, size):
+    return t._with_data(aten._unsafe_view.default(t._data, size))
+
+
+Float8Tensor._HANDLED = {
+    aten.detach.default: _f8_detach,
+    aten.alias.default: _f8_detach,
+    aten.clone.default: _f8_clone,
+    aten.view.default: _f8_view,
+    aten._unsafe_view.default: _f8_unsafe_view,
+}
+
+
+class MXFP8TensorStorage(QuantizedTensorStorage):
+    """MXFP8 buffers: rowwise ``_rowwise_data`` (uint8, logical shape) with
+    ``_rowwise_scale_inv`` (uint8 E8M0, last dim / 32), and/or the columnwise copy quantized
+    separately from high precision: ``_columnwise_data`` is the 2-D transpose (features, rows)
+    quantized in blocks of 32 along its last dim (i.e. down the original columns)."""
+
+    def __init__(self, rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv,
+                 fp8_dtype, dtype, shape, quantizer=None):
+        self._rowwise_data = rowwise_data
+        self._rowwise_scale_inv = rowwise_scale_inv
+        self._columnwise_data = columnwise_data
+        self._columnwise_scale_inv = columnwise_scale_inv
+        self._fp8_dtype = fp8_dtype
+        self._nominal_dtype = dtype
+        self._logical_shape = torch.Size(shape)
+        self._quantizer = quantizer
+
+    @property
+    def shape(self):
+        return self._logical_shape
+
+    def _dequantize_impl(self, dtype):
+        fmt = format_of(self._fp8_dtype)
+        if self._rowwise_data is not None:
+            return te_ops.mxfp8_dequantize(self._rowwise_data, self._rowwise_scale_inv, fmt, dtype)
+        if self._columnwise_data is not None:
+            t = te_ops.mxfp8_dequantize(self._columnwise_data, self._columnwise_scale_inv, fmt,
+                                        dtype)
+            return t.t().reshape(self._logical_shape)
+        raise RuntimeError("MXFP8Tensor has neither rowwise nor columnwise data")
+
+    def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        return self._dequantize_impl(self._nominal_dtype if dtype is None else dtype)
+
+    def update_usage(self, rowwise_usage=None, columnwise_usage=None) -> None:
+        if rowwise_usage and self._rowwise_data is None:
+            raise RuntimeError("MXFP8Tensor: rowwise data cannot be rebuilt from columnwise data")
+        if columnwise_usage and self._columnwise_data is None:
+            raise RuntimeError("MXFP8Tensor: columnwise data was not quantized; quantize with "
+                               "columnwise usage")
+        if rowwise_usage is False:
+            self._rowwise_data = self._rowwise_scale_inv = None
+        if columnwise_usage is False:
+            self._columnwise_data = self._columnwise_scale_inv = None
+
+
+class MXFP8Tensor(MXFP8TensorStorage, QuantizedTensor):
+    """MXFP8 tensor (E8M0 scale per 32 consecutive elements); ``dtype`` is the nominal dtype."""
+
+    @staticmethod
+    def __new__(cls, rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv,
+                fp8_dtype, dtype, shape, quantizer=None, requires_grad=False):
+        format_of(fp8_dtype)
+        ref = rowwise_data if rowwise_data is not None else columnwise_data
+        self = torch.Tensor._make_wrapper_subclass(
+            cls, torch.Size(shape), dtype=dtype, device=ref.device, requires_grad=requires_grad)
+        MXFP8TensorStorage.__init__(self, rowwise_data, rowwise_scale_inv, columnwise_data,
+                                    columnwise_scale_inv, fp8_dtype, dtype, shape, quantizer)
+        return self
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    @property
+    def shape(self):
+        return torch.Tensor.shape.__get__(self)
+
+    def _dequantize_impl(self, dtype):
+        return MXFP8TensorStorage._dequantize_impl(self, dtype)
+
+    def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        return QuantizedTensor.dequantize(self, dtype=dtype)
+
+
+def _mx_detach(t):
+    return MXFP8Tensor(t._rowwise_data, t._rowwise_scale_inv, t._columnwise_data,
+                       t._columnwise_scale_inv, t._fp8_dtype, t.dtype, t.shape, t._quantizer)
+
+
+MXFP8Tensor._HANDLED = {aten.detach.default: _mx_detach, aten.alias.default: _mx_detach}

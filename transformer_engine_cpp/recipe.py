@@ -1,0 +1,196 @@
+"""Quantization recipes, mirroring ``transformer_engine.common.recipe``.
+
+Plain dataclasses validated in ``__post_init__`` (TransformerEngine uses pydantic dataclasses;
+the fields, defaults, predicates and rejections are the same for the recipes defined here).
+Bad values raise ValueError naming the recipe and the value. See docs/fp8.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+from typing import Callable, Optional, Union
+
+__all__ = ["Format", "QParams", "Recipe", "DelayedScaling", "Float8CurrentScaling",
+           "MXFP8BlockScaling"]
+
+_BACKWARD_OVERRIDES = (None, "high_precision", "dequantized")
+
+
+class _FormatHelper:
+    __slots__ = ("max_fwd", "max_bwd")
+
+    def __init__(self, max_fwd: float, max_bwd: float):
+        self.max_fwd = max_fwd
+        self.max_bwd = max_bwd
+
+    def __repr__(self):
+        return f"_FormatHelper(max_fwd={self.max_fwd}, max_bwd={self.max_bwd})"
+
+
+class Format(enum.Enum):
+    """FP8 format: E4M3 (max 448), E5M2 (max 57344), HYBRID (E4M3 forward, E5M2 backward)."""
+
+    E4M3 = _FormatHelper(max_fwd=448.0, max_bwd=448.0)
+    E5M2 = _FormatHelper(max_fwd=57344.0, max_bwd=57344.0)
+    HYBRID = _FormatHelper(max_fwd=E4M3.max_fwd, max_bwd=E5M2.max_bwd)
+
+    @property
+    def max_fwd(self) -> float:
+        return self.value.max_fwd
+
+    @property
+    def max_bwd(self) -> float:
+        return self.value.max_bwd
+
+
+@dataclasses.dataclass(frozen=True)
+class QParams:
+    """Quantization parameters of one tensor role (current scaling)."""
+
+    power_2_scale: bool = False
+    amax_epsilon: float = 0.0
+
+    def __post_init__(self):
+        if not isinstance(self.power_2_scale, bool):
+            raise ValueError(f"QParams: power_2_scale must be a bool, got {self.power_2_scale!r}")
+        if not isinstance(self.amax_epsilon, (int, float)) or self.amax_epsilon < 0:
+            raise ValueError(f"QParams: amax_epsilon must be a float >= 0, got {self.amax_epsilon!r}")
+
+
+def _default_backward_override():
+    value = os.environ.get("NVTE_BACKWARD_OVERRIDE")
+    return value if value else None
+
+
+class Recipe:
+    """Base class of every recipe; the predicates say which kind a recipe is."""
+
+    @classmethod
+    def nvfp4(cls) -> bool:
+        return False
+
+    @classmethod
+    def mxfp8(cls) -> bool:
+        return issubclass(cls, MXFP8BlockScaling)
+
+    @classmethod
+    def delayed(cls) -> bool:
+        return issubclass(cls, DelayedScaling)
+
+    @classmethod
+    def float8_current_scaling(cls) -> bool:
+        return issubclass(cls, Float8CurrentScaling)
+
+    @classmethod
+    def float8_per_tensor_scaling(cls) -> bool:
+        return issubclass(cls, (DelayedScaling, Float8CurrentScaling))
+
+    @classmethod
+    def float8_block_scaling(cls) -> bool:
+        return False
+
+    @classmethod
+    def custom(cls) -> bool:
+        return False
+
+
+def _check_format(recipe: str, fmt) -> None:
+    if not isinstance(fmt, Format):
+        raise ValueError(f"{recipe}: fp8_format must be a recipe.Format, got {fmt!r}")
+    if fmt == Format.E5M2:
+        raise ValueError(f"{recipe}: pure E5M2 training is not supported (fp8_format={fmt})")
+
+
+def _check_backward_override(recipe: str, value) -> None:
+    if value not in _BACKWARD_OVERRIDES:
+        raise ValueError(f"{recipe}: backward_override must be one of {_BACKWARD_OVERRIDES}, "
+                         f"got {value!r}")
+
+
+@dataclasses.dataclass
+class DelayedScaling(Recipe):
+    """Per-tensor scaling from an amax history (te_ops.md 4.4).
+
+    scale = (fp8_max / amax) / 2**margin, with amax the max (or most recent) of the history;
+    updated at autocast exit for forward quantizers and after the backward for backward ones.
+    Not traceable by torch.compile.
+    """
+
+    margin: int = 0
+    fp8_format: Format = Format.HYBRID
+    amax_history_len: int = 1024
+    amax_compute_algo: Union[str, Callable] = "max"
+    scaling_factor_compute_algo: Optional[Callable] = None
+    reduce_amax: bool = True
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    backward_override: Optional[str] = dataclasses.field(default_factory=_default_backward_override)
+
+    def __post_init__(self):
+        _check_format("DelayedScaling", self.fp8_format)
+        if not isinstance(self.margin, int) or isinstance(self.margin, bool) or self.margin < 0:
+            raise ValueError(f"DelayedScaling: margin must be an int >= 0, got {self.margin!r}")
+        if (not isinstance(self.amax_history_len, int) or isinstance(self.amax_history_len, bool)
+                or self.amax_history_len < 1):
+            raise ValueError("DelayedScaling: amax_history_len must be an int >= 1, got "
+                             f"{self.amax_history_len!r}")
+        if not (callable(self.amax_compute_algo)
+                or self.amax_compute_algo in ("max", "most_recent")):
+            raise ValueError("DelayedScaling: amax_compute_algo must be 'max', 'most_recent' or a "
+                             f"callable, got {self.amax_compute_algo!r}")
+        _check_backward_override("DelayedScaling", self.backward_override)
+        if self.backward_override is not None:
+            raise ValueError("DelayedScaling: backward_override is not supported with delayed "
+                             f"scaling, got {self.backward_override!r}")
+
+
+@dataclasses.dataclass
+class Float8CurrentScaling(Recipe):
+    """Per-tensor scaling from each tensor's own amax (te_ops.md 4.3). No margin."""
+
+    use_power_2_scales: bool = dataclasses.field(
+        default_factory=lambda: os.environ.get("NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES", "0")
+        == "1")
+    fp8_format: Format = Format.HYBRID
+    fp8_quant_fwd_inp: Optional[QParams] = None
+    fp8_quant_fwd_weight: Optional[QParams] = None
+    fp8_quant_bwd_grad: Optional[QParams] = None
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    backward_override: Optional[str] = dataclasses.field(default_factory=_default_backward_override)
+
+    def __post_init__(self):
+        _check_format("Float8CurrentScaling", self.fp8_format)
+        if not isinstance(self.use_power_2_scales, bool):
+            raise ValueError("Float8CurrentScaling: use_power_2_scales must be a bool, got "
+                             f"{self.use_power_2_scales!r}")
+        for name in ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad"):
+            value = getattr(self, name)
+            if value is None:
+                setattr(self, name, QParams(power_2_scale=self.use_power_2_scales))
+            elif not isinstance(value, QParams):
+                raise ValueError(f"Float8CurrentScaling: {name} must be a QParams, got {value!r}")
+        _check_backward_override("Float8CurrentScaling", self.backward_override)
+
+
+@dataclasses.dataclass
+class MXFP8BlockScaling(Recipe):
+    """Blocks of 32 consecutive values with E8M0 (power-of-two) scales."""
+
+    margin: int = 0
+    fp8_format: Format = Format.E4M3
+    enable_2d_quantization: bool = False
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    backward_override: Optional[str] = dataclasses.field(default_factory=_default_backward_override)
+
+    def __post_init__(self):
+        _check_format("MXFP8BlockScaling", self.fp8_format)
+        if not isinstance(self.margin, int) or isinstance(self.margin, bool) or self.margin < 0:
+            raise ValueError(f"MXFP8BlockScaling: margin must be an int >= 0, got {self.margin!r}")
+        if self.enable_2d_quantization:
+            raise ValueError("MXFP8BlockScaling: enable_2d_quantization=True is not supported on "
+                             "this backend")
+        _check_backward_override("MXFP8BlockScaling", self.backward_override)
