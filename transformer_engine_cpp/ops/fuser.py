@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.autograd.function import once_differentiable
 
+from ..quantization.autocast import FP8GlobalStateManager
 from .op import BasicOperation, FusibleOperation, OperationContext
 
 FusionFunction = Callable[..., list]
@@ -383,6 +384,7 @@ class OperationFuser:
         )
         # Plan cache: key -> _FusionPlan.
         self._plans: dict[tuple, _FusionPlan] = {}
+        self._last_recipe = None
         self._first_fuse_done = False
         self.recipe_type = None
         self.first_op_requiring_backward = 0
@@ -455,6 +457,12 @@ class OperationFuser:
         if plan is None:
             plan = self._build_plan(recipe, first)
             self._plans[key] = plan
+        elif recipe is not None and recipe is not self._last_recipe:
+            # same recipe class, maybe other settings: ops rebuild their quantizers if the
+            # recipe differs (the anchor keeps stale quantizers here)
+            for op in self._basic_ops:
+                op.reset_recipe_state(recipe=recipe)
+        self._last_recipe = recipe
         self.recipe_type = type(recipe)
         self.first_op_requiring_backward = first
         self.backward_override = backward_override
@@ -484,7 +492,16 @@ class OperationFuser:
             )
 
         is_grad_enabled = torch.is_grad_enabled()
-        plan = self.maybe_fuse_ops(is_grad_enabled, None, input, extra_inputs)
+        recipe = None
+        if FP8GlobalStateManager.is_fp8_enabled():
+            recipe = FP8GlobalStateManager.get_fp8_recipe()
+            if torch.compiler.is_compiling() and recipe.delayed():
+                raise RuntimeError(
+                    "DelayedScaling cannot run under torch.compile: its quantizers read and "
+                    "write amax histories and scales outside the graph (process-wide state); "
+                    "use Float8CurrentScaling or MXFP8BlockScaling"
+                )
+        plan = self.maybe_fuse_ops(is_grad_enabled, recipe, input, extra_inputs)
         first = plan.first_op_requiring_backward
         for i, op in self._ops_with_pre_forward:
             op.pre_fuser_forward(requires_grad=i >= first)

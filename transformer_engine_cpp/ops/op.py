@@ -174,18 +174,33 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
         return None
 
     def reset_recipe_state(self, *, recipe) -> None:
-        """Rebuild quantization state for ``recipe`` (``None``: no quantization)."""
-        if recipe is None:
+        """Build the quantizers for ``recipe`` (``None``: no quantization).
+
+        Unlike the anchor, which keeps its quantizers while the recipe *class* is unchanged,
+        any change of the recipe (format, power-of-2 scales, epsilon, ...) rebuilds them."""
+        n_fwd, n_bwd = self.num_quantizers("forward"), self.num_quantizers("backward")
+        if recipe is None or (n_fwd == 0 and n_bwd == 0):
             self._fp8_metas = None
             self._quantizers = None
             return
-        raise NotImplementedError(
-            f"{self.__class__.__name__}: quantization recipes are not supported yet "
-            f"(got {type(recipe).__name__})"
-        )
+        if self._fp8_metas is not None and self._fp8_metas["recipe"] == recipe:
+            return
+        from ..quantization import FP8GlobalStateManager, RecipeState  # noqa: PLC0415
+        from ..quantization.recipe_state import DelayedScalingRecipeState  # noqa: PLC0415
+
+        states = {mode: RecipeState.create(recipe, mode=mode, num_quantizers=n)
+                  for mode, n in (("forward", n_fwd), ("backward", n_bwd)) if n > 0}
+        for state in states.values():
+            if isinstance(state, DelayedScalingRecipeState):
+                FP8GlobalStateManager.add_delayed_scaling_state(state)
+        self._fp8_metas = {"recipe": recipe, **states}
+        self._quantizers = {mode: state.make_quantizers() for mode, state in states.items()}
+        for quantizers in self._quantizers.values():
+            for q in quantizers:
+                q.internal = True
 
     def get_quantizer(self, mode: str, index: int):
-        if self._quantizers is None:
+        if self._quantizers is None or mode not in self._quantizers:
             return None
         return self._quantizers[mode][index]
 

@@ -9,6 +9,7 @@ import torch
 
 from .._common import (canonicalize_device, canonicalize_dtype, compute_dtype,
                        has_meta_parameters, init_parameter, materialize_device)
+from .. import _quantized
 from ..op import BasicOperation, OperationContext
 
 _LINEAR_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -98,6 +99,10 @@ class BasicLinear(BasicOperation):
         if has_meta_parameters(self):
             self.reset_parameters()
 
+    def num_quantizers(self, mode: str) -> int:
+        """Forward: input (0) and weight (1); backward: grad_output (0)."""
+        return 2 if mode == "forward" else 1
+
     def compile_unsupported_reason(self) -> Optional[str]:
         if self._accumulate_into_main_grad:
             return ("accumulate_into_main_grad adds into weight.main_grad in place, a mutation "
@@ -134,9 +139,32 @@ class BasicLinear(BasicOperation):
         if kwargs:
             raise ValueError(f"BasicLinear takes no forward kwargs, got {sorted(kwargs)}")
         x, w = self.prepare(ctx, input_)
+        if self._quantizers is not None:
+            return self._quantized_forward(ctx, x, w)
         y = torch.ops.te_cpp.linear_fwd(x, w)
         self.save_ctx(ctx, x, w)
         return y
+
+    def _quantized_forward(self, ctx: OperationContext, x: torch.Tensor, w: torch.Tensor):
+        """FP8 GEMM, emulated exactly: the quantized operands' dequantization multiplied with
+        fp32 accumulation. The saved tensors are the quantized buffers (for dgrad the weight's
+        columnwise copy, for wgrad the input's)."""
+        ctx.with_quantized_compute = True
+        ctx.input_quantizer = self.get_quantizer("forward", 0)
+        ctx.weight_quantizer = self.get_quantizer("forward", 1)
+        ctx.grad_output_quantizer = self.get_quantizer("backward", 0)
+        ctx.grad_input_quantizer = None
+        ctx.weight_requires_grad = ctx.requires_grad and self.weight.requires_grad
+        need_dgrad = ctx.requires_grad and ctx.input_requires_grad
+        xq = _quantized.quantize(ctx.input_quantizer, x, columnwise=ctx.weight_requires_grad)
+        wq = _quantized.quantize(ctx.weight_quantizer, w, columnwise=need_dgrad)
+        y = torch.ops.te_cpp.linear_fwd(xq.rowwise(), wq.rowwise())
+        if ctx.requires_grad:
+            saved_x = xq.tensors() if ctx.weight_requires_grad else (None,) * 4
+            saved_w = wq.tensors() if need_dgrad else (None,) * 4
+            ctx.save_for_backward(*saved_x, *saved_w)
+            ctx.quantized_meta = (xq.meta(), wq.meta())
+        return y if y.dtype == ctx.dtype else y.to(ctx.dtype)
 
     def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
         return self.backward_grads(ctx, grad_output)
@@ -145,6 +173,8 @@ class BasicLinear(BasicOperation):
                        alpha: float = 1.0, grad_extra: Optional[torch.Tensor] = None):
         """dx = grad_extra + alpha * dy W and dW = alpha * dy^T x, each only when needed.
         ``alpha`` serves BackwardLinearScale and ``grad_extra`` BackwardLinearAdd."""
+        if getattr(ctx, "with_quantized_compute", False):
+            return self._quantized_backward(ctx, grad_output, alpha=alpha, grad_extra=grad_extra)
         x, w = ctx.saved_tensors
         dy = grad_output if grad_output.dtype == ctx.dtype else grad_output.to(ctx.dtype)
         dx = None
@@ -163,6 +193,33 @@ class BasicLinear(BasicOperation):
             if self._accumulate_into_main_grad:
                 dw = self._accumulate_main_grad(dw)
             elif dw.dtype != self.weight.dtype:
+                dw = dw.to(self.weight.dtype)
+        return dx, (dw,)
+
+    def _quantized_backward(self, ctx: OperationContext, grad_output: torch.Tensor, *,
+                            alpha: float, grad_extra: Optional[torch.Tensor]):
+        saved = ctx.saved_tensors
+        x_meta, w_meta = ctx.quantized_meta
+        dyq = _quantized.quantize(ctx.grad_output_quantizer, grad_output,
+                                  rowwise=ctx.input_requires_grad,
+                                  columnwise=ctx.weight_requires_grad)
+        dx = None
+        if ctx.input_requires_grad:
+            w = _quantized.QuantizedOperand.rebuild(saved[4:], w_meta).columnwise()
+            dy_row = dyq.rowwise()
+            if grad_extra is None:
+                dx = torch.ops.te_cpp.linear_dgrad(dy_row, w, alpha).to(ctx.input_dtype)
+            else:
+                dx = torch.ops.te_cpp.linear_dgrad_add(dy_row, w, grad_extra, alpha)
+        elif grad_extra is not None:
+            dx = grad_extra
+        dw = None
+        if ctx.weight_requires_grad:
+            x = _quantized.QuantizedOperand.rebuild(saved[:4], x_meta).columnwise()
+            dw = torch.ops.te_cpp.linear_wgrad(dyq.columnwise(), x, alpha)
+            if self._accumulate_into_main_grad:
+                dw = self._accumulate_main_grad(dw)
+            else:
                 dw = dw.to(self.weight.dtype)
         return dx, (dw,)
 

@@ -12,7 +12,8 @@
   the scale as the GEMM's alpha.
 
 Each leaves the basic ops' contexts exactly as their unfused forwards would, so the backward
-runs unfused or through the backward fusions.
+runs unfused or through the backward fusions. Under a quantization recipe they do not apply
+(BasicLinear's FP8 path runs unfused).
 """
 
 from __future__ import annotations
@@ -148,6 +149,9 @@ def _linear_ok(op) -> bool:
 
 
 def fuse_forward_linear_bias_add(ops: list, *, recipe=None) -> list:
+    if recipe is not None:  # quantized GEMMs run through BasicLinear's FP8 path, unfused
+        return ops
+
     def match(ops, i):
         if not _linear_ok(ops[i]):
             return None
@@ -162,6 +166,9 @@ def fuse_forward_linear_bias_add(ops: list, *, recipe=None) -> list:
 
 
 def fuse_forward_linear_bias_activation(ops: list, *, recipe=None) -> list:
+    if recipe is not None:  # quantized GEMMs run through BasicLinear's FP8 path, unfused
+        return ops
+
     def match(ops, i):
         if not _linear_ok(ops[i]):
             return None
@@ -178,6 +185,9 @@ def fuse_forward_linear_bias_activation(ops: list, *, recipe=None) -> list:
 
 
 def fuse_forward_linear_scale_add(ops: list, *, recipe=None) -> list:
+    if recipe is not None:  # quantized GEMMs run through BasicLinear's FP8 path, unfused
+        return ops
+
     def match(ops, i):
         if (i + 2 < len(ops) and _linear_ok(ops[i]) and type(ops[i + 1]) is ConstantScale
                 and type(ops[i + 2]) is AddExtraInput):

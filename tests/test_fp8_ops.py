@@ -1,0 +1,171 @@
+"""Quantized compute in the ops (te.autocast with an FP8 recipe): BasicLinear's FP8 GEMMs
+against an independent emulation (the references of test_fp8_quantize.py), the Quantize op,
+recipe-driven plans, DelayedScaling in eager and refused under compile, and the pre-norm MLP
+block compiled with fullgraph=True under Float8CurrentScaling and MXFP8BlockScaling."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch._dynamo.testing import AotEagerAndRecordGraphs
+from torch._dynamo.utils import counters
+
+import transformer_engine_cpp as te
+from test_fp8_quantize import ref_current, ref_dequant, ref_mx_dequant, ref_mxfp8
+from tolerances import COMPILED_VS_EAGER, tols
+
+FP32 = tols(torch.float32)
+E4M3, E5M2 = 0, 1
+
+
+def fq_current(t, fmt):
+    data, scale_inv, _ = ref_current(t, fmt)
+    return ref_dequant(data, scale_inv, fmt, torch.float64)
+
+
+def fq_mx_rows(t, fmt):
+    data, scale = ref_mxfp8(t, fmt)
+    return ref_mx_dequant(data, scale, fmt, torch.float64)
+
+
+def fq_mx_cols(t, fmt):
+    cols = t.shape[-1]
+    return fq_mx_rows(t.reshape(-1, cols).t().contiguous(), fmt).t().reshape(t.shape)
+
+
+RECIPES = {
+    "current": (lambda: te.recipe.Float8CurrentScaling(),
+                lambda t, fmt: fq_current(t, fmt), lambda t, fmt: fq_current(t, fmt)),
+    "mxfp8": (lambda: te.recipe.MXFP8BlockScaling(), fq_mx_rows, fq_mx_cols),
+}
+
+
+@pytest.mark.parametrize("recipe_name", list(RECIPES))
+def test_basic_linear_fp8_gemms_match_the_emulation(recipe_name):
+    make_recipe, fq_rows, fq_cols = RECIPES[recipe_name]
+    recipe = make_recipe()
+    fwd_fmt = E4M3
+    bwd_fmt = E4M3 if recipe.fp8_format == te.recipe.Format.E4M3 else E5M2
+    torch.manual_seed(0)
+    op = te.ops.BasicLinear(64, 32)
+    x = torch.randn(2, 16, 64, requires_grad=True)
+    dy = torch.randn(2, 16, 32)
+    with te.autocast(recipe=recipe):
+        y = op(x)
+    y.backward(dy)
+    w = op.weight.detach()
+    y_ref = fq_rows(x.detach(), fwd_fmt) @ fq_rows(w, fwd_fmt).t()
+    dx_ref = fq_rows(dy, bwd_fmt) @ fq_cols(w, fwd_fmt)
+    dw_ref = fq_cols(dy, bwd_fmt).reshape(-1, 32).t() @ fq_cols(x.detach(), fwd_fmt).reshape(-1, 64)
+    torch.testing.assert_close(y.double(), y_ref, **FP32)
+    torch.testing.assert_close(x.grad.double(), dx_ref, **FP32)
+    torch.testing.assert_close(op.weight.grad.double(), dw_ref, **FP32)
+    # and it is not the unquantized result
+    assert not torch.allclose(y, x.detach() @ w.t(), rtol=1e-4, atol=1e-4)
+
+
+def test_quantized_saved_tensors_are_fp8_buffers():
+    op = te.ops.BasicLinear(32, 32)
+    x = torch.randn(32, 32, requires_grad=True)
+    with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+        y = op(x)
+    saved = [t for t in y.grad_fn.saved_tensors if t is not None]
+    assert saved and all(t.dtype in (torch.uint8, torch.float32) for t in saved)
+    assert sum(t.numel() for t in saved if t.dtype == torch.uint8) == 2 * 32 * 32
+
+
+def test_quantize_op_forward_and_backward():
+    torch.manual_seed(0)
+    x = torch.randn(4, 32, requires_grad=True)
+    dy = torch.randn(4, 32)
+    op = te.ops.Quantize(forward=True, backward=True)
+    assert torch.equal(op(x), x)  # no autocast: identity
+    with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+        y = te.ops.Sequential(op)(x)
+    y.backward(dy)
+    torch.testing.assert_close(y.double(), fq_current(x.detach(), E4M3), rtol=0, atol=0)
+    torch.testing.assert_close(x.grad.double(), fq_current(dy, E5M2), rtol=0, atol=0)
+    with pytest.raises(TypeError, match="Quantize: forward must be a bool"):
+        te.ops.Quantize(forward=1)
+
+
+def test_recipe_selects_and_caches_plans():
+    model = te.ops.Sequential(te.ops.Linear(32, 32), te.ops.GELU())
+    x = torch.randn(4, 32, requires_grad=True)
+    model(x)
+    fuser = model._module_groups[0]
+    assert [type(op).__name__ for op, _ in fuser._forward_ops] == ["ForwardLinearBiasActivation"]
+    with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+        model(x)
+    assert fuser.recipe_type is te.recipe.Float8CurrentScaling
+    assert [type(op).__name__ for op, _ in fuser._forward_ops] == ["BasicLinear", "Bias", "GELU"]
+    quantizer = model[0].basic_ops[0].get_quantizer("forward", 0)
+    with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+        model(x)
+    assert model[0].basic_ops[0].get_quantizer("forward", 0) is quantizer  # same recipe: kept
+    with te.autocast(recipe=te.recipe.Float8CurrentScaling(use_power_2_scales=True)):
+        model(x)
+    q2 = model[0].basic_ops[0].get_quantizer("forward", 0)
+    assert q2 is not quantizer and q2.force_pow_2_scales  # any recipe change rebuilds
+    model(x)
+    assert fuser.recipe_type is type(None)
+
+
+def test_delayed_scaling_eager_updates_scales_and_is_refused_under_compile():
+    recipe = te.recipe.DelayedScaling(margin=0, amax_history_len=4)
+    op = te.ops.BasicLinear(32, 32)
+    x = torch.randn(8, 32) * 3
+    with te.autocast(recipe=recipe):
+        op(x)
+    state = op._fp8_metas["forward"]
+    amax_x = x.abs().amax()
+    # after the autocast exit: scale = fp8_max / amax (history max), history rolled
+    torch.testing.assert_close(state.scale[0], 448.0 / amax_x, rtol=1e-6, atol=0)
+    model = te.ops.Sequential(te.ops.BasicLinear(32, 32))
+    with pytest.raises(Exception, match="DelayedScaling cannot run under torch.compile"):
+        with te.autocast(recipe=recipe):
+            torch.compile(model, backend="aot_eager", fullgraph=True)(
+                torch.randn(4, 32, requires_grad=True))
+
+
+def mlp_block(hidden=64, ffn=128):
+    return te.ops.Sequential(
+        te.ops.MakeExtraOutput().set_extra_output_channel(0, "residual", output_to_caller=False),
+        te.ops.LayerNorm(hidden),
+        te.ops.Linear(hidden, ffn),
+        te.ops.GELU(),
+        te.ops.Linear(ffn, hidden),
+        te.ops.AddExtraInput().set_extra_input_channel(0, "residual"),
+    )
+
+
+@pytest.mark.parametrize("recipe_name", list(RECIPES))
+def test_compiled_fp8_mlp_block_equals_eager(recipe_name):
+    make_recipe = RECIPES[recipe_name][0]
+    torch.manual_seed(0)
+    eager = mlp_block()
+    comp_model = copy.deepcopy(eager)
+    backend = AotEagerAndRecordGraphs()
+    compiled = torch.compile(comp_model, backend=backend, fullgraph=True)
+    x = torch.randn(32, 64, requires_grad=True)
+    xc = x.detach().clone().requires_grad_()
+    dy = torch.randn(32, 64)
+    with te.autocast(recipe=make_recipe()):
+        y = eager(x)
+        yc = compiled(xc)
+    y.backward(dy)
+    yc.backward(dy)
+    assert len(counters["graph_break"]) == 0
+    torch.testing.assert_close(yc, y, **COMPILED_VS_EAGER)
+    torch.testing.assert_close(xc.grad, x.grad, **COMPILED_VS_EAGER)
+    for (n, p), q in zip(comp_model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **COMPILED_VS_EAGER, msg=lambda m: f"{n}: {m}")
+    quant = "te_cpp.fp8_quantize" if recipe_name == "current" else "te_cpp.mxfp8_quantize"
+    assert quant in backend.fw_graphs[0].code and quant in backend.bw_graphs[0].code
+    # FP8 crosses the custom ops as plain uint8 buffers (quantize -> dequantize)
+    deq = "fp8_dequantize" if recipe_name == "current" else "mxfp8_dequantize"
+    for graph in (backend.fw_graphs[0], backend.bw_graphs[0]):
+        nodes = [n for n in graph.graph.nodes if n.op == "call_function" and deq in str(n.target)]
+        assert nodes and all(n.args[0].meta["val"].dtype == torch.uint8 for n in nodes)
