@@ -433,3 +433,19 @@ def test_rejected_sequential_change_leaves_it_unchanged():
         model.append(te.ops.AddExtraInput().set_extra_input_channel(0, "nowhere"))
     assert len(model) == 1
     torch.testing.assert_close(model(torch.tensor([-1.0, 2.0])), torch.tensor([0.0, 2.0]))
+
+
+def test_linear_ops_called_directly_on_tensors_that_require_grad():
+    """The kernels' inner ATen GEMMs run below autograd: calling a te_cpp op directly on
+    parameters works (and, like every te_cpp op, is not differentiable on its own)."""
+    w = torch.nn.Parameter(torch.randn(4, 8))
+    b = torch.nn.Parameter(torch.randn(4))
+    x = torch.randn(3, 8, requires_grad=True)
+    y = torch.ops.te_cpp.linear_fwd(x, w, b)
+    y2, z = torch.ops.te_cpp.linear_bias_act_fwd(x, w, b, "relu")
+    assert not y.requires_grad
+    torch.testing.assert_close(y, ref.linear(x.detach(), w.detach(), b.detach()), **FP32)
+    torch.testing.assert_close(z, y, **FP32)
+    dy = torch.randn(3, 4, requires_grad=True)
+    torch.testing.assert_close(torch.ops.te_cpp.linear_dgrad(dy, w), dy.detach() @ w.detach(),
+                               **FP32)

@@ -91,7 +91,7 @@ def _map_to_basic_ops(ops: list, basic_ops: list, what: str) -> tuple:
     result = []
     idx = 0
     for op in ops:
-        members = list(op.basic_ops) if op.is_fused_op else [op]
+        members = list(op._ops) if op.is_fused_op else [op]
         idxs = tuple(range(idx, idx + len(members)))
         for i, member in zip(idxs, members):
             if i >= len(basic_ops) or member is not basic_ops[i]:

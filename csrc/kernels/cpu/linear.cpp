@@ -1,5 +1,6 @@
 // CPU kernels of the linear family. Every GEMM is ATen's (at::mm_out / at::addmm_out: MKL or
 // oneDNN); what is ours is the epilogue that follows it in one pass over the output.
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
@@ -14,6 +15,10 @@ namespace te_cpp {
 namespace {
 
 using cpu::for_chunks;
+
+// The ATen calls inside these kernels run below autograd: the ops are not differentiable on
+// their own (Autograd falls through to here), and out= GEMMs refuse inputs that require grad.
+using BelowAutograd = at::AutoDispatchBelowADInplaceOrView;
 
 // 2-D [rows, features] view of a contiguous tensor.
 Tensor as_2d(const Tensor& t) { return t.view({-1, t.size(-1)}); }
@@ -46,6 +51,7 @@ void bias_act_epilogue(T* z, const T* bias, T* y, int64_t rows, int64_t n, const
 }
 
 Tensor linear_fwd_cpu(const Tensor& x_in, const Tensor& weight, const std::optional<Tensor>& bias) {
+  BelowAutograd below_autograd;
   LinearShapes::check_fwd("linear_fwd", x_in, weight, bias);
   Tensor y = LinearShapes::allocate_out(x_in, weight);
   const Tensor x = x_in.contiguous();
@@ -62,6 +68,7 @@ Tensor linear_fwd_cpu(const Tensor& x_in, const Tensor& weight, const std::optio
 std::tuple<Tensor, Tensor> linear_bias_act_fwd_cpu(const Tensor& x_in, const Tensor& weight,
                                                    const std::optional<Tensor>& bias,
                                                    c10::string_view activation) {
+  BelowAutograd below_autograd;
   const char* op = "linear_bias_act_fwd";
   const Act act_kind = linear_activation(op, activation);
   LinearShapes::check_fwd(op, x_in, weight, bias);
@@ -112,6 +119,7 @@ void linear_add_into(const Tensor& out, const Tensor& x_in, const Tensor& weight
 
 Tensor linear_fwd_add_cpu(const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias,
                           const Tensor& extra, double alpha) {
+  BelowAutograd below_autograd;
   LinearShapes::check_fwd("linear_fwd_add", x, weight, bias);
   LinearShapes::check_extra("linear_fwd_add", extra, x, weight);
   Tensor out = at::empty_symint(extra.sym_sizes(), extra.options());
@@ -121,6 +129,7 @@ Tensor linear_fwd_add_cpu(const Tensor& x, const Tensor& weight, const std::opti
 
 void linear_fwd_add_inplace_cpu(const Tensor& extra, const Tensor& x, const Tensor& weight,
                                 const std::optional<Tensor>& bias, double alpha) {
+  BelowAutograd below_autograd;
   LinearShapes::check_fwd("linear_fwd_add_inplace", x, weight, bias);
   LinearShapes::check_extra("linear_fwd_add_inplace", extra, x, weight);
   TE_CHECK(extra.is_contiguous(), "linear_fwd_add_inplace",
@@ -129,6 +138,7 @@ void linear_fwd_add_inplace_cpu(const Tensor& extra, const Tensor& x, const Tens
 }
 
 Tensor linear_dgrad_cpu(const Tensor& dy_in, const Tensor& weight, double alpha) {
+  BelowAutograd below_autograd;
   LinearShapes::check_dgrad("linear_dgrad", dy_in, weight);
   Tensor dx = LinearShapes::allocate_dgrad(dy_in, weight);
   const Tensor dy = dy_in.contiguous();
@@ -143,6 +153,7 @@ Tensor linear_dgrad_cpu(const Tensor& dy_in, const Tensor& weight, double alpha)
 
 Tensor linear_dgrad_add_cpu(const Tensor& dy_in, const Tensor& weight, const Tensor& dextra,
                             double alpha) {
+  BelowAutograd below_autograd;
   LinearShapes::check_dgrad("linear_dgrad_add", dy_in, weight);
   LinearShapes::check_dextra("linear_dgrad_add", dextra, dy_in, weight);
   Tensor dx = at::empty_symint(dextra.sym_sizes(), dextra.options());
@@ -159,6 +170,7 @@ Tensor linear_dgrad_add_cpu(const Tensor& dy_in, const Tensor& weight, const Ten
 }
 
 Tensor linear_wgrad_cpu(const Tensor& dy_in, const Tensor& x_in, double alpha) {
+  BelowAutograd below_autograd;
   LinearShapes::check_wgrad("linear_wgrad", dy_in, x_in);
   Tensor dw = LinearShapes::allocate_wgrad(dy_in, x_in);
   const Tensor dy = dy_in.contiguous(), x = x_in.contiguous();

@@ -37,7 +37,7 @@ class BackwardActivationBias(FusedOperation):
         self._dbias_dact = getattr(torch.ops.te_cpp, _DBIAS_DACT_OPS[type(activation)])
 
     def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
-        bias_op, act_op = self.basic_ops
+        bias_op, act_op = self._ops
         bias_ctx, act_ctx = basic_op_ctxs
         if not bias_ctx.bias_requires_grad:
             # Nothing to fuse: the activation's own backward, and dbias is not needed.

@@ -20,7 +20,7 @@ class BackwardAddRMSNorm(FusedOperation):
         super().__init__((add, rmsnorm))
 
     def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
-        _, norm = self.basic_ops
+        _, norm = self._ops
         grad_extra = basic_op_grad_extra_outputs[0][0]
         dx, norm_grads = norm.backward_with_extra(basic_op_ctxs[1], grad_output, grad_extra)
         return dx, [(), norm_grads], [(), ()]

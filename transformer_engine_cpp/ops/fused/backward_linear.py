@@ -22,7 +22,7 @@ class BackwardLinearAdd(FusedOperation):
         super().__init__((backward_add, linear))
 
     def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
-        linear = self.basic_ops[1]
+        linear = self._ops[1]
         grad_extra = basic_op_grad_extra_outputs[0][0]
         dx, grads = linear.backward_grads(basic_op_ctxs[1], grad_output, grad_extra=grad_extra)
         return dx, [(), grads], [(), ()]
@@ -35,7 +35,7 @@ class BackwardLinearScale(FusedOperation):
         super().__init__((linear, scale))
 
     def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
-        linear, scale = self.basic_ops
+        linear, scale = self._ops
         dx, grads = linear.backward_grads(basic_op_ctxs[0], grad_output, alpha=scale.scale)
         return dx, [grads, ()], [(), ()]
 

@@ -36,16 +36,16 @@ def _linear_prologue(fused, basic_op_ctxs, input_, basic_op_kwargs, has_bias: bo
     """The shared start of the linear forward fusions: no kwargs; the linear's input and weight
     in the compute dtype, its context saved as the unfused BasicLinear would, and the Bias'
     context filled. Returns (x, w, bias or None) in the compute dtype."""
-    for op, kwargs in zip(fused.basic_ops, basic_op_kwargs):
+    for op, kwargs in zip(fused._ops, basic_op_kwargs):
         if kwargs:
             raise ValueError(f"{type(fused).__name__}: {type(op).__name__} takes no forward "
                              f"kwargs, got {sorted(kwargs)}")
-    linear = fused.basic_ops[0]
+    linear = fused._ops[0]
     linear_ctx = basic_op_ctxs[0]
     x, w = linear.prepare(linear_ctx, input_)
     b = None
     if has_bias:
-        bias = fused.basic_ops[1]
+        bias = fused._ops[1]
         bias.fill_ctx(basic_op_ctxs[1])
         b = bias.bias_in(linear_ctx.dtype)
     linear.save_ctx(linear_ctx, x, w)
@@ -56,7 +56,7 @@ def bias_fuses(fused, input_) -> bool:
     """Whether the bias can ride in the GEMM: under autocast both are cast to the autocast
     dtype; otherwise only when the bias already has the linear's compute dtype (the unfused
     Bias would promote a differing dtype, e.g. bf16 activations + fp32 bias -> fp32)."""
-    linear, bias = fused.basic_ops[0], fused.basic_ops[1]
+    linear, bias = fused._ops[0], fused._ops[1]
     dtype = compute_dtype(input_.device.type, None)
     return dtype is not None or bias.bias.dtype == linear.weight.dtype
 
@@ -64,9 +64,9 @@ def bias_fuses(fused, input_) -> bool:
 def run_unfused(fused, basic_op_ctxs, input_, basic_op_kwargs):
     """The basic ops' own forwards in sequence (for configurations a fusion does not cover)."""
     x = input_
-    for op, ctx, kwargs in zip(fused.basic_ops, basic_op_ctxs, basic_op_kwargs):
+    for op, ctx, kwargs in zip(fused._ops, basic_op_ctxs, basic_op_kwargs):
         x = op.op_forward(ctx, x, **kwargs)
-    return x, [()] * len(fused.basic_ops)
+    return x, [()] * len(fused._ops)
 
 
 class ForwardLinearBiasActivation(FusedOperation):
@@ -89,13 +89,13 @@ class ForwardLinearBiasActivation(FusedOperation):
             return run_unfused(self, basic_op_ctxs, input_, basic_op_kwargs)
         x, w, b = _linear_prologue(self, basic_op_ctxs, input_, basic_op_kwargs, self._has_bias)
         if self._activation is None:
-            return torch.ops.te_cpp.linear_fwd(x, w, b), [()] * len(self.basic_ops)
+            return torch.ops.te_cpp.linear_fwd(x, w, b), [()] * len(self._ops)
         y, act_input = torch.ops.te_cpp.linear_bias_act_fwd(x, w, b, self._activation)
         act_ctx = basic_op_ctxs[-1]
         act_ctx.input_dtype = act_input.dtype
         if act_ctx.requires_grad:
             act_ctx.save_for_backward(act_input)
-        return y, [()] * len(self.basic_ops)
+        return y, [()] * len(self._ops)
 
 
 class ForwardLinearBiasAdd(FusedOperation):
@@ -114,15 +114,15 @@ class ForwardLinearBiasAdd(FusedOperation):
         if self._has_bias and not bias_fuses(self, input_):
             # linear and bias unfused; the residual add through the op's own forward
             h, _ = run_unfused(self, basic_op_ctxs[:-1], input_, basic_op_kwargs[:-1])
-            add = self.basic_ops[-1]
+            add = self._ops[-1]
             return add.fuser_forward(basic_op_ctxs[-1:], h,
                                      basic_op_extra_inputs=basic_op_extra_inputs[-1:],
                                      basic_op_kwargs=basic_op_kwargs[-1:])[0], \
-                [()] * len(self.basic_ops)
+                [()] * len(self._ops)
         x, w, b = _linear_prologue(self, basic_op_ctxs, input_, basic_op_kwargs, self._has_bias)
         extra = basic_op_extra_inputs[-1][0]
         # the scale is read per call (a ConstantScale's value may change after planning)
-        alpha = self.basic_ops[-2].scale if self._has_scale else 1.0
+        alpha = self._ops[-2].scale if self._has_scale else 1.0
         if self._in_place and not is_compiling():
             buffer = extra.detach()
             if buffer.is_contiguous():
@@ -130,11 +130,11 @@ class ForwardLinearBiasAdd(FusedOperation):
             else:  # the GEMM cannot accumulate into a strided buffer: compute, then write back
                 buffer.copy_(torch.ops.te_cpp.linear_fwd_add(x, w, b, buffer, alpha))
             torch.autograd.graph.increment_version(buffer)
-            return buffer, [()] * len(self.basic_ops)
+            return buffer, [()] * len(self._ops)
         out_dtype = extra.dtype if self._in_place else torch.promote_types(x.dtype, extra.dtype)
         extra = extra if extra.dtype == out_dtype else extra.to(out_dtype)
         out = torch.ops.te_cpp.linear_fwd_add(x, w, b, extra, alpha)
-        return out, [()] * len(self.basic_ops)
+        return out, [()] * len(self._ops)
 
 
 class ForwardLinearScaleAdd(ForwardLinearBiasAdd):
