@@ -492,3 +492,17 @@ def test_plan_consistency_check(fusion_registry):
 def test_empty_fused_operation_is_rejected():
     with pytest.raises(ValueError, match="empty list"):
         ScaleTwice([])
+
+
+@pytest.mark.parametrize("make", [
+    lambda: te.ops.Bias(3), lambda: te.ops.GELU(), lambda: te.ops.SwiGLU(),
+    lambda: te.ops.LayerNorm(3), lambda: te.ops.BasicLinear(3, 3), lambda: te.ops.Identity(),
+    lambda: te.ops.ScaledSwiGLU(), lambda: te.ops.AddExtraInput(), lambda: te.ops.Dropout(0.1),
+], ids=lambda f: "op")
+def test_builtin_ops_reject_forward_kwargs(make):
+    op = make()
+    seq = te.ops.Sequential(op)
+    with pytest.raises(ValueError, match=f"{type(op).__name__} takes no forward kwargs, "
+                                         r"got \['bogus'\]"):
+        seq(torch.zeros(2, 4), *[torch.zeros(2, 4)] * seq._module_groups[0].num_extra_inputs,
+            op_kwargs={op: {"bogus": 1}})

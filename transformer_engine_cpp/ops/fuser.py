@@ -491,6 +491,11 @@ class OperationFuser:
                 f"OperationFuser expected kwargs for {n} basic ops, got {len(basic_op_kwargs)}"
             )
 
+        if any(basic_op_kwargs):
+            for op, kwargs in zip(self._basic_ops, basic_op_kwargs):
+                if kwargs and not op.accepts_forward_kwargs:
+                    raise ValueError(f"{type(op).__name__} takes no forward kwargs, "
+                                     f"got {sorted(kwargs)}")
         is_grad_enabled = torch.is_grad_enabled()
         recipe = None
         if FP8GlobalStateManager.is_fp8_enabled():

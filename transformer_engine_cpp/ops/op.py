@@ -109,6 +109,10 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
     num_extra_inputs: int = 0
     #: Number of extra tensor outputs (beyond the main output).
     num_extra_outputs: int = 0
+    #: Whether the op takes per-call keyword arguments (``op_kwargs`` of Sequential). The
+    #: built-in ops take none and the fuser rejects any with a ValueError naming the op;
+    #: user-defined ops accept them by default.
+    accepts_forward_kwargs: bool = True
 
     def __init__(self) -> None:
         super().__init__()

@@ -25,6 +25,8 @@ class _ActivationOperation(BasicOperation):
     :meth:`_op_args` with the op's configuration arguments.
     """
 
+    accepts_forward_kwargs = False
+
     _op_stem: str = ""
 
     def __init__(self, *, cache_quantized_input: bool = False) -> None:
@@ -55,8 +57,6 @@ class _ActivationOperation(BasicOperation):
         next_op_input_quantizer=None,
         **kwargs,
     ) -> torch.Tensor:
-        if kwargs:
-            raise ValueError(f"{self.__class__.__name__} takes no forward kwargs, got {sorted(kwargs)}")
         x = self.cast_input(ctx, input_)
         if ctx.requires_grad:
             ctx.save_for_backward(x)

@@ -40,6 +40,8 @@ class BasicLinear(BasicOperation):
             instead of returning it as ``weight.grad``. Eager mode only.
     """
 
+    accepts_forward_kwargs = False
+
     def __init__(
         self,
         in_features: int,
@@ -136,8 +138,6 @@ class BasicLinear(BasicOperation):
 
     def op_forward(self, ctx: OperationContext, input_: torch.Tensor, *,
                    prev_op_grad_output_quantizer=None, next_op_input_quantizer=None, **kwargs):
-        if kwargs:
-            raise ValueError(f"BasicLinear takes no forward kwargs, got {sorted(kwargs)}")
         x, w = self.prepare(ctx, input_)
         if self._quantizers is not None:
             return self._quantized_forward(ctx, x, w)

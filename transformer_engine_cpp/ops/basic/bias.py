@@ -21,6 +21,8 @@ class Bias(BasicOperation):
             parallelism is not supported (a single process owns the whole bias).
     """
 
+    accepts_forward_kwargs = False
+
     def __init__(
         self,
         size: int,
@@ -64,8 +66,6 @@ class Bias(BasicOperation):
         next_op_input_quantizer=None,
         **kwargs,
     ) -> torch.Tensor:
-        if kwargs:
-            raise ValueError(f"Bias takes no forward kwargs, got {sorted(kwargs)}")
         self.fill_ctx(ctx)
         ctx.input_dtype = input_.dtype
         dtype = compute_dtype(input_.device.type, None)

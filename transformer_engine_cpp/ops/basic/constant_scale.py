@@ -12,6 +12,8 @@ from ..op import BasicOperation, OperationContext
 class ConstantScale(BasicOperation):
     """Multiplies by a fixed Python float; dx = scale * dy."""
 
+    accepts_forward_kwargs = False
+
     def __init__(self, scale: float) -> None:
         super().__init__()
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
@@ -27,8 +29,6 @@ class ConstantScale(BasicOperation):
         next_op_input_quantizer=None,
         **kwargs,
     ) -> torch.Tensor:
-        if kwargs:
-            raise ValueError(f"ConstantScale takes no forward kwargs, got {sorted(kwargs)}")
         return torch.ops.te_cpp.constant_scale_fwd(input_, self.scale)
 
     def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):

@@ -32,6 +32,8 @@ class Dropout(BasicOperation):
         p: dropout probability, in ``[0, 1)``.
     """
 
+    accepts_forward_kwargs = False
+
     def __init__(self, p: float) -> None:
         super().__init__()
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
@@ -47,8 +49,6 @@ class Dropout(BasicOperation):
         next_op_input_quantizer=None,
         **kwargs,
     ) -> torch.Tensor:
-        if kwargs:
-            raise ValueError(f"Dropout takes no forward kwargs, got {sorted(kwargs)}")
         p = self.dropout_probability
         if not self.training or p == 0.0:
             ctx.impl = "evaluation" if not self.training else "identity"

@@ -29,6 +29,8 @@ class AddExtraInput(BasicOperation):
             in the extra input's dtype.
     """
 
+    accepts_forward_kwargs = False
+
     num_extra_inputs = 1
 
     def __init__(self, *, in_place: bool = False) -> None:
@@ -43,8 +45,6 @@ class AddExtraInput(BasicOperation):
 
     def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs, basic_op_kwargs,
                       **unused):
-        if basic_op_kwargs[0]:
-            raise ValueError(f"AddExtraInput takes no forward kwargs, got {sorted(basic_op_kwargs[0])}")
         extra = basic_op_extra_inputs[0][0]
         if self._in_place and not is_compiling():
             out = extra.detach()
@@ -74,6 +74,8 @@ class MakeExtraOutput(BasicOperation):
             only) and return that buffer as dx.
     """
 
+    accepts_forward_kwargs = False
+
     num_extra_outputs = 1
 
     def __init__(self, *, in_place: bool = False) -> None:
@@ -88,10 +90,6 @@ class MakeExtraOutput(BasicOperation):
 
     def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs, basic_op_kwargs,
                       **unused):
-        if basic_op_kwargs[0]:
-            raise ValueError(
-                f"MakeExtraOutput takes no forward kwargs, got {sorted(basic_op_kwargs[0])}"
-            )
         return input_, [(input_,)]
 
     def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):

@@ -12,6 +12,8 @@ from ..op import BasicOperation, OperationContext
 class Identity(BasicOperation):
     """y = x; dx = dy."""
 
+    accepts_forward_kwargs = False
+
     def op_forward(
         self,
         ctx: OperationContext,
@@ -21,8 +23,6 @@ class Identity(BasicOperation):
         next_op_input_quantizer=None,
         **kwargs,
     ) -> torch.Tensor:
-        if kwargs:
-            raise ValueError(f"Identity takes no forward kwargs, got {sorted(kwargs)}")
         return input_
 
     def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
@@ -31,6 +31,8 @@ class Identity(BasicOperation):
 
 class Reshape(BasicOperation):
     """y = x.reshape(shape) (one entry may be -1); dx = dy.reshape(x.shape)."""
+
+    accepts_forward_kwargs = False
 
     def __init__(self, shape: Iterable[int]) -> None:
         super().__init__()
@@ -50,8 +52,6 @@ class Reshape(BasicOperation):
         next_op_input_quantizer=None,
         **kwargs,
     ) -> torch.Tensor:
-        if kwargs:
-            raise ValueError(f"Reshape takes no forward kwargs, got {sorted(kwargs)}")
         ctx.input_shape = input_.shape
         return input_.reshape(*self._shape)
 

@@ -31,6 +31,8 @@ class L2Normalization(BasicOperation):
             The anchor uses them to warm up its JIT-compiled kernels; they have no effect here.
     """
 
+    accepts_forward_kwargs = False
+
     def __init__(
         self,
         *,
@@ -55,8 +57,6 @@ class L2Normalization(BasicOperation):
         next_op_input_quantizer=None,
         **kwargs,
     ) -> torch.Tensor:
-        if kwargs:
-            raise ValueError(f"L2Normalization takes no forward kwargs, got {sorted(kwargs)}")
         y, rsqrt_norm = torch.ops.te_cpp.l2normalization_fwd(input_, self.eps)
         if ctx.requires_grad:
             ctx.save_for_backward(input_, rsqrt_norm)

@@ -52,6 +52,8 @@ def _check_sm_margin(op: str, sm_margin: SmMargin) -> None:
 class _Norm(BasicOperation):
     """Common constructor, parameters and deferred init of LayerNorm and RMSNorm."""
 
+    accepts_forward_kwargs = False
+
     _has_bias = False
 
     def __init__(
@@ -101,9 +103,6 @@ class _Norm(BasicOperation):
             self.reset_parameters()
 
     def _cast_inputs(self, ctx: OperationContext, input_: torch.Tensor, kwargs: dict):
-        if kwargs:
-            raise ValueError(f"{self.__class__.__name__} takes no forward kwargs, "
-                             f"got {sorted(kwargs)}")
         if not input_.is_floating_point():
             raise TypeError(f"{self.__class__.__name__}: input must be floating point, "
                             f"got {input_.dtype}")

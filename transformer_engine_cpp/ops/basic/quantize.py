@@ -18,6 +18,8 @@ from ..op import BasicOperation, OperationContext
 class Quantize(BasicOperation):
     """Args: forward / backward: whether the output / the gradient are quantized."""
 
+    accepts_forward_kwargs = False
+
     def __init__(self, forward: bool = True, backward: bool = False) -> None:
         super().__init__()
         for name, value in (("forward", forward), ("backward", backward)):
@@ -33,8 +35,6 @@ class Quantize(BasicOperation):
 
     def op_forward(self, ctx: OperationContext, input_: torch.Tensor, *,
                    prev_op_grad_output_quantizer=None, next_op_input_quantizer=None, **kwargs):
-        if kwargs:
-            raise ValueError(f"Quantize takes no forward kwargs, got {sorted(kwargs)}")
         quantizer = self.get_quantizer("forward", 0) if self._quantize_forward else None
         ctx.grad_quantizer = (self.get_quantizer("backward", 0) if self._quantize_backward
                               else None)

@@ -29,6 +29,8 @@ class _ScaledActivation(BasicOperation):
     forward and ``scaled_<stem>_bwd(dy, x, scales, compute_dscales, *args) -> (dx, dscales)``
     backward, where ``args`` is :meth:`_op_args`."""
 
+    accepts_forward_kwargs = False
+
     num_extra_inputs = 1
     _op_stem: str = ""
 
@@ -54,8 +56,6 @@ class _ScaledActivation(BasicOperation):
     def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs, basic_op_kwargs,
                       **unused):
         name = self.__class__.__name__
-        if basic_op_kwargs[0]:
-            raise ValueError(f"{name} takes no forward kwargs, got {sorted(basic_op_kwargs[0])}")
         if self.activation_recompute_in_mlp:
             raise RuntimeError(
                 f"{name}(activation_recompute_in_mlp=True) needs the fused grouped MLP path, "

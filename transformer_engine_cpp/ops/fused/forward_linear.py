@@ -33,13 +33,10 @@ EPILOGUE_ACTIVATIONS = {GELU: "gelu", ReLU: "relu", SiLU: "silu", QGELU: "qgelu"
 
 
 def _linear_prologue(fused, basic_op_ctxs, input_, basic_op_kwargs, has_bias: bool):
-    """The shared start of the linear forward fusions: no kwargs; the linear's input and weight
-    in the compute dtype, its context saved as the unfused BasicLinear would, and the Bias'
-    context filled. Returns (x, w, bias or None) in the compute dtype."""
-    for op, kwargs in zip(fused._ops, basic_op_kwargs):
-        if kwargs:
-            raise ValueError(f"{type(fused).__name__}: {type(op).__name__} takes no forward "
-                             f"kwargs, got {sorted(kwargs)}")
+    """The shared start of the linear forward fusions: the linear's input and weight in the
+    compute dtype, its context saved as the unfused BasicLinear would, and the Bias' context
+    filled. Returns (x, w, bias or None) in the compute dtype. (The fuser has already rejected
+    forward kwargs for these ops.)"""
     linear = fused._ops[0]
     linear_ctx = basic_op_ctxs[0]
     x, w = linear.prepare(linear_ctx, input_)
