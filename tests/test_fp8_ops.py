@@ -124,7 +124,8 @@ def test_delayed_scaling_eager_updates_scales_and_is_refused_under_compile():
     # after the autocast exit: scale = fp8_max / amax (history max), history rolled
     torch.testing.assert_close(state.scale[0], 448.0 / amax_x, rtol=1e-6, atol=0)
     model = te.ops.Sequential(te.ops.BasicLinear(32, 32))
-    with pytest.raises(Exception, match="DelayedScaling cannot run under torch.compile"):
+    with pytest.raises(Exception, match="BasicLinear cannot run under torch.compile: "
+                                        "DelayedScaling keeps amax histories"):
         with te.autocast(recipe=recipe):
             torch.compile(model, backend="aot_eager", fullgraph=True)(
                 torch.randn(4, 32, requires_grad=True))
@@ -169,3 +170,50 @@ def test_compiled_fp8_mlp_block_equals_eager(recipe_name):
     for graph in (backend.fw_graphs[0], backend.bw_graphs[0]):
         nodes = [n for n in graph.graph.nodes if n.op == "call_function" and deq in str(n.target)]
         assert nodes and all(n.args[0].meta["val"].dtype == torch.uint8 for n in nodes)
+
+
+@pytest.mark.parametrize("act", ["GELU", "SwiGLU", "ReLU"])
+def test_cache_quantized_input(act):
+    """The activation computes on, and saves only, the FP8 (current scaling, E4M3) copy of its
+    input; its output and gradient equal the plain op's on that quantized input."""
+    torch.manual_seed(0)
+    x = torch.randn(6, 64, requires_grad=True)
+    dy_shape = (6, 32) if act == "SwiGLU" else (6, 64)
+    dy = torch.randn(*dy_shape)
+    cached = getattr(te.ops, act)(cache_quantized_input=True)
+    y = cached(x)
+    saved = [t for t in y.grad_fn.saved_tensors if t is not None]
+    assert saved[0].dtype == torch.uint8 and saved[0].numel() == x.numel()
+    y.backward(dy)
+    xq = fq_current(x.detach(), E4M3).float().requires_grad_()
+    y_ref = getattr(te.ops, act)()(xq)
+    y_ref.backward(dy)
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=0)
+    torch.testing.assert_close(x.grad, xq.grad, rtol=0, atol=0)
+
+
+def test_norm_hands_its_output_to_the_linear_already_quantized():
+    """The neighbour protocol: LayerNorm quantizes its output with the next BasicLinear's input
+    quantizer, and the linear skips its own cast (same values as quantizing in the linear)."""
+    torch.manual_seed(0)
+    model = te.ops.Sequential(te.ops.LayerNorm(64), te.ops.Linear(64, 32))
+    x = torch.randn(8, 64, requires_grad=True)
+    captured = {}
+    linear = model[1].basic_ops[0]
+    original = linear._quantized_forward
+
+    def spy(ctx, xin, w):
+        out = original(ctx, xin, w)
+        captured["quantized"] = ctx.input_was_quantized
+        return out
+
+    linear._quantized_forward = spy
+    with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+        y = model(x)
+    y.sum().backward()
+    assert captured["quantized"] is True
+    ln = model[0]
+    h = torch.nn.functional.layer_norm(x.detach(), (64,), ln.weight.detach(), ln.bias.detach())
+    y_ref = fq_current(h, E4M3) @ fq_current(linear.weight.detach(), E4M3).t()
+    torch.testing.assert_close(y.double(), y_ref + model[1].bias.detach().double(), **FP32)
+    assert x.grad is not None and ln.weight.grad is not None

@@ -35,6 +35,8 @@ class QuantizedOperand:
     row_scale: Optional[torch.Tensor]
     col_data: Optional[torch.Tensor] = None
     col_scale: Optional[torch.Tensor] = None
+    #: the high-precision dtype the operand stands for (for gradients and dequantization)
+    dtype: torch.dtype = torch.float32
 
     def tensors(self) -> tuple:
         """The buffers to save for backward (None where absent)."""
@@ -47,6 +49,10 @@ class QuantizedOperand:
     def rebuild(tensors, meta) -> "QuantizedOperand":
         kind, fmt, shape = meta
         return QuantizedOperand(kind, fmt, shape, *tensors)
+
+    def dequantize(self) -> torch.Tensor:
+        """The high-precision values, in the nominal dtype."""
+        return self.rowwise(self.dtype) if self.row_data is not None else self.columnwise(self.dtype)
 
     def rowwise(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Dequantized copy blocked along the last dim (the GEMM's K for x and W forward)."""
@@ -72,23 +78,41 @@ def quantize(quantizer, t: torch.Tensor, *, rowwise: bool = True,
         data, scale_inv, _ = te_ops.fp8_quantize(t, quantizer._format,
                                                  quantizer.force_pow_2_scales,
                                                  quantizer.amax_epsilon)
-        return QuantizedOperand("fp8", quantizer._format, tuple(t.shape), data, scale_inv)
+        return QuantizedOperand("fp8", quantizer._format, tuple(t.shape), data, scale_inv,
+                                dtype=t.dtype)
     if isinstance(quantizer, Float8Quantizer):
         data, scale_inv, amax = te_ops.fp8_quantize_scaled(t, quantizer.scale.reshape(1),
                                                            quantizer._format)
         with torch.no_grad():  # the amax history slot (delayed scaling: eager only)
             quantizer.amax.copy_(torch.maximum(quantizer.amax, amax.reshape(quantizer.amax.shape)))
-        return QuantizedOperand("fp8", quantizer._format, tuple(t.shape), data, scale_inv)
+        return QuantizedOperand("fp8", quantizer._format, tuple(t.shape), data, scale_inv,
+                                dtype=t.dtype)
     if isinstance(quantizer, MXFP8Quantizer):
         row = te_ops.mxfp8_quantize(t, quantizer._format) if rowwise else (None, None)
         col = (None, None)
         if columnwise:
             cols = t.shape[-1]
             col = te_ops.mxfp8_quantize(t.reshape(-1, cols).t().contiguous(), quantizer._format)
-        return QuantizedOperand("mxfp8", quantizer._format, tuple(t.shape), *row, *col)
+        return QuantizedOperand("mxfp8", quantizer._format, tuple(t.shape), *row, *col,
+                                dtype=t.dtype)
     raise TypeError(f"unsupported quantizer {type(quantizer).__name__}")
 
 
 def fake_quantize(quantizer, t: torch.Tensor) -> torch.Tensor:
     """dequantize(quantize(t)) in t's dtype: the values an FP8 consumer would see."""
     return quantize(quantizer, t).rowwise(t.dtype)
+
+
+def emit(y: torch.Tensor, next_op_input_quantizer):
+    """The neighbour protocol (te_ops.md 4.2): an op whose next op quantizes its input hands
+    over its output already quantized, so the consumer skips that step. Per-tensor FP8
+    (current or delayed scaling) only: one copy serves the consumer's row- and columnwise
+    uses; with MXFP8 (or no quantizer) the output stays high precision."""
+    if isinstance(next_op_input_quantizer, (Float8CurrentScalingQuantizer, Float8Quantizer)):
+        return quantize(next_op_input_quantizer, y)
+    return y
+
+
+def as_high_precision(t):
+    """An op that cannot consume quantized input dequantizes it."""
+    return t.dequantize() if isinstance(t, QuantizedOperand) else t

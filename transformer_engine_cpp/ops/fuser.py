@@ -500,12 +500,6 @@ class OperationFuser:
         recipe = None
         if FP8GlobalStateManager.is_fp8_enabled():
             recipe = FP8GlobalStateManager.get_fp8_recipe()
-            if torch.compiler.is_compiling() and recipe.delayed():
-                raise RuntimeError(
-                    "DelayedScaling cannot run under torch.compile: its quantizers read and "
-                    "write amax histories and scales outside the graph (process-wide state); "
-                    "use Float8CurrentScaling or MXFP8BlockScaling"
-                )
         plan = self.maybe_fuse_ops(is_grad_enabled, recipe, input, extra_inputs)
         first = plan.first_op_requiring_backward
         for i, op in self._ops_with_pre_forward:

@@ -203,6 +203,14 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
             for q in quantizers:
                 q.internal = True
 
+    def compile_unsupported_reason(self) -> Optional[str]:
+        metas = self._fp8_metas
+        if metas is not None and metas["recipe"].delayed():
+            return ("DelayedScaling keeps amax histories and scales that every call reads and "
+                    "updates (process-wide state); use Float8CurrentScaling or "
+                    "MXFP8BlockScaling under torch.compile")
+        return None
+
     def get_quantizer(self, mode: str, index: int):
         if self._quantizers is None or mode not in self._quantizers:
             return None

@@ -14,8 +14,15 @@ from typing import Optional
 
 import torch
 
+from .. import _quantized
 from .._common import compute_dtype
 from ..op import BasicOperation, OperationContext
+
+
+def _cache_quantizer():
+    from ...quantization import Float8CurrentScalingQuantizer  # noqa: PLC0415
+
+    return Float8CurrentScalingQuantizer(torch.float8_e4m3fn)
 
 
 class _ActivationOperation(BasicOperation):
@@ -36,11 +43,6 @@ class _ActivationOperation(BasicOperation):
                 f"{self.__class__.__name__}: cache_quantized_input must be a bool, got "
                 f"{type(cache_quantized_input).__name__}"
             )
-        if cache_quantized_input:
-            raise NotImplementedError(
-                f"{self.__class__.__name__}: cache_quantized_input=True needs FP8 quantization, "
-                "which is not available yet"
-            )
         self.cache_quantized_input = cache_quantized_input
         self._fwd_op = getattr(torch.ops.te_cpp, f"{self._op_stem}_fwd")
         self._bwd_op = getattr(torch.ops.te_cpp, f"{self._op_stem}_bwd")
@@ -58,19 +60,37 @@ class _ActivationOperation(BasicOperation):
         **kwargs,
     ) -> torch.Tensor:
         x = self.cast_input(ctx, input_)
-        if ctx.requires_grad:
+        ctx.cached_quantized = None
+        if self.cache_quantized_input:
+            # as the anchor: x is FP8-quantized (current scaling, E4M3) first; the forward
+            # uses those values and the backward keeps only the FP8 buffers
+            xq = _quantized.quantize(_cache_quantizer(), x)
+            ctx.cached_quantized = (xq.meta(), x.dtype)
+            x = xq.rowwise(x.dtype)
+            if ctx.requires_grad:
+                ctx.save_for_backward(*xq.tensors())
+        elif ctx.requires_grad:
             ctx.save_for_backward(x)
-        return self._fwd_op(x, *self._op_args())
+        return _quantized.emit(self._fwd_op(x, *self._op_args()), next_op_input_quantizer)
+
+    def saved_input(self, ctx: OperationContext) -> torch.Tensor:
+        """The activation's input as saved in forward (dequantized if it was cached in FP8)."""
+        cached = getattr(ctx, "cached_quantized", None)  # fused forwards may not set it
+        if cached is None:
+            return ctx.saved_tensors[0]
+        meta, dtype = cached
+        return _quantized.QuantizedOperand.rebuild(ctx.saved_tensors, meta).rowwise(dtype)
 
     def cast_input(self, ctx: OperationContext, input_: torch.Tensor) -> torch.Tensor:
         """The input in the compute dtype (the autocast dtype when autocast is on, else the
         input's own), recording the input dtype for the backward."""
+        input_ = _quantized.as_high_precision(input_)
         ctx.input_dtype = input_.dtype
         dtype = compute_dtype(input_.device.type, input_.dtype)
         return input_ if input_.dtype == dtype else input_.to(dtype)
 
     def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
-        (x,) = ctx.saved_tensors
+        x = self.saved_input(ctx)
         dx = self._bwd_op(grad_output, x, *self._op_args())
         return (dx if dx.dtype == ctx.input_dtype else dx.to(ctx.input_dtype)), ()
 

@@ -109,13 +109,19 @@ class BasicLinear(BasicOperation):
         if self._accumulate_into_main_grad:
             return ("accumulate_into_main_grad adds into weight.main_grad in place, a mutation "
                     "of a tensor outside the compiled graph")
-        return None
+        return super().compile_unsupported_reason()
 
     # ---- compute (shared with the fused linear ops) --------------------------------------------
 
     def prepare(self, ctx: OperationContext, input_: torch.Tensor):
         """Input and weight in the compute dtype (the autocast dtype when autocast is on, else
-        the weight's), recording the dtypes on ctx."""
+        the weight's), recording the dtypes on ctx. An input the previous op already quantized
+        (the neighbour protocol) is returned as it is."""
+        if isinstance(input_, _quantized.QuantizedOperand):
+            dtype = compute_dtype(input_.row_data.device.type, self.weight.dtype)
+            ctx.dtype = dtype
+            ctx.input_dtype = input_.dtype
+            return input_, (self.weight if self.weight.dtype == dtype else self.weight.to(dtype))
         if not input_.is_floating_point():
             raise TypeError(f"{self.__class__.__name__}: input must be floating point, "
                             f"got {input_.dtype}")
@@ -141,6 +147,7 @@ class BasicLinear(BasicOperation):
         x, w = self.prepare(ctx, input_)
         if self._quantizers is not None:
             return self._quantized_forward(ctx, x, w)
+        x = _quantized.as_high_precision(x)
         y = torch.ops.te_cpp.linear_fwd(x, w)
         self.save_ctx(ctx, x, w)
         return y
@@ -156,7 +163,11 @@ class BasicLinear(BasicOperation):
         ctx.grad_input_quantizer = None
         ctx.weight_requires_grad = ctx.requires_grad and self.weight.requires_grad
         need_dgrad = ctx.requires_grad and ctx.input_requires_grad
-        xq = _quantized.quantize(ctx.input_quantizer, x, columnwise=ctx.weight_requires_grad)
+        ctx.input_was_quantized = isinstance(x, _quantized.QuantizedOperand)
+        if ctx.input_was_quantized:  # the previous op emitted it quantized: no second cast
+            xq = x
+        else:
+            xq = _quantized.quantize(ctx.input_quantizer, x, columnwise=ctx.weight_requires_grad)
         wq = _quantized.quantize(ctx.weight_quantizer, w, columnwise=need_dgrad)
         y = torch.ops.te_cpp.linear_fwd(xq.rowwise(), wq.rowwise())
         if ctx.requires_grad:

@@ -15,6 +15,7 @@ import torch
 
 from .._common import (canonicalize_device, canonicalize_dtype, check_float_dtype, compute_dtype,
                        has_meta_parameters, init_parameter, materialize_device)
+from .. import _quantized
 from ..op import BasicOperation, OperationContext
 
 SmMargin = Union[int, dict]
@@ -103,6 +104,7 @@ class _Norm(BasicOperation):
             self.reset_parameters()
 
     def _cast_inputs(self, ctx: OperationContext, input_: torch.Tensor, kwargs: dict):
+        input_ = _quantized.as_high_precision(input_)
         if not input_.is_floating_point():
             raise TypeError(f"{self.__class__.__name__}: input must be floating point, "
                             f"got {input_.dtype}")
@@ -138,7 +140,7 @@ class LayerNorm(_Norm):
         if ctx.requires_grad:
             ctx.save_for_backward(x, mean, rstd, w)
             ctx.grads_needed = (self.weight.requires_grad, self.bias.requires_grad)
-        return y
+        return _quantized.emit(y, next_op_input_quantizer)
 
     def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
         x, mean, rstd, w = ctx.saved_tensors
@@ -161,7 +163,7 @@ class RMSNorm(_Norm):
         if ctx.requires_grad:
             ctx.save_for_backward(x, rstd, w)
             ctx.grads_needed = (self.weight.requires_grad,)
-        return y
+        return _quantized.emit(y, next_op_input_quantizer)
 
     def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
         return self.backward_with_extra(ctx, grad_output, None)

@@ -38,6 +38,8 @@ class Quantize(BasicOperation):
         quantizer = self.get_quantizer("forward", 0) if self._quantize_forward else None
         ctx.grad_quantizer = (self.get_quantizer("backward", 0) if self._quantize_backward
                               else None)
+        if isinstance(input_, _quantized.QuantizedOperand):
+            return input_.dequantize()  # the previous op already quantized it with ours
         if quantizer is None:
             return input_
         return _quantized.fake_quantize(quantizer, input_)

@@ -43,7 +43,7 @@ class BackwardActivationBias(FusedOperation):
             # Nothing to fuse: the activation's own backward, and dbias is not needed.
             dx, _ = act_op.op_backward(act_ctx, grad_output)
             return dx, [(None,), ()], [(), ()]
-        (x,) = act_ctx.saved_tensors
+        x = act_op.saved_input(act_ctx)
         dx, db = self._dbias_dact(grad_output, x, bias_ctx.bias_dtype)
         return dx, [(db,), ()], [(), ()]
 

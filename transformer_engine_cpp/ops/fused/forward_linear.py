@@ -172,7 +172,8 @@ def fuse_forward_linear_bias_activation(ops: list, *, recipe=None) -> list:
         j = i + 1
         bias = ops[j] if j < len(ops) and type(ops[j]) is Bias else None
         j += bias is not None
-        act = ops[j] if j < len(ops) and type(ops[j]) in EPILOGUE_ACTIVATIONS else None
+        act = ops[j] if (j < len(ops) and type(ops[j]) in EPILOGUE_ACTIVATIONS
+                         and not ops[j].cache_quantized_input) else None
         j += act is not None
         if bias is None and act is None:
             return None
