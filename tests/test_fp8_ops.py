@@ -13,6 +13,7 @@ from torch._dynamo.testing import AotEagerAndRecordGraphs
 from torch._dynamo.utils import counters
 
 import transformer_engine_cpp as te
+from transformer_engine_cpp.ops import _quantized
 from test_fp8_quantize import ref_current, ref_dequant, ref_mx_dequant, ref_mxfp8
 from tolerances import COMPILED_VS_EAGER, tols
 
@@ -192,9 +193,11 @@ def test_cache_quantized_input(act):
     torch.testing.assert_close(x.grad, xq.grad, rtol=0, atol=0)
 
 
-def test_norm_hands_its_output_to_the_linear_already_quantized():
+def test_neighbours_hand_over_quantized_tensors():
     """The neighbour protocol: LayerNorm quantizes its output with the next BasicLinear's input
-    quantizer, and the linear skips its own cast (same values as quantizing in the linear)."""
+    quantizer and the linear skips its own cast (same values as quantizing in the linear); in
+    backward the Bias after the linear hands dy over quantized with the linear's grad-output
+    quantizer."""
     torch.manual_seed(0)
     model = te.ops.Sequential(te.ops.LayerNorm(64), te.ops.Linear(64, 32))
     x = torch.randn(8, 64, requires_grad=True)
@@ -207,11 +210,20 @@ def test_norm_hands_its_output_to_the_linear_already_quantized():
         captured["quantized"] = ctx.input_was_quantized
         return out
 
+    original_bwd = linear._quantized_backward
+
+    def spy_bwd(ctx, grad_output, **kw):
+        captured["grad_quantized"] = isinstance(grad_output, _quantized.QuantizedOperand)
+        return original_bwd(ctx, grad_output, **kw)
+
     linear._quantized_forward = spy
+    linear._quantized_backward = spy_bwd
     with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
         y = model(x)
     y.sum().backward()
     assert captured["quantized"] is True
+    # backward: the Bias after the linear hands dy over quantized with its grad-output quantizer
+    assert captured["grad_quantized"] is True
     ln = model[0]
     h = torch.nn.functional.layer_norm(x.detach(), (64,), ln.weight.detach(), ln.bias.detach())
     y_ref = fq_current(h, E4M3) @ fq_current(linear.weight.detach(), E4M3).t()

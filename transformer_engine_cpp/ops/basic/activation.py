@@ -60,6 +60,7 @@ class _ActivationOperation(BasicOperation):
         **kwargs,
     ) -> torch.Tensor:
         x = self.cast_input(ctx, input_)
+        ctx.grad_input_quantizer = prev_op_grad_output_quantizer
         ctx.cached_quantized = None
         if self.cache_quantized_input:
             # as the anchor: x is FP8-quantized (current scaling, E4M3) first; the forward
@@ -92,7 +93,8 @@ class _ActivationOperation(BasicOperation):
     def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
         x = self.saved_input(ctx)
         dx = self._bwd_op(grad_output, x, *self._op_args())
-        return (dx if dx.dtype == ctx.input_dtype else dx.to(ctx.input_dtype)), ()
+        dx = dx if dx.dtype == ctx.input_dtype else dx.to(ctx.input_dtype)
+        return _quantized.emit(dx, getattr(ctx, "grad_input_quantizer", None)), ()
 
 
 class GELU(_ActivationOperation):

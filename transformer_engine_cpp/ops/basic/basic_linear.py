@@ -186,6 +186,7 @@ class BasicLinear(BasicOperation):
         ``alpha`` serves BackwardLinearScale and ``grad_extra`` BackwardLinearAdd."""
         if getattr(ctx, "with_quantized_compute", False):
             return self._quantized_backward(ctx, grad_output, alpha=alpha, grad_extra=grad_extra)
+        grad_output = _quantized.as_high_precision(grad_output)
         x, w = ctx.saved_tensors
         dy = grad_output if grad_output.dtype == ctx.dtype else grad_output.to(ctx.dtype)
         dx = None
@@ -211,9 +212,13 @@ class BasicLinear(BasicOperation):
                             alpha: float, grad_extra: Optional[torch.Tensor]):
         saved = ctx.saved_tensors
         x_meta, w_meta = ctx.quantized_meta
-        dyq = _quantized.quantize(ctx.grad_output_quantizer, grad_output,
-                                  rowwise=ctx.input_requires_grad,
-                                  columnwise=ctx.weight_requires_grad)
+        ctx.grad_output_was_quantized = isinstance(grad_output, _quantized.QuantizedOperand)
+        if ctx.grad_output_was_quantized:  # the next op's backward emitted it quantized
+            dyq = grad_output
+        else:
+            dyq = _quantized.quantize(ctx.grad_output_quantizer, grad_output,
+                                      rowwise=ctx.input_requires_grad,
+                                      columnwise=ctx.weight_requires_grad)
         dx = None
         if ctx.input_requires_grad:
             w = _quantized.QuantizedOperand.rebuild(saved[4:], w_meta).columnwise()

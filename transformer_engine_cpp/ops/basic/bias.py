@@ -8,6 +8,7 @@ import torch
 
 from .._common import (canonicalize_device, canonicalize_dtype, check_float_dtype,
                        compute_dtype, has_meta_parameters, init_parameter, materialize_device)
+from .. import _quantized
 from ..op import BasicOperation, OperationContext
 
 
@@ -68,6 +69,8 @@ class Bias(BasicOperation):
     ) -> torch.Tensor:
         self.fill_ctx(ctx)
         ctx.input_dtype = input_.dtype
+        # the previous op's grad-output quantizer: dx is handed back already quantized
+        ctx.grad_input_quantizer = prev_op_grad_output_quantizer
         dtype = compute_dtype(input_.device.type, None)
         if dtype is None:  # no autocast: the input and bias dtypes promote
             return torch.ops.te_cpp.bias_fwd(input_, self.bias)
@@ -91,4 +94,4 @@ class Bias(BasicOperation):
         input_dtype = getattr(ctx, "input_dtype", dx.dtype)  # fused forwards may not set it
         if dx.dtype != input_dtype:
             dx = dx.to(input_dtype)
-        return dx, (db,)
+        return _quantized.emit(dx, getattr(ctx, "grad_input_quantizer", None)), (db,)

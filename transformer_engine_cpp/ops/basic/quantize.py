@@ -45,6 +45,8 @@ class Quantize(BasicOperation):
         return _quantized.fake_quantize(quantizer, input_)
 
     def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
+        if isinstance(grad_output, _quantized.QuantizedOperand):
+            return grad_output.dequantize(), ()
         if ctx.grad_quantizer is None:
             return grad_output, ()
         return _quantized.fake_quantize(ctx.grad_quantizer, grad_output), ()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..basic import GELU, QGELU, Bias, ReLU, SiLU, SReLU
+from .. import _quantized
 from ..op import FusedOperation
 from ._window import fuse_windows
 
@@ -45,6 +46,8 @@ class BackwardActivationBias(FusedOperation):
             return dx, [(None,), ()], [(), ()]
         x = act_op.saved_input(act_ctx)
         dx, db = self._dbias_dact(grad_output, x, bias_ctx.bias_dtype)
+        # dbias + dact, then dx quantized for the op before the bias (its grad-output quantizer)
+        dx = _quantized.emit(dx, getattr(bias_ctx, "grad_input_quantizer", None))
         return dx, [(db,), ()], [(), ()]
 
 

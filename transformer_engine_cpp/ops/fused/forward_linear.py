@@ -44,6 +44,7 @@ def _linear_prologue(fused, basic_op_ctxs, input_, basic_op_kwargs, has_bias: bo
     if has_bias:
         bias = fused._ops[1]
         bias.fill_ctx(basic_op_ctxs[1])
+        basic_op_ctxs[1].grad_input_quantizer = None  # the linear before it is in the fusion
         b = bias.bias_in(linear_ctx.dtype)
     linear.save_ctx(linear_ctx, x, w)
     return x, w, b
