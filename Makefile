@@ -22,7 +22,8 @@ demo: build
 # Benchmarks (never part of `make test`): BENCH_ARGS=--quick for a short run.
 bench: build
 	@py=$(PY); OMP_NUM_THREADS=2 $$py bench/bench_norms.py $(BENCH_ARGS) && \
-		OMP_NUM_THREADS=2 $$py bench/bench_mlp.py $(BENCH_ARGS)
+		OMP_NUM_THREADS=2 $$py bench/bench_mlp.py $(BENCH_ARGS) && \
+		OMP_NUM_THREADS=2 $$py bench/bench_fp8.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build transformer_engine_cpp/_C*.so

@@ -1,0 +1,154 @@
+"""FP8 on CPU: the pre-norm MLP block in bf16 against the same block under FP8 current scaling,
+and the per-tensor quantize / dequantize kernels against a plain-torch emulation.
+
+    block:  x + fc2(GELU(fc1(LayerNorm(x))))   (bf16 params and input)
+    ours bf16:  te.ops.Sequential(MakeExtraOutput, LayerNorm, Linear, GELU, Linear, AddExtraInput)
+    ours fp8:   the same module under te.autocast(recipe=te.recipe.Float8CurrentScaling())
+                (its Linears run exactly-emulated FP8 GEMMs: quantize, dequantize to fp32, mm)
+    torch bf16: plain PyTorch eager, for reference
+
+    quantize:   torch.ops.te_cpp.fp8_quantize (E4M3, per-tensor current scaling) and
+                fp8_dequantize against plain torch (amax, scale, clamp, .to(float8_e4m3fn))
+
+Ratios are against "ours bf16" (block) and "ours" (kernels); >1 means that provider is slower.
+
+    python bench/bench_fp8.py [--quick] [--tokens 4096] [--hidden 1024] [--ffn 4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import transformer_engine_cpp as te  # noqa: E402
+from bench_mlp import copy_params, ours_block  # noqa: E402
+from common import Provider, check_close, environment, run_case, write_outputs  # noqa: E402
+from transformer_engine_cpp.testing.reference import PreNormMLP  # noqa: E402
+
+E4M3 = 0  # fp8_format int of the custom ops
+E4M3_MAX = 448.0
+FP8_TOL = 0.10  # relative error (Frobenius norm) allowed between the FP8 and the bf16 block
+
+
+def fp8_recipe():
+    return te.recipe.Float8CurrentScaling()
+
+
+def block_providers(T, H, F, mode):
+    dtype = torch.bfloat16
+    torch.manual_seed(0)
+    plain = PreNormMLP(H, F, activation="gelu", dtype=dtype)
+    ours = ours_block(H, F, "gelu", dtype)
+    copy_params(plain, ours)
+    x = torch.randn(T, H, dtype=dtype, requires_grad=(mode != "fwd"))
+    dy = torch.randn(T, H, dtype=dtype)
+    with torch.no_grad():
+        y_plain = plain(x)
+        y_bf16 = ours(x)
+        with te.autocast(recipe=fp8_recipe()):
+            y_fp8 = ours(x)
+    check_close("MLP block bf16 forward", y_bf16, y_plain, dtype)
+    # FP8 E4M3 keeps 3 mantissa bits, so compare norms, not elements: the relative error of
+    # the whole output, and of the MLP branch alone (y - x; the residual would hide errors).
+    def rel(a, b):
+        return ((a.float() - b.float()).norm() / b.float().norm()).item()
+    err_out = rel(y_fp8, y_bf16)
+    err_branch = rel(y_fp8 - x.detach(), y_bf16 - x.detach())
+    print(f"  check {mode}: FP8 vs bf16 relative error ||d||/||ref||: output {err_out:.2e}, "
+          f"MLP branch {err_branch:.2e} (tolerance {FP8_TOL:.0%})")
+    if not (err_out < FP8_TOL and err_branch < FP8_TOL):
+        raise SystemExit("FP8 block disagrees with the bf16 block beyond the FP8 tolerance")
+
+    def run(model, fp8=False):
+        def fwd():
+            with te.autocast(enabled=fp8, recipe=fp8_recipe()):
+                return model(x)
+        if mode == "fwd":
+            def fwd_nograd():
+                with torch.no_grad():
+                    return fwd()
+            return fwd_nograd
+        return lambda: torch.autograd.backward(fwd(), dy)
+
+    return [Provider("torch bf16", run(plain)), Provider("ours bf16", run(ours)),
+            Provider("ours fp8", run(ours, fp8=True))]
+
+
+def torch_fp8_quantize(x):
+    """Plain-torch current scaling (E4M3): the same algorithm as fp8_quantize."""
+    xf = x.float()
+    amax = xf.abs().amax()
+    one = torch.ones_like(amax)
+    # tensor / tensor: one correctly rounded division (scalar / tensor would go through
+    # reciprocal(), which is not)
+    scale = torch.where((amax > 0) & torch.isfinite(amax), (one * E4M3_MAX) / amax, one)
+    data = (xf * scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+    return data, (one / scale).reshape(1), amax.reshape(1)
+
+
+def torch_fp8_dequantize(data, scale_inv, dtype):
+    return (data.view(torch.float8_e4m3fn).float() * scale_inv).to(dtype)
+
+
+def quantize_cases(args, results, T, H):
+    ops = torch.ops.te_cpp
+    n = T * H
+    for dtype in (torch.float32, torch.bfloat16):
+        esz = torch.empty((), dtype=dtype).element_size()
+        torch.manual_seed(0)
+        x = torch.randn(T, H, dtype=dtype) * 3
+        data, scale_inv, amax = ops.fp8_quantize(x, E4M3, False, 0.0)
+        t_data, t_scale_inv, t_amax = torch_fp8_quantize(x)
+        torch.testing.assert_close(amax.reshape(1), t_amax, rtol=0, atol=0)
+        torch.testing.assert_close(scale_inv, t_scale_inv, rtol=0, atol=0)
+        if not torch.equal(data, t_data):
+            raise SystemExit(f"fp8_quantize ({dtype}) disagrees with the torch emulation")
+        deq = ops.fp8_dequantize(data, scale_inv, E4M3, dtype)
+        if not torch.equal(deq, torch_fp8_dequantize(data, scale_inv, dtype)):
+            raise SystemExit(f"fp8_dequantize ({dtype}) disagrees with the torch emulation")
+        # quantize: the input is read twice (amax pass, cast pass); bytes_moved counts the
+        # minimal traffic, one read of the input + 1 byte/element written.
+        qbytes = n * (esz + 1)
+        results += run_case("fp8_quantize", dtype, f"{T}x{H}", "fwd", [
+            Provider("torch", lambda: torch_fp8_quantize(x)),
+            Provider("ours", lambda: ops.fp8_quantize(x, E4M3, False, 0.0)),
+        ], ours="ours", bytes_moved=qbytes, copy_bytes=qbytes // 2, **args)
+        # dequantize: 1 byte/element read + esz bytes/element written
+        dbytes = n * (1 + esz)
+        results += run_case("fp8_dequantize", dtype, f"{T}x{H}", "fwd", [
+            Provider("torch", lambda: torch_fp8_dequantize(data, scale_inv, dtype)),
+            Provider("ours", lambda: ops.fp8_dequantize(data, scale_inv, E4M3, dtype)),
+        ], ours="ours", bytes_moved=dbytes, copy_bytes=dbytes // 2, **args)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 short rounds")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--ffn", type=int, default=4096)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out", "fp8"))
+    a = parser.parse_args()
+    rounds, mrt = (3, 0.2) if a.quick else (7, 0.5)
+    args = dict(rounds=rounds, threads=a.threads, min_run_time=mrt)
+    torch.set_num_threads(a.threads)
+    print(environment())
+    print("quantize GB/s counts one read of the input + 1 B/element written (the kernel reads "
+          "the input twice: amax pass, cast pass); dequantize 1 B/element read + the output")
+    results = []
+    quantize_cases(args, results, a.tokens, a.hidden)
+    for mode in ("fwd", "fwd+bwd"):
+        ps = block_providers(a.tokens, a.hidden, a.ffn, mode)
+        results += run_case("MLP block (gelu)", torch.bfloat16, f"{a.tokens}x{a.hidden}x{a.ffn}",
+                            mode, ps, ours="ours bf16", **args)
+    write_outputs(results, a.out, "FP8 (current scaling, E4M3) on CPU: MLP block and quantize")
+    print(f"wrote {a.out}.csv and {a.out}.md")
+
+
+if __name__ == "__main__":
+    main()
