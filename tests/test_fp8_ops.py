@@ -229,3 +229,74 @@ def test_neighbours_hand_over_quantized_tensors():
     y_ref = fq_current(h, E4M3) @ fq_current(linear.weight.detach(), E4M3).t()
     torch.testing.assert_close(y.double(), y_ref + model[1].bias.detach().double(), **FP32)
     assert x.grad is not None and ln.weight.grad is not None
+
+
+# ---- every conformance case under a recipe ---------------------------------------------------
+
+
+def _rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def _cases():
+    from cases import OP_CASES
+    return OP_CASES
+
+
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: c.id)
+def test_op_case_under_current_scaling(case):
+    """Ops without quantizers give bit-identical results under te.autocast; ops with FP8 GEMMs
+    stay within the FP8 tolerance of the unquantized result, forward and backward."""
+    from harness import as_tuple, build, clone_leaf, eager_run, inputs_for, random_grads_like
+    from tolerances import FP8_RELATIVE_ERROR
+
+    if case.id.startswith("Dropout"):
+        pytest.skip("random")
+    seq = build(case, torch.float32)
+    x, extras = inputs_for(case, torch.float32, "leading_dims")
+    with torch.no_grad():
+        grads = random_grads_like(as_tuple(seq(clone_leaf(x), *[clone_leaf(e) for e in extras])))
+    ref = eager_run(seq, clone_leaf(x), [clone_leaf(e) for e in extras], [g.clone() for g in grads])
+    seq.zero_grad(set_to_none=True)
+    with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+        outs = as_tuple(seq(x, *extras))
+    torch.autograd.backward(outs, [g.clone() for g in grads])
+    got = (outs, x.grad, [e.grad for e in extras], {n: p.grad for n, p in seq.named_parameters()})
+    quantized = any(isinstance(m, te.ops.BasicLinear) for m in seq.modules())
+    pairs = [(a, b, "forward") for a, b in zip(got[0], ref[0])]
+    pairs += [(got[1], ref[1], "backward")] + [(a, b, "backward") for a, b in zip(got[2], ref[2])]
+    pairs += [(got[3][n], ref[3][n], "backward") for n in ref[3]]
+    for a, b, direction in pairs:
+        if b is None:
+            assert a is None
+        elif quantized:
+            assert _rel_err(a, b) < FP8_RELATIVE_ERROR[direction], direction
+        else:
+            assert torch.equal(a, b)
+
+
+def test_fp8_training_loop_with_inference_steps_and_dtype_cast():
+    torch.manual_seed(0)
+    model = te.ops.Sequential(te.ops.LayerNorm(32), te.ops.Linear(32, 64), te.ops.GELU(),
+                              te.ops.Linear(64, 32)).bfloat16()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    recipe = te.recipe.Float8CurrentScaling()
+    losses = []
+    for step in range(12):
+        x = torch.randn(32, 32, dtype=torch.bfloat16)
+        target = torch.sin(x)
+        if step % 3 == 2:
+            with torch.inference_mode(), te.autocast(recipe=recipe):
+                y = model(x)
+            assert y.dtype == torch.bfloat16 and not y.requires_grad
+            continue
+        opt.zero_grad(set_to_none=True)
+        with te.autocast(recipe=recipe):
+            y = model(x)
+        loss = (y.float() - target.float()).pow(2).mean()
+        loss.backward()
+        assert all(p.grad is not None and p.grad.dtype == torch.bfloat16
+                   for p in model.parameters())
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
