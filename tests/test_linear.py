@@ -161,7 +161,10 @@ def test_dtype_cast(init_dtype, final):
 def test_linear_aliases_and_state_dict_keys():
     lin = te.ops.Linear(8, 4)
     assert lin.weight is lin.basic_ops[0].weight and lin.bias is lin.basic_ops[1].bias
-    assert set(lin.state_dict()) == {"basic_ops.0.weight", "basic_ops.1.bias"}
+    # as the anchor: the basic ops' parameters, plus each basic op's extra state (its
+    # delayed-scaling state; empty without one)
+    assert set(lin.state_dict()) == {"basic_ops.0.weight", "basic_ops.1.bias",
+                                     "basic_ops.0._extra_state", "basic_ops.1._extra_state"}
     new_w = torch.nn.Parameter(torch.zeros(4, 8))
     lin.weight = new_w
     assert lin.basic_ops[0].weight is new_w

@@ -463,6 +463,9 @@ class OperationFuser:
             for op in self._basic_ops:
                 op.reset_recipe_state(recipe=recipe)
         self._last_recipe = recipe
+        if recipe is not None and recipe.delayed():  # eager only: refused under compile
+            for op in self._basic_ops:
+                op.register_delayed_scaling_states()
         self.recipe_type = type(recipe)
         self.first_op_requiring_backward = first
         self.backward_override = backward_override

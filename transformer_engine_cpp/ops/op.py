@@ -190,18 +190,75 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
         if self._fp8_metas is not None and self._fp8_metas["recipe"] == recipe:
             return
         from ..quantization import FP8GlobalStateManager, RecipeState  # noqa: PLC0415
-        from ..quantization.recipe_state import DelayedScalingRecipeState  # noqa: PLC0415
-
         states = {mode: RecipeState.create(recipe, mode=mode, num_quantizers=n)
                   for mode, n in (("forward", n_fwd), ("backward", n_bwd)) if n > 0}
-        for state in states.values():
-            if isinstance(state, DelayedScalingRecipeState):
-                FP8GlobalStateManager.add_delayed_scaling_state(state)
         self._fp8_metas = {"recipe": recipe, **states}
         self._quantizers = {mode: state.make_quantizers() for mode, state in states.items()}
         for quantizers in self._quantizers.values():
             for q in quantizers:
                 q.internal = True
+        self._apply_pending_fp8_state()
+
+    def register_delayed_scaling_states(self) -> None:
+        """Delayed scaling: have this op's scales updated when the outermost te.autocast exits
+        (the fuser calls this on every quantized call, as the anchor registers its metas)."""
+        metas = self._fp8_metas
+        if metas is None or not metas["recipe"].delayed():
+            return
+        from ..quantization import FP8GlobalStateManager  # noqa: PLC0415
+
+        for mode in ("forward", "backward"):
+            if mode in metas:
+                FP8GlobalStateManager.add_delayed_scaling_state(metas[mode])
+
+    # ---- checkpointing of quantization state ------------------------------------------------
+
+    def get_extra_state(self) -> torch.Tensor:
+        """Delayed-scaling state (per mode: scale and amax_history) serialized with torch.save
+        into a uint8 tensor; empty for stateless recipes or no recipe (as the anchor)."""
+        metas = self._fp8_metas
+        state = {}
+        if metas is not None and metas["recipe"].delayed():
+            for mode in ("forward", "backward"):
+                if mode in metas:
+                    state[f"{mode}_scale"] = metas[mode].scale.detach().clone()
+                    state[f"{mode}_amax_history"] = metas[mode].amax_history.detach().clone()
+        if not state:
+            return torch.empty(0, dtype=torch.uint8)
+        import io  # noqa: PLC0415
+
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+
+    def set_extra_state(self, state: Optional[torch.Tensor]) -> None:
+        """Restores what get_extra_state saved (tensors only, loaded with weights_only=True).
+        If no delayed-scaling recipe state exists yet, it is applied when one is built."""
+        if state is None or state.numel() == 0:
+            return
+        import io  # noqa: PLC0415
+
+        loaded = torch.load(io.BytesIO(state.cpu().numpy().tobytes()), weights_only=True)
+        self.__dict__["_pending_fp8_state"] = loaded
+        self._apply_pending_fp8_state()
+
+    def _apply_pending_fp8_state(self) -> None:
+        pending = self.__dict__.get("_pending_fp8_state")
+        metas = self._fp8_metas
+        if pending is None or metas is None or not metas["recipe"].delayed():
+            return
+        with torch.no_grad():
+            for mode in ("forward", "backward"):
+                if mode in metas and f"{mode}_scale" in pending:
+                    metas[mode].scale.copy_(pending[f"{mode}_scale"])
+                    hist = pending[f"{mode}_amax_history"]
+                    if hist.shape == metas[mode].amax_history.shape:
+                        metas[mode].amax_history.copy_(hist)
+                    else:  # another amax_history_len: keep the most recent rows
+                        n = min(hist.shape[0], metas[mode].amax_history.shape[0])
+                        metas[mode].amax_history.zero_()
+                        metas[mode].amax_history[:n].copy_(hist[:n])
+        del self.__dict__["_pending_fp8_state"]
 
     def compile_unsupported_reason(self) -> Optional[str]:
         metas = self._fp8_metas

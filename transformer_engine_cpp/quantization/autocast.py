@@ -71,7 +71,7 @@ class FP8GlobalStateManager:
 
     @classmethod
     def add_delayed_scaling_state(cls, state: DelayedScalingRecipeState) -> None:
-        """Have ``state`` updated when the outermost enabled autocast exits (forward states)."""
+        """Have ``state`` updated when the outermost enabled autocast exits."""
         if not isinstance(state, DelayedScalingRecipeState):
             raise TypeError("add_delayed_scaling_state: expected a DelayedScalingRecipeState")
         if all(s is not state for s in cls._delayed_states):
@@ -89,10 +89,13 @@ class FP8GlobalStateManager:
 
     @classmethod
     def _update_delayed_states(cls) -> None:
+        # Forward states hold this step's amaxes; backward states hold those recorded by the
+        # backward passes run since the last update (a backward usually runs after the
+        # autocast exit, so its scales follow one step later than in the anchor, which updates
+        # them right after the first module's backward).
         states, cls._delayed_states = cls._delayed_states, []
         for s in states:
-            if s.mode == "forward":
-                update_delayed_scaling(s)
+            update_delayed_scaling(s)
 
 
 def _check_recipe(where: str, recipe) -> None:
