@@ -76,7 +76,19 @@ void cast_scaled(const T* x, uint8_t* out, int64_t n, float scale) {
   const V s(scale);
   at::parallel_for(0, n, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
     alignas(64) float buf[W];
-    for (int64_t i = i0; i < i1; i += W) {
+    int64_t i = i0;
+#if defined(CPU_CAPABILITY_AVX512)
+    // full vectors: clamp to +-fp8_max (NaN stays NaN) and ATen's vectorised RNE fp8 cast
+    using F8 = std::conditional_t<F == fp8::kE4M3, c10::Float8_e4m3fn, c10::Float8_e5m2>;
+    constexpr float m = F == fp8::kE4M3 ? 448.0f : 57344.0f;
+    const V hi(m), lo(-m);
+    for (; i + W <= i1; i += W) {
+      const V v = at::vec::clamp(load_acc<T>(x + i) * s, lo, hi);
+      const V keep_nan = V::blendv(v, load_acc<T>(x + i) * s, v != v);
+      at::vec::convert<F8>(keep_nan).store(reinterpret_cast<F8*>(out + i), W);
+    }
+#endif
+    for (; i < i1; i += W) {
       const int64_t k = std::min<int64_t>(W, i1 - i);
       (load_acc<T>(x + i, k) * s).store(buf);
       for (int64_t j = 0; j < k; ++j) out[i + j] = fp8::cast_to_fp8<F>(buf[j]);
