@@ -343,3 +343,30 @@ def test_delayed_scaling_updates_after_every_autocast():
             op(x)
         # history of length 1: the scale follows the last step's amax
         torch.testing.assert_close(op._fp8_metas["forward"].scale[0], torch.tensor(448.0 / amax))
+
+
+@pytest.mark.parametrize("recipe_name", list(RECIPES))
+def test_handed_over_operands_equal_quantizing_in_the_consumer(recipe_name):
+    """The hand-over changes where the cast happens, not its values: with the protocol the
+    LayerNorm+Linear+GELU+Linear stack gives bit-identical results to the same stack with an
+    Identity between the producers and the linears (which turns the hand-over off)."""
+    make_recipe = RECIPES[recipe_name][0]
+
+    def make(with_barrier):
+        torch.manual_seed(0)
+        ops = [te.ops.LayerNorm(64), te.ops.Identity(), te.ops.Linear(64, 64), te.ops.GELU(),
+               te.ops.Identity(), te.ops.Linear(64, 64)]
+        return te.ops.Sequential(*[op for op in ops
+                                   if with_barrier or not isinstance(op, te.ops.Identity)])
+
+    outs = []
+    for with_barrier in (False, True):
+        model = make(with_barrier)
+        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        with te.autocast(recipe=make_recipe()):
+            y = model(x)
+        y.backward(torch.ones_like(y))
+        outs.append((y.detach(), x.grad, [p.grad for p in model.parameters()]))
+    (y0, dx0, g0), (y1, dx1, g1) = outs
+    assert torch.equal(y0, y1) and torch.equal(dx0, dx1)
+    assert all(torch.equal(a, b) for a, b in zip(g0, g1))

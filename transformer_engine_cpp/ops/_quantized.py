@@ -106,10 +106,15 @@ def fake_quantize(quantizer, t: torch.Tensor) -> torch.Tensor:
 def emit(y: torch.Tensor, next_op_input_quantizer):
     """The neighbour protocol (te_ops.md 4.2): an op whose next op quantizes its input hands
     over its output already quantized, so the consumer skips that step. Per-tensor FP8
-    (current or delayed scaling) only: one copy serves the consumer's row- and columnwise
-    uses; with MXFP8 (or no quantizer) the output stays high precision."""
-    if isinstance(next_op_input_quantizer, (Float8CurrentScalingQuantizer, Float8Quantizer)):
-        return quantize(next_op_input_quantizer, y)
+    (current or delayed scaling): one copy serves the consumer's row- and columnwise uses.
+    MXFP8: both copies (the consumer's GEMMs need blocks along either dim), when the rows are
+    a multiple of 32; otherwise, or without a quantizer, the output stays high precision."""
+    q = next_op_input_quantizer
+    if isinstance(q, (Float8CurrentScalingQuantizer, Float8Quantizer)):
+        return quantize(q, y)
+    if isinstance(q, MXFP8Quantizer) and y.dim() >= 1 and y.shape[-1] % 32 == 0 \
+            and (y.numel() // max(y.shape[-1], 1)) % 32 == 0:
+        return quantize(q, y, rowwise=True, columnwise=True)
     return y
 
 
