@@ -370,3 +370,65 @@ def test_handed_over_operands_equal_quantizing_in_the_consumer(recipe_name):
     (y0, dx0, g0), (y1, dx1, g1) = outs
     assert torch.equal(y0, y1) and torch.equal(dx0, dx1)
     assert all(torch.equal(a, b) for a, b in zip(g0, g1))
+
+
+# ---- quantized weights (te.quantized_model_init) ------------------------------------------------
+
+
+def test_quantized_model_init_weights_are_float8_and_train():
+    recipe = te.recipe.Float8CurrentScaling()
+    torch.manual_seed(0)
+    with te.quantized_model_init(recipe=recipe):
+        model = te.ops.Sequential(te.ops.Linear(32, 32), te.ops.GELU(), te.ops.Linear(32, 32))
+    torch.manual_seed(0)
+    plain = te.ops.Sequential(te.ops.Linear(32, 32), te.ops.GELU(), te.ops.Linear(32, 32))
+    w = model[0].weight
+    assert isinstance(w, te.Float8Tensor) and w._data.dtype == torch.uint8
+    x = torch.randn(16, 32, requires_grad=True)
+    with te.autocast(recipe=recipe):
+        y, y_plain = model(x), plain(x)
+    # the FP8 GEMM uses the stored FP8 weight; its values are what quantizing the same
+    # high-precision weight per call gives
+    assert torch.equal(y, y_plain)
+    y.sum().backward()
+    assert w.grad is not None and w.grad.dtype == torch.float32
+    before = w.dequantize().clone()
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    assert isinstance(model[0].weight, te.Float8Tensor)  # re-quantized in place
+    expected = fq_current(before.double() - 0.1 * w.grad.double(), E4M3)
+    torch.testing.assert_close(model[0].weight.dequantize().double(), expected, rtol=0, atol=0)
+    # outside autocast the weight is dequantized for the high-precision GEMM
+    model(x).sum().backward()
+
+
+@pytest.mark.parametrize("final", ["float", "half", "bfloat16"])
+def test_dtype_cast_keeps_quantized_weights(final):
+    with te.quantized_model_init(recipe=te.recipe.Float8CurrentScaling()):
+        model = te.ops.Sequential(te.ops.Linear(32, 32, bias=False))
+    getattr(model, final)()
+    final_dtype = {"float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloat16}[final]
+    w = model[0].weight
+    assert isinstance(w, te.Float8Tensor) and w.dtype == final_dtype
+    x = torch.randn(8, 32, requires_grad=True)
+    with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+        y = model(x)
+    assert y.dtype == final_dtype
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32 and w.grad.dtype == final_dtype
+
+
+def test_quantized_weights_compile_and_reject_mxfp8():
+    recipe = te.recipe.Float8CurrentScaling()
+    with te.quantized_model_init(recipe=recipe):
+        model = te.ops.Sequential(te.ops.Linear(32, 32), te.ops.ReLU())
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    x = torch.randn(8, 32, requires_grad=True)
+    xc = x.detach().clone().requires_grad_()
+    with te.autocast(recipe=recipe):
+        y, yc = model(x), compiled(xc)
+    y.sum().backward()
+    yc.sum().backward()
+    assert torch.equal(y, yc) and torch.equal(x.grad, xc.grad)
+    with pytest.raises(NotImplementedError, match="quantized weights .* per-tensor FP8 recipe"):
+        with te.quantized_model_init(recipe=te.recipe.MXFP8BlockScaling()):
+            te.ops.Linear(32, 32)

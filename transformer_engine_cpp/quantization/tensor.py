@@ -76,7 +76,20 @@ class QuantizedTensor(torch.Tensor):
         def unwrap(t):
             return t._dequantize_impl(t.dtype) if isinstance(t, QuantizedTensor) else t
 
-        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+        out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+        target = args[0] if args else None
+        if (isinstance(target, QuantizedTensor) and func._schema.arguments
+                and func._schema.arguments[0].is_out is False
+                and func._schema.arguments[0].alias_info is not None
+                and func._schema.arguments[0].alias_info.is_write):
+            # an in-place op (an optimizer step, copy_, zero_, ...) on a quantized tensor:
+            # computed in high precision, then re-quantized into the tensor's own buffers
+            target._requantize_from(out)
+            return target
+        return out
+
+    def _requantize_from(self, values: torch.Tensor) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError(f"{type(self).__name__} cannot be updated in place")
 
 
 class Float8TensorStorage(QuantizedTensorStorage):
@@ -136,6 +149,16 @@ class Float8Tensor(Float8TensorStorage, QuantizedTensor):
     def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         return QuantizedTensor.dequantize(self, dtype=dtype)
 
+    def _requantize_from(self, values: torch.Tensor) -> None:
+        """Re-quantize ``values`` into this tensor's buffers (current scaling from its own
+        quantizer, or the quantizer's fixed scale for delayed scaling)."""
+        if self._quantizer is None:
+            raise RuntimeError("Float8Tensor without a quantizer cannot be updated in place")
+        fresh = self._quantizer.quantize_impl(values.to(self.dtype))
+        with torch.no_grad():
+            self._data.copy_(fresh._data)
+            self._scale_inv.copy_(fresh._scale_inv)
+
     def _with_data(self, data: torch.Tensor, scale_inv: Optional[torch.Tensor] = None):
         return Float8Tensor(data, self._scale_inv if scale_inv is None else scale_inv,
                             self._fp8_dtype, self.dtype, self._quantizer)
@@ -166,7 +189,19 @@ def _f8_unsafe_view(t, size):
     return t._with_data(aten._unsafe_view.default(t._data, size))
 
 
+def _f8_to_copy(t, *, dtype=None, layout=None, device=None, pin_memory=None,
+                non_blocking=False, memory_format=None):
+    """.to(dtype) keeps the FP8 buffers and changes the nominal dtype (as the anchor); another
+    device or a non-floating dtype dequantizes."""
+    same_device = device is None or torch.device(device) == t._data.device
+    if same_device and (dtype is None or dtype.is_floating_point):
+        return Float8Tensor(t._data.clone(), t._scale_inv.clone(), t._fp8_dtype,
+                            t.dtype if dtype is None else dtype, t._quantizer)
+    return t._dequantize_impl(t.dtype).to(dtype=dtype, device=device)
+
+
 Float8Tensor._HANDLED = {
+    aten._to_copy.default: _f8_to_copy,
     aten.detach.default: _f8_detach,
     aten.alias.default: _f8_detach,
     aten.clone.default: _f8_clone,

@@ -9,6 +9,9 @@ import torch
 
 from .._common import (canonicalize_device, canonicalize_dtype, compute_dtype,
                        has_meta_parameters, init_parameter, materialize_device)
+from ...quantization import FP8GlobalStateManager, RecipeState
+from ...quantization._formats import format_of
+from ...quantization.tensor import Float8Tensor, QuantizedTensor
 from .. import _quantized
 from ..op import BasicOperation, OperationContext
 
@@ -72,6 +75,9 @@ class BasicLinear(BasicOperation):
             raise TypeError(f"{name}: accumulate_into_main_grad must be a bool")
         self._accumulate_into_main_grad = accumulate_into_main_grad
         self._rng_state_tracker_function = rng_state_tracker_function
+        # te.quantized_model_init: keep the weight as a Float8Tensor
+        self._with_quantized_weight = FP8GlobalStateManager.with_fp8_parameters()
+        self._init_recipe = FP8GlobalStateManager.get_fp8_model_init_recipe()
         self.device = canonicalize_device(device)
         dtype = canonicalize_dtype(dtype)
         if dtype not in _LINEAR_DTYPES:
@@ -91,11 +97,31 @@ class BasicLinear(BasicOperation):
         def fill(w):
             torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5))
 
+        if isinstance(self.weight, QuantizedTensor):  # re-initialise in high precision
+            self.weight = torch.nn.Parameter(self.weight.dequantize().detach(),
+                                             requires_grad=self.weight.requires_grad)
         if self._rng_state_tracker_function is not None:
             with self._rng_state_tracker_function().fork():
                 init_parameter(self, "weight", fill, self.device)
         else:
             init_parameter(self, "weight", fill, self.device)
+        if self._with_quantized_weight:
+            self._quantize_weight()
+
+    def _quantize_weight(self) -> None:
+        """te.quantized_model_init: the weight Parameter becomes a Float8Tensor, quantized with
+        the init recipe's weight quantizer. Optimizer updates re-quantize it in place
+        (Float8Tensor handles in-place ops), and the FP8 GEMMs use its buffers directly."""
+        recipe = FP8GlobalStateManager.get_fp8_model_init_recipe() or self._init_recipe
+        if recipe is None or not recipe.float8_per_tensor_scaling():
+            raise NotImplementedError(
+                "BasicLinear: quantized weights (te.quantized_model_init) need a per-tensor FP8 "
+                f"recipe (Float8CurrentScaling or DelayedScaling), got {type(recipe).__name__}")
+        self._init_recipe = recipe
+        quantizer = RecipeState.create(recipe, mode="forward", num_quantizers=2).make_quantizers()[1]
+        w = self.weight
+        self.weight = torch.nn.Parameter(quantizer.quantize(w.detach()),
+                                         requires_grad=w.requires_grad)
 
     def pre_fuser_forward(self, *, requires_grad: bool) -> None:
         if has_meta_parameters(self):
@@ -121,7 +147,7 @@ class BasicLinear(BasicOperation):
             dtype = compute_dtype(input_.row_data.device.type, self.weight.dtype)
             ctx.dtype = dtype
             ctx.input_dtype = input_.dtype
-            return input_, (self.weight if self.weight.dtype == dtype else self.weight.to(dtype))
+            return input_, self._weight_in(dtype)
         if not input_.is_floating_point():
             raise TypeError(f"{self.__class__.__name__}: input must be floating point, "
                             f"got {input_.dtype}")
@@ -129,8 +155,15 @@ class BasicLinear(BasicOperation):
         ctx.dtype = dtype
         ctx.input_dtype = input_.dtype
         x = input_ if input_.dtype == dtype else input_.to(dtype)
-        w = self.weight if self.weight.dtype == dtype else self.weight.to(dtype)
-        return x, w
+        return x, self._weight_in(dtype)
+
+    def _weight_in(self, dtype: torch.dtype):
+        """The weight for this call's GEMMs: a quantized weight stays a Float8Tensor for the FP8
+        path (its buffers are the GEMM operand) and is dequantized for the high-precision one."""
+        w = self.weight
+        if isinstance(w, QuantizedTensor):
+            return w if self._quantizers is not None else w.dequantize(dtype=dtype)
+        return w if w.dtype == dtype else w.to(dtype)
 
     def save_ctx(self, ctx: OperationContext, x: torch.Tensor, w: torch.Tensor) -> None:
         """What the unfused backward needs (the anchor's ctx contract for BasicLinear)."""
@@ -168,7 +201,11 @@ class BasicLinear(BasicOperation):
             xq = x
         else:
             xq = _quantized.quantize(ctx.input_quantizer, x, columnwise=ctx.weight_requires_grad)
-        wq = _quantized.quantize(ctx.weight_quantizer, w, columnwise=need_dgrad)
+        if isinstance(w, Float8Tensor):  # a quantized weight: its own buffers, no second cast
+            wq = _quantized.QuantizedOperand("fp8", format_of(w._fp8_dtype), tuple(w.shape),
+                                             w._data, w._scale_inv, dtype=w.dtype)
+        else:
+            wq = _quantized.quantize(ctx.weight_quantizer, w, columnwise=need_dgrad)
         y = torch.ops.te_cpp.linear_fwd(xq.rowwise(), wq.rowwise())
         if ctx.requires_grad:
             saved_x = xq.tensors() if ctx.weight_requires_grad else (None,) * 4
