@@ -432,3 +432,17 @@ def test_quantized_weights_compile_and_reject_mxfp8():
     with pytest.raises(NotImplementedError, match="quantized weights .* per-tensor FP8 recipe"):
         with te.quantized_model_init(recipe=te.recipe.MXFP8BlockScaling()):
             te.ops.Linear(32, 32)
+
+
+def test_delayed_scaling_backward_scales_update_after_backward():
+    recipe = te.recipe.DelayedScaling(amax_history_len=1)
+    op = te.ops.BasicLinear(16, 16)
+    x = torch.randn(4, 16, requires_grad=True)
+    for g in (2.0, 500.0):
+        dy = torch.zeros(4, 16)
+        dy[0, 0] = g
+        with te.autocast(recipe=recipe):
+            y = op(x)
+        y.backward(dy)
+        # E5M2 (HYBRID backward): scale = 57344 / amax(dy) right after this backward
+        torch.testing.assert_close(op._fp8_metas["backward"].scale[0], torch.tensor(57344.0 / g))

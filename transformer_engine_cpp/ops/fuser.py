@@ -344,6 +344,10 @@ class _OperationFuserAutogradFunction(torch.autograd.Function):
             for i in idxs:
                 ctxs[i].saved_tensors = None
 
+        if plan.quantized and not torch.compiler.is_compiling():
+            for op in basic_ops:  # delayed scaling (eager only): the backward scales' update
+                op.update_delayed_backward_state()
+
         input_pos = func_ctx.arg_layout[0]
         accumulate(input_pos, dx)
         return (None, None, None, None, *grads)

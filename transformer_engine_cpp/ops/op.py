@@ -200,16 +200,27 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
         self._apply_pending_fp8_state()
 
     def register_delayed_scaling_states(self) -> None:
-        """Delayed scaling: have this op's scales updated when the outermost te.autocast exits
-        (the fuser calls this on every quantized call, as the anchor registers its metas)."""
+        """Delayed scaling: have this op's forward scales updated when the outermost
+        te.autocast exits (the fuser calls this on every quantized call, as the anchor
+        registers its metas); the backward ones are updated after the backward pass
+        (update_delayed_backward_state)."""
         metas = self._fp8_metas
-        if metas is None or not metas["recipe"].delayed():
+        if metas is None or not metas["recipe"].delayed() or "forward" not in metas:
             return
         from ..quantization import FP8GlobalStateManager  # noqa: PLC0415
 
-        for mode in ("forward", "backward"):
-            if mode in metas:
-                FP8GlobalStateManager.add_delayed_scaling_state(metas[mode])
+        FP8GlobalStateManager.add_delayed_scaling_state(metas["forward"])
+
+    def update_delayed_backward_state(self) -> None:
+        """Delayed scaling: roll the backward amax history and update the backward scales once
+        this op's backward pass has recorded its amaxes (the anchor updates them after the
+        backward of its first FP8 module)."""
+        metas = self._fp8_metas
+        if metas is None or not metas["recipe"].delayed() or "backward" not in metas:
+            return
+        from ..quantization import update_delayed_scaling  # noqa: PLC0415
+
+        update_delayed_scaling(metas["backward"])
 
     # ---- checkpointing of quantization state ------------------------------------------------
 

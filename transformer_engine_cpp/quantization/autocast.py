@@ -89,10 +89,7 @@ class FP8GlobalStateManager:
 
     @classmethod
     def _update_delayed_states(cls) -> None:
-        # Forward states hold this step's amaxes; backward states hold those recorded by the
-        # backward passes run since the last update (a backward usually runs after the
-        # autocast exit, so its scales follow one step later than in the anchor, which updates
-        # them right after the first module's backward).
+        # forward states only: the ops update their backward states after their backward pass
         states, cls._delayed_states = cls._delayed_states, []
         for s in states:
             update_delayed_scaling(s)
