@@ -383,7 +383,8 @@ def test_quantized_model_init_weights_are_float8_and_train():
     torch.manual_seed(0)
     plain = te.ops.Sequential(te.ops.Linear(32, 32), te.ops.GELU(), te.ops.Linear(32, 32))
     w = model[0].weight
-    assert isinstance(w, te.Float8Tensor) and w._data.dtype == torch.uint8
+    assert isinstance(w, te.tensor.Float8Tensor) and te.tensor.Float8Tensor is te.Float8Tensor
+    assert w._data.dtype == torch.uint8
     x = torch.randn(16, 32, requires_grad=True)
     with te.autocast(recipe=recipe):
         y, y_plain = model(x), plain(x)

@@ -9,7 +9,7 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 
 from . import _C  # noqa: F401  (registers torch.ops.te_cpp.*)
 from . import ops
-from . import recipe
+from . import recipe, tensor
 from .quantization import (Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor,
                            MXFP8Quantizer, MXFP8Tensor, QuantizedTensor, autocast, fp8_autocast,
                            fp8_model_init, quantized_model_init)
