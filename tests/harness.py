@@ -124,3 +124,19 @@ def random_grads_like(outs, seed=99):
 
 def clone_leaf(t):
     return t.detach().clone().requires_grad_(t.requires_grad)
+
+
+def pair_fusion(first: type, second: type, make):
+    """A fusion function (for register_*_fusion) replacing each consecutive pair of ops of the
+    exact classes (first, second) with ``make([a, b])``, through the fusers' own window scan."""
+    from transformer_engine_cpp.ops.fused._window import fuse_windows
+
+    def fuse(ops, *, recipe=None):
+        def match(ops, i):
+            if i + 1 < len(ops) and type(ops[i]) is first and type(ops[i + 1]) is second:
+                return make([ops[i], ops[i + 1]]), 2
+            return None
+
+        return fuse_windows(ops, match)
+
+    return fuse

@@ -11,6 +11,7 @@ from transformer_engine_cpp.ops.fused import BackwardActivationBias
 from transformer_engine_cpp.ops.fuser import OperationFuser
 from transformer_engine_cpp.testing import reference as ref
 
+from harness import pair_fusion
 from tolerances import tols
 
 FP32 = tols(torch.float32)
@@ -384,17 +385,7 @@ class ScaleTwice(te.ops.FusedOperation):
         return torch.ops.te_cpp.constant_scale_fwd(input_, s), [(), ()]
 
 
-def _fuse_scale_pairs(ops, *, recipe=None):
-    out, i = [], 0
-    while i < len(ops):
-        if (i + 1 < len(ops) and type(ops[i]) is te.ops.ConstantScale
-                and type(ops[i + 1]) is te.ops.ConstantScale):
-            out.append(ScaleTwice([ops[i], ops[i + 1]]))
-            i += 2
-        else:
-            out.append(ops[i])
-            i += 1
-    return out
+_fuse_scale_pairs = pair_fusion(te.ops.ConstantScale, te.ops.ConstantScale, ScaleTwice)
 
 
 def test_user_forward_fusion_and_existing_fuser_picks_it_up(fusion_registry):
@@ -447,17 +438,7 @@ class JointScale(te.ops.FusedOperation):
         return torch.ops.te_cpp.constant_scale_bwd(dh, self.basic_ops[0].scale), [(), ()], [(), ()]
 
 
-def _fuse_joint(ops, *, recipe=None):
-    out, i = [], 0
-    while i < len(ops):
-        if (i + 1 < len(ops) and type(ops[i]) is te.ops.ConstantScale
-                and type(ops[i + 1]) is te.ops.GELU):
-            out.append(JointScale([ops[i], ops[i + 1]]))
-            i += 2
-        else:
-            out.append(ops[i])
-            i += 1
-    return out
+_fuse_joint = pair_fusion(te.ops.ConstantScale, te.ops.GELU, JointScale)
 
 
 def test_user_joint_fusion_eager_and_compiled(fusion_registry):

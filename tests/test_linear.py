@@ -17,6 +17,7 @@ from transformer_engine_cpp.ops import fused as F
 from transformer_engine_cpp.ops.fuser import OperationFuser
 from transformer_engine_cpp.testing import reference as ref
 
+from harness import pair_fusion
 from tolerances import COMPILED_VS_EAGER, tols
 
 FP32 = tols(torch.float32)
@@ -263,16 +264,7 @@ class LinearSiLU(te.ops.FusedOperation):
         return torch.nn.functional.silu(z), [(), ()]
 
 
-def _fuse_linear_silu(ops, *, recipe=None):
-    out, i = [], 0
-    while i < len(ops):
-        if i + 1 < len(ops) and type(ops[i]) is te.ops.BasicLinear and type(ops[i + 1]) is te.ops.SiLU:
-            out.append(LinearSiLU([ops[i], ops[i + 1]]))
-            i += 2
-        else:
-            out.append(ops[i])
-            i += 1
-    return out
+_fuse_linear_silu = pair_fusion(te.ops.BasicLinear, te.ops.SiLU, LinearSiLU)
 
 
 def test_custom_forward_fusion_with_unfused_backward(fusion_registry):
