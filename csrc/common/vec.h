@@ -34,6 +34,16 @@ inline AccVec<T> load_acc(const T* p, int64_t n = AccVec<T>::size()) {
   }
 }
 
+#if defined(CPU_CAPABILITY_AVX512)
+inline void store_half_width(void* p, __m256i bits) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits);
+}
+#elif defined(CPU_CAPABILITY_AVX2)
+inline void store_half_width(void* p, __m128i bits) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bits);
+}
+#endif
+
 // Store `n` (<= AccVec::size()) elements of v to p, rounding to T (round to nearest even).
 template <typename T>
 inline void store_acc(T* p, const AccVec<T>& v, int64_t n = AccVec<T>::size()) {
@@ -45,6 +55,18 @@ inline void store_acc(T* p, const AccVec<T>& v, int64_t n = AccVec<T>::size()) {
       v.store(p, n);
     }
   } else {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+    if (n == AccVec<T>::size()) {
+      // one fp32 vector -> one half-width vector of T, stored whole (no staging buffer)
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        store_half_width(p, at::vec::cvtfp32_bf16(v));
+        return;
+      } else if constexpr (std::is_same_v<T, c10::Half>) {
+        store_half_width(p, at::vec::cvtfp32_fp16(v));
+        return;
+      }
+    }
+#endif
     // Vectorized<T> holds two float vectors' worth of bf16/fp16: convert (v, v) and store the
     // first n lanes.
     at::vec::convert_from_float<T>(v, v).store(p, n);
