@@ -19,11 +19,13 @@ test: build
 demo: build
 	@py=$(PY); $$py examples/train_residual_mlp.py
 
-# Benchmarks (never part of `make test`): BENCH_ARGS=--quick for a short run.
+# Benchmarks (never part of `make test`): the suite, bench/suite.py. Quick by default (under 5
+# minutes once the compile cache is warm); BENCH_ARGS=--full for the full run. It writes
+# bench/out/suite.csv and renders bench/README.md + bench/ratios.png (matplotlib: installed here).
+BENCH_ARGS ?= --quick
 bench: build
-	@py=$(PY); OMP_NUM_THREADS=2 $$py bench/bench_norms.py $(BENCH_ARGS) && \
-		OMP_NUM_THREADS=2 $$py bench/bench_mlp.py $(BENCH_ARGS) && \
-		OMP_NUM_THREADS=2 $$py bench/bench_fp8.py $(BENCH_ARGS)
+	@py=$(PY); $$py -c "import matplotlib" 2>/dev/null || $$py -m pip install -q matplotlib >&2; \
+		OMP_NUM_THREADS=2 $$py bench/suite.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build transformer_engine_cpp/_C*.so

@@ -24,13 +24,16 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+common.ensure_benchmark_allocator()
+
 import transformer_engine_cpp as te  # noqa: E402
-from bench_mlp import copy_params, ours_block  # noqa: E402
 from common import Provider, check_close, environment, run_case, write_outputs  # noqa: E402
-from transformer_engine_cpp.testing.reference import PreNormMLP  # noqa: E402
+from suite import mlp_builder  # noqa: E402
+from transformer_engine_cpp.testing.reference import fp8_quantize_current_scaling  # noqa: E402
 
 E4M3 = 0  # fp8_format int of the custom ops
-E4M3_MAX = 448.0
 FP8_TOL = 0.10  # relative error (Frobenius norm) allowed between the FP8 and the bf16 block
 
 
@@ -41,10 +44,8 @@ def fp8_recipe():
 def block_providers(T, H, F, mode):
     dtype = torch.bfloat16
     torch.manual_seed(0)
-    plain = PreNormMLP(H, F, activation="gelu", dtype=dtype)
-    ours = ours_block(H, F, "gelu", dtype)
-    copy_params(plain, ours)
-    x = torch.randn(T, H, dtype=dtype, requires_grad=(mode != "fwd"))
+    plain, ours, (x,) = mlp_builder(T, H, F, "residual")(dtype)
+    x.requires_grad_(mode != "fwd")
     dy = torch.randn(T, H, dtype=dtype)
     with torch.no_grad():
         y_plain = plain(x)
@@ -78,18 +79,6 @@ def block_providers(T, H, F, mode):
             Provider("ours fp8", run(ours, fp8=True))]
 
 
-def torch_fp8_quantize(x):
-    """Plain-torch current scaling (E4M3): the same algorithm as fp8_quantize."""
-    xf = x.float()
-    amax = xf.abs().amax()
-    one = torch.ones_like(amax)
-    # tensor / tensor: one correctly rounded division (scalar / tensor would go through
-    # reciprocal(), which is not)
-    scale = torch.where((amax > 0) & torch.isfinite(amax), (one * E4M3_MAX) / amax, one)
-    data = (xf * scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
-    return data, (one / scale).reshape(1), amax.reshape(1)
-
-
 def torch_fp8_dequantize(data, scale_inv, dtype):
     return (data.view(torch.float8_e4m3fn).float() * scale_inv).to(dtype)
 
@@ -102,7 +91,7 @@ def quantize_cases(args, results, T, H):
         torch.manual_seed(0)
         x = torch.randn(T, H, dtype=dtype) * 3
         data, scale_inv, amax = ops.fp8_quantize(x, E4M3, False, 0.0)
-        t_data, t_scale_inv, t_amax = torch_fp8_quantize(x)
+        t_data, t_scale_inv, t_amax = fp8_quantize_current_scaling(x)
         torch.testing.assert_close(amax.reshape(1), t_amax, rtol=0, atol=0)
         torch.testing.assert_close(scale_inv, t_scale_inv, rtol=0, atol=0)
         if not torch.equal(data, t_data):
@@ -114,7 +103,7 @@ def quantize_cases(args, results, T, H):
         # minimal traffic, one read of the input + 1 byte/element written.
         qbytes = n * (esz + 1)
         results += run_case("fp8_quantize", dtype, f"{T}x{H}", "fwd", [
-            Provider("torch", lambda: torch_fp8_quantize(x)),
+            Provider("torch", lambda: fp8_quantize_current_scaling(x)),
             Provider("ours", lambda: ops.fp8_quantize(x, E4M3, False, 0.0)),
         ], ours="ours", bytes_moved=qbytes, copy_bytes=qbytes // 2, **args)
         # dequantize: 1 byte/element read + esz bytes/element written

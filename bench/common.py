@@ -1,14 +1,15 @@
-"""Shared benchmark harness (never run by pytest).
+"""Shared benchmark harness (never run by pytest; bench/suite.py is its main user).
 
-Method (the project's design notes, "Speed"; see bench/README.md once written): one process; every provider of a case on identical
-inputs, checked against the plain-PyTorch eager result first; R interleaved rounds, each timing
-every provider once (rotated order) with torch.utils.benchmark's blocked_autorange; ratios are
-taken within a round and reported as the median (min-max) over rounds. Memory-bound cases also
-report achieved bandwidth against a tensor copy of the same byte count timed in the same run.
+Method (DESIGN.md "Speed"; the rendered bench/README.md states it with the results): one
+process; every provider of a case on identical inputs, checked first; R interleaved rounds, each
+timing every provider once (rotated order) with torch.utils.benchmark's blocked_autorange; ratios
+are taken within a round and reported as the median (min-max) over rounds. Memory-bound cases
+also report achieved bandwidth against a tensor copy of the same byte count timed in the same run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import os
@@ -43,6 +44,20 @@ class Result:
     bytes_moved: int = 0
     gbps: float = 0.0
     copy_efficiency: float = 0.0  # achieved GB/s / copy GB/s at the same byte count
+    copy_gbps: float = 0.0  # the copy's bandwidth in the same run (median over rounds)
+    p20_us: float = 0.0  # spread of the per-round medians
+    p80_us: float = 0.0
+    case_id: str = ""
+    compile_s: float = 0.0  # first calls (compilation for the compiled providers)
+    saved_bytes: int = -1  # saved-activation bytes of one forward (-1: not measured)
+    peak_bytes: int = -1  # peak bytes allocated during one step (-1: not measured)
+    # the case's targets, on ours' rows (NaN: none): minimum t_torch / t_ours,
+    # t_torch.compile / t_ours, copy efficiency, and t_ours / t_ours_compiled
+    target_vs_eager: float = float("nan")
+    target_vs_compile: float = float("nan")
+    target_copy: float = float("nan")
+    target_compiled: float = float("nan")
+    target_note: str = ""
 
 
 def environment() -> str:
@@ -57,9 +72,25 @@ def environment() -> str:
         pass
     import transformer_engine_cpp._C as C
 
-    return (f"torch {torch.__version__}, python {sys.version.split()[0]}, {cpu}, "
-            f"{os.cpu_count()} cpus, threads {torch.get_num_threads()}, "
-            f"te_cpp kernels {C.cpu_capability()}")
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            have = next((line.split(":", 1)[1].split() for line in f
+                         if line.startswith("flags")), [])
+        flags = " ".join(x for x in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
+                         if x in have)
+    except OSError:
+        pass
+    return (f"torch {torch.__version__}, python {sys.version.split()[0]}, {cpu} ({flags}), "
+            f"{os.cpu_count()} cpus, ATen parallel backend "
+            f"{_backend()}, "
+            f"te_cpp kernels {C.cpu_capability()}, {allocator_note()}")
+
+
+def _backend() -> str:
+    info = torch.__config__.parallel_info()
+    line = next((ln for ln in info.splitlines() if "parallel backend" in ln.lower()), "")
+    return line.split(":", 1)[-1].strip() or "?"
 
 
 def time_us(fn: Callable[[], object], threads: int, min_run_time: float) -> float:
@@ -97,11 +128,13 @@ def run_case(case: str, dtype: torch.dtype, shape: str, mode: str, providers: li
         med = statistics.median(times[p.name])
         res = Result(case, str(dtype).replace("torch.", ""), shape, mode, threads, p.name, med,
                      statistics.median(ratios), min(ratios), max(ratios))
+        res.p20_us, res.p80_us = _quantile(times[p.name], 0.2), _quantile(times[p.name], 0.8)
         if bytes_moved:
             res.bytes_moved = bytes_moved
             res.gbps = bytes_moved / (med * 1e-6) / 1e9
             if copies:
-                res.copy_efficiency = res.gbps / statistics.median(copies)
+                res.copy_gbps = statistics.median(copies)
+                res.copy_efficiency = res.gbps / res.copy_gbps
         results.append(res)
     line = " | ".join(f"{r.provider} {r.median_us:8.1f}us x{r.ratio_vs_ours:4.2f}"
                       for r in results)
@@ -110,6 +143,94 @@ def run_case(case: str, dtype: torch.dtype, shape: str, mode: str, providers: li
              if eff and eff.copy_efficiency else "")
     log(f"  {case:<16} {mode:<8} {results[0].dtype:<9} {shape:<12} t{threads}: {line}{extra}")
     return results
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+# Freed memory stays with the process instead of going back to the kernel: on the development
+# VM a fresh 64 MiB allocation costs ~18 ms of page faults, which would swamp the kernels being
+# measured (for every provider alike). glibc's default gives >= 32 MiB blocks back at free().
+ALLOCATOR_TUNABLES = "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296"
+
+
+def ensure_benchmark_allocator() -> None:
+    """Re-executes this process once with ALLOCATOR_TUNABLES set (unless TECPP_BENCH_SYSTEM_MALLOC
+    is set: then the system defaults are measured)."""
+    if os.environ.get("TECPP_BENCH_SYSTEM_MALLOC") or os.environ.get("GLIBC_TUNABLES"):
+        return
+    env = dict(os.environ, GLIBC_TUNABLES=ALLOCATOR_TUNABLES)
+    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+
+def allocator_note() -> str:
+    tun = os.environ.get("GLIBC_TUNABLES")
+    return f"GLIBC_TUNABLES={tun}" if tun else "system malloc defaults"
+
+
+def saved_activation_bytes(forward: Callable[[], object]) -> int:
+    """Bytes of the distinct storages autograd saves during forward(), leaf tensors that require
+    grad (parameters, the input) excluded: they exist anyway. -1 if hooks cannot see them."""
+    storages = {}
+
+    def pack(t):
+        if not (t.is_leaf and t.requires_grad):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            forward()
+    except Exception:  # e.g. hooks refused while tracing a compiled region
+        return -1
+    return sum(storages.values())
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silences file descriptor 2 (the profiler's C++ start/stop lines)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def peak_allocated_bytes(step: Callable[[], object]) -> int:
+    """Peak of the CPU memory allocated (and not yet freed) during step(), from the profiler's
+    memory timeline; -1 if the profiler cannot tell."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+        with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True,
+                                      record_shapes=True, with_stack=True) as prof:
+            step()
+        _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline("cpu")
+        return int(max((sum(s) for s in sizes), default=0))
+    except Exception:
+        return -1
+
+
+def write_csv(results: list[Result], path: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fields = [f.name for f in dataclasses.fields(Result)]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["# " + environment() + "; " + allocator_note()])
+        w.writerow(fields)
+        for r in results:
+            w.writerow([getattr(r, name) for name in fields])
 
 
 def check_close(name: str, got, expected, dtype: torch.dtype) -> None:

@@ -177,12 +177,13 @@ class PreNormMLP(torch.nn.Module):
     """Plain-PyTorch pre-norm residual MLP block: x + fc2(act(fc1(LayerNorm(x)))), the twin of
     the te.ops block in examples/ and bench/ (act: tanh GELU, or SwiGLU with fc1 -> 2 * ffn)."""
 
-    def __init__(self, hidden: int, ffn: int, *, activation: str = "gelu", dtype=None,
-                 device=None):
+    def __init__(self, hidden: int, ffn: int, *, activation: str = "gelu", residual: bool = True,
+                 dtype=None, device=None):
         super().__init__()
         kw = dict(dtype=dtype, device=device)
         self.norm = torch.nn.LayerNorm(hidden, **kw)
         self.activation = activation
+        self.residual = residual
         fc1_out = 2 * ffn if activation == "swiglu" else ffn
         self.fc1 = torch.nn.Linear(hidden, fc1_out, **kw)
         self.fc2 = torch.nn.Linear(ffn, hidden, **kw)
@@ -190,4 +191,58 @@ class PreNormMLP(torch.nn.Module):
     def forward(self, x):
         h = self.fc1(self.norm(x))
         h = swiglu(h) if self.activation == "swiglu" else gelu(h)
-        return x + self.fc2(h)
+        y = self.fc2(h)
+        return x + y if self.residual else y
+
+
+class BiasActivation(torch.nn.Module):
+    """act(x + bias): the plain twin of te.ops.Sequential(Bias, <activation>)."""
+
+    def __init__(self, features: int, activation: str = "gelu", *, dtype=None, device=None):
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.randn(features, dtype=dtype, device=device))
+        self.act = globals()[activation]
+
+    def forward(self, x):
+        return self.act(x + self.bias)
+
+
+class Activation(torch.nn.Module):
+    """One of this module's activation functions as a module (e.g. "swiglu")."""
+
+    def __init__(self, activation: str):
+        super().__init__()
+        self.act = globals()[activation]
+
+    def forward(self, x):
+        return self.act(x)
+
+
+class LinearWithSkip(torch.nn.Module):
+    """(fc(x), x): the plain twin of te.ops.Sequential(MakeExtraOutput, Linear), whose backward
+    adds the skip's gradient to the linear's dgrad (BackwardLinearAdd)."""
+
+    def __init__(self, in_features: int, out_features: int, *, dtype=None, device=None):
+        super().__init__()
+        self.fc = torch.nn.Linear(in_features, out_features, dtype=dtype, device=device)
+
+    def forward(self, x):
+        return self.fc(x), x
+
+
+# ---- FP8 ------------------------------------------------------------------------------------
+
+E4M3_MAX = 448.0
+
+
+def fp8_quantize_current_scaling(x: torch.Tensor):
+    """Per-tensor current scaling to E4M3, as te_cpp.fp8_quantize computes it (no epsilon, no
+    power-of-2 scales): returns (data as uint8, scale_inv [1], amax [1])."""
+    xf = x.float()
+    amax = xf.abs().amax()
+    one = torch.ones_like(amax)
+    # tensor / tensor: one correctly rounded division (scalar / tensor would go through
+    # reciprocal(), which is not)
+    scale = torch.where((amax > 0) & torch.isfinite(amax), (one * E4M3_MAX) / amax, one)
+    data = (xf * scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+    return data, (one / scale).reshape(1), amax.reshape(1)

@@ -1,0 +1,447 @@
+"""The benchmark suite: every CPU case of the project's benchmark plan (C1-C10), each timed for
+four providers in one process, side by side:
+
+    torch          plain-PyTorch eager (the testing/reference.py modules, nn.LayerNorm, ...)
+    torch.compile  torch.compile(fullgraph=True) of that plain model
+    ours           the te.ops model (transformer_engine_cpp), eager
+    ours compiled  torch.compile(fullgraph=True) of the te.ops model
+
+Before any timing, the outputs and gradients of ours and ours compiled are checked against
+plain eager (relative error of the whole tensor, per dtype). Timing: R interleaved rounds, each
+timing every provider once in rotated order (torch.utils.benchmark, explicit thread count);
+ratios are taken within a round and reported as the median (min-max) over rounds. Memory-bound
+cases also time a tensor copy of the same byte count in every round (the roofline); GEMM-bound
+cases time a bare torch.mm of the same shapes. The MLP block reports saved-activation bytes and
+the peak memory allocated during a step.
+
+    python bench/suite.py --quick      # 2 threads, fp32 + bf16, short rounds (< 5 min warm)
+    python bench/suite.py              # full: + DRAM-size and odd shapes, + the 1-thread table
+
+Writes bench/out/suite.csv, and renders bench/README.md with bench/ratios.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import os
+import sys
+import time
+from typing import Callable, Optional, Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402  (re-executes with the benchmark allocator settings first)
+
+common.ensure_benchmark_allocator()
+
+import torch  # noqa: E402
+
+import transformer_engine_cpp as te  # noqa: E402
+from transformer_engine_cpp.testing import reference as ref  # noqa: E402
+
+PROVIDERS = ("torch", "torch.compile", "ours", "ours compiled")
+E4M3 = 0  # fp8_format of the te_cpp quantize ops
+
+
+# ---- cases ----------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Target:
+    """Issue 6 / the benchmark plan: minimum speedups of ours (t_provider / t_ours, median over
+    rounds) and the minimum fraction of copy bandwidth."""
+    vs_eager: Optional[float] = None
+    vs_compile: Optional[float] = None
+    copy_efficiency: Optional[float] = None
+    compiled_vs_ours: Optional[float] = None  # t_ours / t_ours_compiled
+    note: str = ""
+
+
+@dataclasses.dataclass
+class Case:
+    id: str
+    name: str
+    modes: tuple[str, ...]
+    # (dtype) -> (plain model, ours model, inputs); parameters are equal in both
+    build: Callable[[torch.dtype], tuple[torch.nn.Module, torch.nn.Module, tuple]]
+    shape: str
+    # minimal bytes moved per mode for one element size (0: not memory bound)
+    min_bytes: Callable[[str, int], int] = lambda mode, esz: 0
+    # GEMM shapes (M, K, N) per mode for the bare torch.mm roofline
+    gemms: Callable[[str], Sequence[tuple[int, int, int]]] = lambda mode: ()
+    targets: dict = dataclasses.field(default_factory=dict)  # mode -> Target
+    memory: bool = False  # report saved-activation bytes and peak memory of a step
+    grad: bool = True  # False: forward only, no autograd (kernels without a backward)
+
+
+def _copy_params(src: torch.nn.Module, dst_params: Sequence[torch.nn.Parameter]) -> None:
+    with torch.no_grad():
+        for p, q in zip(src.parameters(), dst_params, strict=True):
+            q.copy_(p)
+
+
+def layernorm_case(T, H):
+    def build(dtype):
+        plain = torch.nn.LayerNorm(H, dtype=dtype)
+        with torch.no_grad():
+            plain.weight.normal_()
+            plain.bias.normal_()
+        ours = te.ops.Sequential(te.ops.LayerNorm(H, dtype=dtype))
+        _copy_params(plain, [ours[0].weight, ours[0].bias])
+        return plain, ours, (torch.randn(T, H, dtype=dtype),)
+    # fwd: read x, write y; bwd: read dy and x, write dx (stats and dgamma/dbeta are O(T + H))
+    return Case("C1", "LayerNorm", ("fwd", "bwd"), build, f"{T}x{H}",
+                min_bytes=lambda mode, e: (2 if mode == "fwd" else 3) * T * H * e,
+                targets={"fwd": Target(1.0, 1.0, 0.6), "bwd": Target(1.0, 1.0, 0.6)})
+
+
+def rmsnorm_case(T, H):
+    def build(dtype):
+        plain = torch.nn.RMSNorm(H, eps=1e-5, dtype=dtype)
+        with torch.no_grad():
+            plain.weight.normal_()
+        ours = te.ops.Sequential(te.ops.RMSNorm(H, eps=1e-5, dtype=dtype))
+        _copy_params(plain, [ours[0].weight])
+        return plain, ours, (torch.randn(T, H, dtype=dtype),)
+    return Case("C2", "RMSNorm", ("fwd", "bwd"), build, f"{T}x{H}",
+                min_bytes=lambda mode, e: (2 if mode == "fwd" else 3) * T * H * e,
+                targets={"fwd": Target(2.0, 1.0, 0.6), "bwd": Target(2.0, 1.0, 0.6)})
+
+
+def bias_act_builder(T, F, act):
+    te_act = {"gelu": te.ops.GELU, "relu": te.ops.ReLU}[act]
+
+    def build(dtype):
+        plain = ref.BiasActivation(F, act, dtype=dtype)
+        ours = te.ops.Sequential(te.ops.Bias(F, dtype=dtype), te_act())
+        _copy_params(plain, [ours[0].bias])
+        return plain, ours, (torch.randn(T, F, dtype=dtype),)
+    return build
+
+
+def bias_act_case(T, F, act):
+    # forward: read x, write y (the pre-activation need not be written)
+    return Case("C3", f"Bias + {act.upper() if act == 'gelu' else 'ReLU'}", ("fwd",),
+                bias_act_builder(T, F, act), f"{T}x{F}",
+                min_bytes=lambda mode, e: 2 * T * F * e,
+                targets={"fwd": Target(1.5, 1.0, 0.6 if act == "relu" else None,
+                                       note="GELU is exp-bound on 2 cores" if act == "gelu"
+                                       else "")})
+
+
+def dact_dbias_case(T, F):
+    # backward of Bias -> GELU (BackwardActivationBias): read dy and the saved input, write dx
+    return Case("C4", "dGELU + dbias", ("bwd",), bias_act_builder(T, F, "gelu"), f"{T}x{F}",
+                min_bytes=lambda mode, e: 3 * T * F * e,
+                targets={"bwd": Target(1.2, 1.0, 0.6, note="GELU' is exp-bound on 2 cores")})
+
+
+def swiglu_case(T, F):
+    def build(dtype):
+        return (ref.Activation("swiglu"), te.ops.Sequential(te.ops.SwiGLU()),
+                (torch.randn(T, 2 * F, dtype=dtype),))
+    # fwd: read T x 2F, write T x F; bwd: read dy (T x F) and x (T x 2F), write dx (T x 2F)
+    return Case("C5", "SwiGLU", ("fwd", "bwd"), build, f"{T}x2*{F}",
+                min_bytes=lambda mode, e: (3 if mode == "fwd" else 5) * T * F * e,
+                targets={"fwd": Target(1.4, 1.0, 0.6), "bwd": Target(1.5, 1.0, 0.6)})
+
+
+def linear_gelu_case(T, H, F):
+    def build(dtype):
+        plain = torch.nn.Sequential(torch.nn.Linear(H, F, dtype=dtype), ref.Activation("gelu"))
+        ours = te.ops.Sequential(te.ops.Linear(H, F, dtype=dtype), te.ops.GELU())
+        _copy_params(plain, list(ours.parameters()))
+        return plain, ours, (torch.randn(T, H, dtype=dtype),)
+    return Case("C6", "Linear + Bias + GELU", ("fwd",), build, f"{T}x{H}x{F}",
+                gemms=lambda mode: [(T, H, F)],
+                targets={"fwd": Target(1.02, 0.97, note="GEMM-bound: t(ours) / t(mm) shown")})
+
+
+def linear_add_case(T, H, F):
+    def build(dtype):
+        plain = ref.LinearWithSkip(H, F, dtype=dtype)
+        ours = te.ops.Sequential(te.ops.MakeExtraOutput(), te.ops.Linear(H, F, dtype=dtype))
+        _copy_params(plain, list(ours.parameters()))
+        return plain, ours, (torch.randn(T, H, dtype=dtype),)
+    # backward: dgrad (T x F x H) and wgrad (F x T x H)
+    return Case("C7", "BackwardLinearAdd", ("bwd",), build, f"{T}x{H}x{F}",
+                gemms=lambda mode: [(T, F, H), (F, T, H)],
+                targets={"bwd": Target(1.01, 0.97)})
+
+
+def mlp_builder(T, H, F, variant):
+    def build(dtype):
+        act = "swiglu" if variant == "swiglu" else "gelu"
+        residual = variant != "plain"
+        plain = ref.PreNormMLP(H, F, activation=act, residual=residual, dtype=dtype)
+        fc1_out = 2 * F if act == "swiglu" else F
+        body = [te.ops.LayerNorm(H, dtype=dtype), te.ops.Linear(H, fc1_out, dtype=dtype),
+                te.ops.SwiGLU() if act == "swiglu" else te.ops.GELU(),
+                te.ops.Linear(F, H, dtype=dtype)]
+        if residual:
+            body = ([te.ops.MakeExtraOutput().set_extra_output_channel(
+                        0, "residual", output_to_caller=False)] + body
+                    + [te.ops.AddExtraInput().set_extra_input_channel(0, "residual")])
+        ours = te.ops.Sequential(*body)
+        _copy_params(plain, list(ours.parameters()))
+        return plain, ours, (torch.randn(T, H, dtype=dtype),)
+    return build
+
+
+def mlp_case(T, H, F, variant):
+    name = {"plain": "MLP block", "residual": "MLP block + residual",
+            "swiglu": "MLP block SwiGLU + residual"}[variant]
+    fc1 = 2 * F if variant == "swiglu" else F
+
+    def gemms(mode):
+        fwd = [(T, H, fc1), (T, F, H)]
+        bwd = [(T, fc1, H), (fc1, T, H), (T, H, F), (H, T, F)]
+        return fwd if mode == "fwd" else fwd + bwd
+    return Case("C8", name, ("fwd", "fwd+bwd"), mlp_builder(T, H, F, variant), f"{T}x{H}x{F}",
+                gemms=gemms, memory=True,
+                targets={"fwd": Target(1.0, 0.95),
+                         "fwd+bwd": Target(1.05, 1.0, compiled_vs_ours=1.0)})
+
+
+def host_case(T, H=256):
+    def build(dtype):
+        plain = torch.nn.Sequential(torch.nn.LayerNorm(H, dtype=dtype),
+                                    torch.nn.Linear(H, H, dtype=dtype), ref.Activation("gelu"),
+                                    torch.nn.Linear(H, H, dtype=dtype))
+        ours = te.ops.Sequential(te.ops.LayerNorm(H, dtype=dtype), te.ops.Linear(H, H, dtype=dtype),
+                                 te.ops.GELU(), te.ops.Linear(H, H, dtype=dtype))
+        _copy_params(plain, list(ours.parameters()))
+        return plain, ours, (torch.randn(T, H, dtype=dtype),)
+    target = Target(1.0) if T == 8 else Target()
+    return Case("C9", "Host overhead (LN, Linear, GELU, Linear)", ("fwd", "fwd+bwd"), build,
+                f"{T}x{H}", targets={"fwd": target, "fwd+bwd": target})
+
+
+class _Quantize(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+def quantize_case(T, H):
+    def build(dtype):
+        plain = _Quantize(ref.fp8_quantize_current_scaling)
+        ours = _Quantize(lambda x: torch.ops.te_cpp.fp8_quantize(x, E4M3, False, 0.0))
+        return plain, ours, (torch.randn(T, H, dtype=dtype) * 3,)
+    # read x once, write 1 byte per element (the amax needs a second read of x: not minimal)
+    return Case("C10", "FP8 quantize (current scaling)", ("fwd",), build, f"{T}x{H}",
+                min_bytes=lambda mode, e: T * H * (e + 1), grad=False,
+                targets={"fwd": Target(None, 1.0, 0.6)})
+
+
+def all_cases(full: bool, quick: bool) -> list[Case]:
+    T, H, F = 4096, 1024, 4096
+    # the GEMM-bound cases shrink T in quick mode (the ratios are about the same, the run is
+    # 4x shorter)
+    Tg = 1024 if quick else T
+    cases = [layernorm_case(T, H), rmsnorm_case(T, H), bias_act_case(T, F, "gelu"),
+             bias_act_case(T, F, "relu"), dact_dbias_case(T, F), swiglu_case(T, F),
+             linear_gelu_case(Tg, H, F), linear_add_case(Tg, H, F),
+             mlp_case(Tg, H, F, "plain"), mlp_case(Tg, H, F, "residual"),
+             mlp_case(Tg, H, F, "swiglu"), host_case(1), host_case(8), host_case(64),
+             quantize_case(T, H)]
+    if full:
+        # DRAM regime (>= 4x the 32 MiB L3) and odd sizes (vector tails)
+        cases += [layernorm_case(16384, H), rmsnorm_case(16384, H),
+                  bias_act_case(16384, F, "relu"), swiglu_case(16384, F),
+                  layernorm_case(T, 1000), rmsnorm_case(T, 1000), swiglu_case(T, 4000),
+                  mlp_case(T, 1000, 4000, "residual")]
+    return cases
+
+
+# ---- running --------------------------------------------------------------------------------
+
+def _outputs(y) -> tuple:
+    return y if isinstance(y, tuple) else (y,)
+
+
+class Step:
+    """The timed callables of one (case, dtype): forward, backward-only (on a retained graph)
+    and forward+backward, for one model."""
+
+    def __init__(self, model, inputs, grads, wrt_params, grad_enabled):
+        self.model, self.inputs, self.grads = model, inputs, grads
+        self.wrt = list(inputs) + list(wrt_params)
+        self.grad_enabled = grad_enabled
+        self._retained = None
+
+    def fwd(self):
+        with torch.set_grad_enabled(self.grad_enabled):
+            return self.model(*self.inputs)
+
+    def fwd_bwd(self):
+        outs = _outputs(self.model(*self.inputs))
+        return torch.autograd.grad(outs, self.wrt, self.grads)
+
+    def bwd(self):
+        if self._retained is None:
+            self._retained = _outputs(self.model(*self.inputs))
+        return torch.autograd.grad(self._retained, self.wrt, self.grads, retain_graph=True)
+
+    def fn(self, mode) -> Callable[[], object]:
+        return {"fwd": self.fwd, "bwd": self.bwd, "fwd+bwd": self.fwd_bwd}[mode]
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    if expected.dtype == torch.uint8:  # FP8 payloads: count differing codes
+        return (got != expected).double().mean().item()
+    e = expected.double()
+    return ((got.double() - e).norm() / e.norm().clamp_min(1e-30)).item()
+
+
+# Whole-tensor relative error to the float64 result allowed to ours: the larger of this and
+# twice plain eager's own error (eager's bf16 LayerNorm weight gradients, for one, are off by
+# ~2.5e-2 at T=1024).
+CHECK_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+def _results(step: Step, grad: bool) -> list[torch.Tensor]:
+    outs = [t.detach() for t in _outputs(step.fwd())]
+    return outs + (list(step.fwd_bwd()) if grad else [])
+
+
+def check(case: Case, dtype, steps: dict[str, Step], log) -> None:
+    """ours and ours compiled against a float64 run of the plain model, no worse than plain
+    eager: forward outputs, then the gradients of the inputs and parameters."""
+    plain = steps["torch"]
+    model64 = copy.deepcopy(plain.model).double()
+    inputs64 = tuple(x.detach().double().requires_grad_(case.grad) for x in plain.inputs)
+    grads64 = tuple(g.double() if g is not None else None for g in plain.grads)
+    exact = _results(Step(model64, inputs64, grads64, list(model64.parameters()) if case.grad
+                          else [], case.grad), case.grad)
+    eager = [relative_error(t, e) for t, e in zip(_results(plain, case.grad), exact, strict=True)]
+    worst = 0.0
+    for name in ("ours", "ours compiled"):
+        for i, (got, e) in enumerate(zip(_results(steps[name], case.grad), exact, strict=True)):
+            err = relative_error(got, e)
+            allowed = max(CHECK_TOLERANCE[dtype], 2 * eager[i])
+            worst = max(worst, err)
+            if not err <= allowed:
+                raise SystemExit(f"{case.id} {case.name} {dtype}: {name} result {i} (outputs, "
+                                 f"then gradients) is off the float64 result by {err:.2e}; plain "
+                                 f"eager by {eager[i]:.2e}; allowed {allowed:.1e}")
+    log(f"  check vs float64: ours {worst:.1e}, plain eager {max(eager):.1e} (worst relative "
+        "error over outputs and gradients)")
+
+
+def _grad_like(y: torch.Tensor) -> Optional[torch.Tensor]:
+    return torch.randn_like(y) if y.is_floating_point() else None
+
+
+def run_case_dtype(case: Case, dtype, threads: int, rounds: int, min_run_time: float,
+                   log) -> list[common.Result]:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    plain, ours, inputs = case.build(dtype)
+    inputs = tuple(x.requires_grad_(case.grad) for x in inputs)
+    with torch.no_grad():
+        grads = tuple(_grad_like(y) for y in _outputs(plain(*inputs)))
+    # a backward-only timing repeats the backward on a retained graph, which AOTAutograd's
+    # donated buffers (saved tensors reused as backward scratch) do not allow
+    torch._functorch.config.donated_buffer = "bwd" not in case.modes
+    models = {"torch": plain, "torch.compile": torch.compile(plain, fullgraph=True),
+              "ours": ours, "ours compiled": torch.compile(ours, fullgraph=True)}
+    steps = {}
+    for name, model in models.items():
+        params = list(plain.parameters() if name.startswith("torch") else ours.parameters())
+        steps[name] = Step(model, inputs, grads, params if case.grad else [], case.grad)
+    torch.set_num_threads(threads)
+    # first calls compile: timed separately, reported as compile seconds
+    compile_s = {}
+    for name, step in steps.items():
+        t0 = time.perf_counter()
+        for mode in case.modes:
+            step.fn(mode)()
+        compile_s[name] = time.perf_counter() - t0
+    check(case, dtype, steps, log)
+
+    results = []
+    esz = torch.empty((), dtype=dtype).element_size()
+    for mode in case.modes:
+        providers = [common.Provider(n, steps[n].fn(mode)) for n in PROVIDERS]
+        nbytes = case.min_bytes(mode, esz)
+        gemms = case.gemms(mode)
+        extra = []
+        if gemms:
+            mats = [(torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype))
+                    for m, k, n in gemms]
+            extra.append(common.Provider("torch.mm", lambda mats=mats: [a @ b for a, b in mats]))
+        res = common.run_case(f"{case.id} {case.name}", dtype, case.shape, mode,
+                              providers + extra, ours="ours", rounds=rounds, threads=threads,
+                              min_run_time=min_run_time, bytes_moved=nbytes,
+                              copy_bytes=nbytes // 2, log=log)
+        if case.memory and mode == "fwd+bwd":
+            for r in res:
+                if r.provider in steps:
+                    r.saved_bytes = common.saved_activation_bytes(steps[r.provider].fwd)
+                    r.peak_bytes = common.peak_allocated_bytes(steps[r.provider].fwd_bwd)
+            mem = {r.provider: r for r in res if r.provider in steps}
+            log("  memory: " + " | ".join(
+                f"{n} saved {mem[n].saved_bytes / 2**20:.1f} MiB peak "
+                f"{mem[n].peak_bytes / 2**20:.1f} MiB" for n in PROVIDERS))
+        for r in res:
+            r.case_id, r.case = case.id, case.name
+            r.compile_s = compile_s.get(r.provider, 0.0)
+            if r.provider == "ours" and mode in case.targets:
+                t = case.targets[mode]
+                nan = float("nan")
+                r.target_vs_eager = nan if t.vs_eager is None else t.vs_eager
+                r.target_vs_compile = nan if t.vs_compile is None else t.vs_compile
+                r.target_copy = nan if t.copy_efficiency is None else t.copy_efficiency
+                r.target_compiled = nan if t.compiled_vs_ours is None else t.compiled_vs_ours
+                r.target_note = t.note
+        results += res
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true",
+                      help="2 threads, 3 short rounds, GEMM cases at T=1024 (< 5 min warm)")
+    mode.add_argument("--full", action="store_true",
+                      help="(default) 7 rounds, + DRAM and odd shapes, 2 and 1 threads")
+    parser.add_argument("--threads", type=int, nargs="+", help="thread counts (default: full "
+                        "2 1, quick 2)")
+    parser.add_argument("--cases", nargs="+", help="case ids to run, e.g. C1 C8")
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out", "suite"))
+    parser.add_argument("--readme", default=os.path.join(os.path.dirname(__file__), "README.md"),
+                        help="where to render the report ('' to skip)")
+    a = parser.parse_args()
+    quick = a.quick
+    rounds, mrt = (3, 0.05) if quick else (7, 0.2)
+    threads = a.threads or ([2] if quick else [2, 1])
+    dtypes = [getattr(torch, d) for d in a.dtypes]
+    cases = [c for c in all_cases(full=not quick, quick=quick)
+             if not a.cases or c.id in a.cases]
+    torch._dynamo.config.cache_size_limit = 64
+    env = common.environment()
+    print(env, flush=True)
+    jobs = [(t, c, d) for t in threads for c in cases for d in dtypes]
+    results: list[common.Result] = []
+    t_start = time.perf_counter()
+    for i, (t, case, dtype) in enumerate(jobs, 1):
+        elapsed = time.perf_counter() - t_start
+        print(f"[{i}/{len(jobs)} {elapsed:5.0f}s] {case.id} {case.name} "
+              f"{str(dtype).replace('torch.', '')} {case.shape} threads={t}", flush=True)
+        results += run_case_dtype(case, dtype, t, rounds, mrt,
+                                  log=lambda s: print(s, flush=True))
+    common.write_csv(results, a.out + ".csv")
+    print(f"wrote {a.out}.csv ({time.perf_counter() - t_start:.0f} s)")
+    if a.readme:
+        import report
+        report.render(results, env, a.readme, quick=quick)
+        print(f"wrote {a.readme}")
+
+
+if __name__ == "__main__":
+    main()
