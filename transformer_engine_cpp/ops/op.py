@@ -127,6 +127,15 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
     def is_fused_op(self) -> bool:
         return False
 
+    def materialize_meta_parameters(self, *, requires_grad: bool) -> None:  # pylint: disable=unused-argument
+        """A ``pre_fuser_forward`` for deferred initialisation: parameters still on the meta
+        device are materialised (``reset_parameters``) before the first forward. Ops whose
+        hook is exactly this one let the fuser skip the call while no parameter is on meta."""
+        for p in self._parameters.values():
+            if p is not None and p.is_meta:
+                self.reset_parameters()
+                return
+
     # ---- extra-tensor channels ---------------------------------------------------------------
 
     def _check_channel_change(self, kind: str, index: int, count: int, channel) -> None:
