@@ -360,10 +360,11 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
         self, input: torch.Tensor, *extra_inputs: torch.Tensor, **kwargs: Any
     ):  # pylint: disable=redefined-builtin
         """Run this op alone: a one-op :class:`OperationFuser` (the op's channels lock)."""
-        from .fuser import OperationFuser  # pylint: disable=import-outside-toplevel
-
         fuser = self.__dict__.get("_single_op_fuser")
         if fuser is None:
+            # (imported here, once: a function-level import costs microseconds per call)
+            from .fuser import OperationFuser  # pylint: disable=import-outside-toplevel
+
             fuser = OperationFuser([self])
             self.__dict__["_single_op_fuser"] = fuser
         return fuser(input, *extra_inputs, basic_op_kwargs=[kwargs])
@@ -425,12 +426,10 @@ class FusedOperation(FusibleOperation):
         basic_op_kwargs: Optional[list[dict[str, Any]]] = None,
     ):
         """Run this fused op alone through a one-op :class:`OperationFuser`."""
-        from .fuser import OperationFuser  # pylint: disable=import-outside-toplevel
-
-        if basic_op_kwargs is None:
-            basic_op_kwargs = [{} for _ in self.basic_ops]
         fuser = self.__dict__.get("_single_op_fuser")
         if fuser is None:
+            from .fuser import OperationFuser  # pylint: disable=import-outside-toplevel
+
             fuser = OperationFuser([self])
             self.__dict__["_single_op_fuser"] = fuser
         return fuser(input, *extra_inputs, basic_op_kwargs=basic_op_kwargs)
