@@ -344,7 +344,7 @@ def run(quick: bool = False, include_compile: bool = False, build: bool = True) 
     if extension is None:
         print(f"callgrind: {reason}, skipped")
         return []
-    return collect(10 if quick else 50, include_compile=include_compile, extension=extension)
+    return collect(10 if quick else 25, include_compile=include_compile, extension=extension)
 
 
 def write_outputs(rows: list[dict], stem: str) -> None:
@@ -378,7 +378,7 @@ def print_table(rows: list[dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="10 calls per case (default 50)")
+    parser.add_argument("--quick", action="store_true", help="10 calls per case (default 25)")
     parser.add_argument("--compile", action="store_true",
                         help="also torch.compile'd Sequentials (compiling under valgrind is slow)")
     parser.add_argument("--no-build", action="store_true",

@@ -443,9 +443,8 @@ class _OperationFuserAutogradFunction(torch.autograd.Function):
     role to its position in ``tensors``; ``basic_op_kwargs`` is None when no op has any.
     """
 
-    @staticmethod
-    def forward(func_ctx, plan, fuser, basic_op_kwargs, arg_layout, *tensors):
-        return _pipeline_forward(func_ctx, plan, fuser, basic_op_kwargs, arg_layout, *tensors)
+    # forward(func_ctx, plan, fuser, basic_op_kwargs, arg_layout, *tensors)
+    forward = staticmethod(_pipeline_forward)
 
     @staticmethod
     def backward(func_ctx, grad_output, *grad_public_outputs):
@@ -463,6 +462,7 @@ _pipeline_backward_once_differentiable = once_differentiable(_pipeline_backward)
 # checks: this Function has no setup_context, and functorch transforms are checked per call):
 # the C++ apply, bound to the pipeline Function.
 _apply_eager = super(torch.autograd.Function, _OperationFuserAutogradFunction).apply
+_functorch_transforms_active = torch._C._are_functorch_transforms_active
 
 
 class OperationFuser:
@@ -696,6 +696,8 @@ class OperationFuser:
         if first >= n:
             # Nothing needs a gradient: run the forward plan without autograd bookkeeping.
             return _pipeline_forward(None, plan, self, None, arg_layout, *tensors)
+        if _functorch_transforms_active():  # Function.apply's own checks (and refusal)
+            return _OperationFuserAutogradFunction.apply(plan, self, None, arg_layout, *tensors)
         return _apply_eager(plan, self, None, arg_layout, *tensors)
 
     def _arg_layout(self, input, extra_inputs):  # pylint: disable=redefined-builtin
