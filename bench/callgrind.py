@@ -85,6 +85,9 @@ def _cases(include_compile: bool):
        lambda: F.linear(x, w))
     op("linear_fwd+bias | F.linear+bias", lambda: ops.linear_fwd.default(x, w, b),
        lambda: F.linear(x, w, b))
+    op("linear_bias_act_fwd(gelu) | gelu(F.linear+bias)",
+       lambda: ops.linear_bias_act_fwd.default(x, w, b, "gelu"),
+       lambda: F.gelu(F.linear(x, w, b), approximate="tanh"))
     op("linear_dgrad | mm", lambda: ops.linear_dgrad.default(dy, w, 1.0),
        lambda: torch.mm(dy, w))
     op("linear_wgrad | mm(dy.t(), x)", lambda: ops.linear_wgrad.default(dy, x, 1.0),
@@ -134,6 +137,28 @@ def _cases(include_compile: bool):
                 return m(x)
         return f
 
+    # the forward's op calls alone (no module, no fuser, no autograd): the floor each side's
+    # host path adds to
+    # (parameters fetched here: the modules' attribute access is not what is measured)
+    ow = [t.detach() for t in (ours_seq[0].weight, ours_seq[0].bias, ours_seq[1].weight,
+                               ours_seq[1].bias, ours_seq[3].weight, ours_seq[3].bias)]
+    pw = [t.detach() for t in (plain_seq[0].weight, plain_seq[0].bias, plain_seq[1].weight,
+                               plain_seq[1].bias, plain_seq[3].weight, plain_seq[3].bias)]
+    act_fwd = ops.linear_bias_act_fwd.default
+    ln_fwd, lin_fwd = ops.layernorm_fwd.default, ops.linear_fwd.default
+
+    def ours_ops():
+        h = ln_fwd(x, ow[0], ow[1], 1e-5, False)[0]
+        h = act_fwd(h, ow[2], ow[3], "gelu")[0]
+        return lin_fwd(h, ow[4], ow[5])
+
+    def plain_ops():
+        h = F.layer_norm(x, [H], pw[0], pw[1], 1e-5)
+        h = F.gelu(F.linear(h, pw[2], pw[3]), approximate="tanh")
+        return F.linear(h, pw[4], pw[5])
+
+    cases.append(("step", "Sequential fwd: op calls only", "ours", ours_ops))
+    cases.append(("step", "Sequential fwd: op calls only", "plain", plain_ops))
     steps = [("fwd", fwd), ("fwd (no_grad)", no_grad), ("fwd+bwd", fwd_bwd)]
     for mode, make in steps:
         cases.append(("step", f"Sequential {mode}", "ours", make(ours_seq)))
@@ -198,6 +223,9 @@ def _worker(out_dir: str, number: int, include_compile: bool, only_steps: bool) 
 
     torch.set_num_threads(1)
     cases = step_cases() if only_steps else _cases(include_compile)
+    groups = os.environ.get("TECPP_CALLGRIND_GROUPS")  # e.g. "step": only those rows
+    if groups:
+        cases = [c for c in cases if c[0] in groups.split(",")]
     for _, _, _, fn in cases:  # warm-up, uninstrumented (plans, lazy inits, compiles)
         for _ in range(3):
             fn()

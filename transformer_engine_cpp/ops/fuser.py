@@ -86,6 +86,9 @@ class _FusionPlan:
     backward_steps: tuple = ()  # in forward order (run reversed)
     # (requires_grad, input_requires_grad) per basic op; op 0's input flag is the input's
     ctx_flags: tuple = ()
+    # the ops whose flags differ from OperationContext's defaults (both True):
+    # (index, requires_grad, input_requires_grad)
+    ctx_flag_overrides: tuple = ()
 
 
 def _forward_steps(forward_ops: tuple, basic_ops: list, routing: "_Routing") -> tuple:
@@ -223,10 +226,11 @@ def _pipeline_forward(func_ctx, plan, fuser, basic_op_kwargs, arg_layout, *tenso
         ctxs = [OperationContext(requires_grad=rg, input_requires_grad=irg)
                 for rg, irg in flags]
     else:
-        # eager: no dataclass __init__ call per context (the other fields' defaults are class
-        # attributes)
+        # eager: no dataclass __init__ call per context (the fields' defaults are class
+        # attributes: only flags that differ from them are set)
         ctxs = [_new_object(OperationContext) for _ in flags]
-        for ctx, (rg, irg) in zip(ctxs, flags):
+        for i, rg, irg in plan.ctx_flag_overrides:
+            ctx = ctxs[i]
             ctx.requires_grad = rg
             ctx.input_requires_grad = irg
     if ctxs:
@@ -585,6 +589,9 @@ class OperationFuser:
             quantized=recipe is not None,
             backward_steps=_backward_steps(backward_ops, self._basic_ops, first),
             ctx_flags=tuple((i >= first, i > first) for i in range(self._num_basic_ops)),
+            ctx_flag_overrides=tuple((i, i >= first, i > first)
+                                     for i in range(self._num_basic_ops)
+                                     if not (i >= first and i > first)),
         )
 
     def _unquantized_plan(self, first: int) -> _FusionPlan:
