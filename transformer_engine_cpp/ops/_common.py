@@ -57,7 +57,10 @@ def materialize_device(op_device: torch.device) -> torch.device:
 
 
 def has_meta_parameters(op: torch.nn.Module) -> bool:
-    return any(p is not None and p.device.type == "meta" for p in op._parameters.values())
+    for p in op._parameters.values():
+        if p is not None and p.is_meta:
+            return True
+    return False
 
 
 def compute_dtype(device_type: str, default: Optional[torch.dtype]) -> Optional[torch.dtype]:
@@ -65,3 +68,11 @@ def compute_dtype(device_type: str, default: Optional[torch.dtype]) -> Optional[
     if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return default
+
+
+def autocast_dtype(t: torch.Tensor, default: Optional[torch.dtype]) -> Optional[torch.dtype]:
+    """``compute_dtype(t.device.type, default)``, cheaper for CPU tensors (per-call path: CPU
+    autocast is always available, and ``t.is_cpu`` skips building a device object)."""
+    if t.is_cpu:
+        return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else default
+    return compute_dtype(t.device.type, default)

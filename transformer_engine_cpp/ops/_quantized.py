@@ -110,6 +110,8 @@ def emit(y: torch.Tensor, next_op_input_quantizer):
     MXFP8: both copies (the consumer's GEMMs need blocks along either dim), when the rows are
     a multiple of 32; otherwise, or without a quantizer, the output stays high precision."""
     q = next_op_input_quantizer
+    if q is None:
+        return y
     if isinstance(q, (Float8CurrentScalingQuantizer, Float8Quantizer)):
         return quantize(q, y)
     if isinstance(q, MXFP8Quantizer) and y.dim() >= 1 and y.shape[-1] % 32 == 0 \

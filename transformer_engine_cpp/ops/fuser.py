@@ -47,6 +47,26 @@ class _ForwardStep:
     next_idx: Optional[int]  # basic op after the group (its input quantizer), or None
     # whether any op in the group has extra outputs (only then are they validated in detail)
     has_extra_outputs: bool
+    start: int  # idxs == range(start, stop): the group's contexts are ctxs[start:stop]
+    stop: int
+    # whether any op in the group has extra inputs (else no_extra_inputs is passed)
+    has_extra_inputs: bool
+    no_extra_inputs: tuple  # ((),) * len(idxs)
+
+
+@dataclasses.dataclass(frozen=True)
+class _BackwardStep:
+    """One backward group (in forward order), precomputed at plan time."""
+
+    op: FusibleOperation
+    idxs: tuple
+    idx_set: frozenset
+    start: int
+    stop: int
+    requires_grad: bool  # whether the backward pass reaches any op of the group
+    has_extra_inputs: bool
+    has_extra_outputs: bool
+    no_grad_extra_outputs: tuple  # ((),) * len(idxs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,8 +74,8 @@ class _FusionPlan:
     """One cached fusion plan: groupings of the basic ops for the forward and backward pass.
 
     Each entry of ``forward_ops`` / ``backward_ops`` is ``(op, basic_op_indices)`` in forward
-    order; ``forward_steps`` holds the forward groups with their per-call bookkeeping
-    precomputed. The plan is immutable; the pipeline Function only reads it.
+    order; ``forward_steps`` / ``backward_steps`` hold the groups with their per-call
+    bookkeeping precomputed. The plan is immutable; the pipeline Function only reads it.
     """
 
     forward_ops: tuple
@@ -63,6 +83,12 @@ class _FusionPlan:
     first_op_requiring_backward: int
     forward_steps: tuple
     quantized: bool  # a recipe is active: neighbours' quantizers are looked up per call
+    backward_steps: tuple = ()  # in forward order (run reversed)
+    # (requires_grad, input_requires_grad) per basic op; op 0's input flag is the input's
+    ctx_flags: tuple = ()
+    # the ops whose flags differ from OperationContext's defaults (both True):
+    # (index, requires_grad, input_requires_grad)
+    ctx_flag_overrides: tuple = ()
 
 
 def _forward_steps(forward_ops: tuple, basic_ops: list, routing: "_Routing") -> tuple:
@@ -81,8 +107,24 @@ def _forward_steps(forward_ops: tuple, basic_ops: list, routing: "_Routing") -> 
             prev_idx=idxs[0] - 1 if idxs[0] > 0 else None,
             next_idx=idxs[-1] + 1 if idxs[-1] + 1 < n else None,
             has_extra_outputs=any(basic_ops[i].num_extra_outputs for i in idxs),
+            start=idxs[0], stop=idxs[-1] + 1,
+            has_extra_inputs=any(basic_ops[i].num_extra_inputs for i in idxs),
+            no_extra_inputs=((),) * len(idxs),
         ))
     return tuple(steps)
+
+
+def _backward_steps(backward_ops: tuple, basic_ops: list, first: int) -> tuple:
+    return tuple(
+        _BackwardStep(
+            op=op, idxs=idxs, idx_set=frozenset(idxs), start=idxs[0], stop=idxs[-1] + 1,
+            requires_grad=idxs[-1] >= first,
+            has_extra_inputs=any(basic_ops[i].num_extra_inputs for i in idxs),
+            has_extra_outputs=any(basic_ops[i].num_extra_outputs for i in idxs),
+            no_grad_extra_outputs=((),) * len(idxs),
+        )
+        for op, idxs in backward_ops
+    )
 
 
 def _map_to_basic_ops(ops: list, basic_ops: list, what: str) -> tuple:
@@ -168,129 +210,154 @@ class _Routing:
         self.public_output_index = {key: i for i, key in enumerate(self.public_extra_outputs)}
 
 
-class _OperationFuserAutogradFunction(torch.autograd.Function):
-    """The pipeline Function: runs the forward plan, then the backward plan in reverse.
+_new_object = object.__new__
 
-    ``apply(plan, fuser, basic_op_kwargs, arg_layout, *tensors)`` where ``tensors`` holds the
-    input, the parameters and the public extra inputs, de-duplicated; ``arg_layout`` maps each
-    role to its position in ``tensors``.
-    """
 
-    @staticmethod
-    def forward(func_ctx, plan, fuser, basic_op_kwargs, arg_layout, *tensors):
-        basic_ops = fuser._basic_ops
-        routing = fuser._routing
-        n = len(basic_ops)
-        input_pos, param_pos, extra_pos = arg_layout
-        x = tensors[input_pos]
-        first = plan.first_op_requiring_backward
+def _pipeline_forward(func_ctx, plan, fuser, basic_op_kwargs, arg_layout, *tensors):
+    """The forward plan. ``func_ctx`` is None when nothing needs a gradient (no autograd)."""
+    basic_ops = fuser._basic_ops
+    routing = fuser._routing
+    input_pos, _, extra_pos = arg_layout
+    x = tensors[input_pos]
 
-        # op i's input needs a grad when an earlier op (or the pipeline input) does
-        input_rg = x.requires_grad if func_ctx is not None else False
-        ctxs = [OperationContext(requires_grad=i >= first,
-                                 input_requires_grad=i > first or (i == 0 and input_rg))
-                for i in range(n)]
+    # op i's input needs a grad when an earlier op (or the pipeline input) does
+    flags = plan.ctx_flags
+    if torch.compiler.is_compiling():
+        ctxs = [OperationContext(requires_grad=rg, input_requires_grad=irg)
+                for rg, irg in flags]
+    else:
+        # eager: no dataclass __init__ call per context (the fields' defaults are class
+        # attributes: only flags that differ from them are set)
+        ctxs = [_new_object(OperationContext) for _ in flags]
+        for i, rg, irg in plan.ctx_flag_overrides:
+            ctx = ctxs[i]
+            ctx.requires_grad = rg
+            ctx.input_requires_grad = irg
+    if ctxs:
+        ctxs[0].input_requires_grad = x.requires_grad if func_ctx is not None else False
+    has_extras = fuser._has_extra_tensors
+    if has_extras:
         extra_inputs: list[list[Optional[torch.Tensor]]] = [
             [tensors[extra_pos[src[1]]] if src[0] == "public" else None for src in sources]
             for sources in routing.extra_input_sources
         ]
-        extra_outputs: list[Optional[tuple]] = [None] * n
+        extra_outputs: list[Optional[tuple]] = [None] * len(basic_ops)
+    no_kwargs = basic_op_kwargs is None
 
-        for step in plan.forward_steps:
-            op, idxs = step.op, step.idxs
+    for step in plan.forward_steps:
+        op, idxs = step.op, step.idxs
+        if step.has_extra_inputs:
             for i, slot, p_op, p_slot in step.channel_fills:
                 extra_inputs[i][slot] = extra_outputs[p_op][p_slot]
-            prev_q = next_q = None
-            if plan.quantized:
-                if step.prev_idx is not None:
-                    prev_q = basic_ops[step.prev_idx].get_grad_output_quantizer()
-                if step.next_idx is not None:
-                    next_q = basic_ops[step.next_idx].get_input_quantizer()
-            x, op_extra_outputs = op.fuser_forward(
-                [ctxs[i] for i in idxs],
-                x,
-                basic_op_extra_inputs=[tuple(extra_inputs[i]) for i in idxs],
-                prev_op_grad_output_quantizer=prev_q,
-                next_op_input_quantizer=next_q,
-                basic_op_kwargs=[basic_op_kwargs[i] for i in idxs],
+            op_extra_inputs = [tuple(extra_inputs[i]) for i in idxs]
+        else:
+            op_extra_inputs = step.no_extra_inputs
+        prev_q = next_q = None
+        if plan.quantized:
+            if step.prev_idx is not None:
+                prev_q = basic_ops[step.prev_idx].get_grad_output_quantizer()
+            if step.next_idx is not None:
+                next_q = basic_ops[step.next_idx].get_input_quantizer()
+        x, op_extra_outputs = op.fuser_forward(
+            ctxs[step.start:step.stop],
+            x,
+            basic_op_extra_inputs=op_extra_inputs,
+            prev_op_grad_output_quantizer=prev_q,
+            next_op_input_quantizer=next_q,
+            basic_op_kwargs=(fuser._no_kwargs[step.start:step.stop] if no_kwargs
+                             else basic_op_kwargs[step.start:step.stop]),
+        )
+        op_extra_outputs = list(op_extra_outputs)
+        if len(op_extra_outputs) != len(idxs):
+            raise RuntimeError(
+                f"{op.__class__.__name__}.fuser_forward returned extra outputs for "
+                f"{len(op_extra_outputs)} basic ops, expected {len(idxs)}"
             )
-            op_extra_outputs = list(op_extra_outputs)
-            if len(op_extra_outputs) != len(idxs):
+        if not step.has_extra_outputs:
+            if any(op_extra_outputs) and any(len(outs) for outs in op_extra_outputs):
                 raise RuntimeError(
-                    f"{op.__class__.__name__}.fuser_forward returned extra outputs for "
-                    f"{len(op_extra_outputs)} basic ops, expected {len(idxs)}"
+                    f"{op.__class__.__name__}.fuser_forward returned extra outputs for basic "
+                    "ops that have none"
                 )
-            if not step.has_extra_outputs:
-                if any(len(outs) for outs in op_extra_outputs):
+            continue
+        idx_set = step.idx_set
+        for i, outs in zip(idxs, op_extra_outputs):
+            outs = tuple(outs)
+            if len(outs) != basic_ops[i].num_extra_outputs:
+                raise RuntimeError(
+                    f"{basic_ops[i].__class__.__name__} returned {len(outs)} extra outputs, "
+                    f"expected {basic_ops[i].num_extra_outputs}"
+                )
+            for slot, t in enumerate(outs):
+                if t is not None:
+                    continue
+                if (i, slot) in routing.public_output_index:
                     raise RuntimeError(
-                        f"{op.__class__.__name__}.fuser_forward returned extra outputs for basic "
-                        "ops that have none"
+                        f"{basic_ops[i].__class__.__name__}: extra output {slot} is public, "
+                        "but the op returned None"
                     )
-                continue
-            idx_set = step.idx_set
-            for i, outs in zip(idxs, op_extra_outputs):
-                outs = tuple(outs)
-                if len(outs) != basic_ops[i].num_extra_outputs:
-                    raise RuntimeError(
-                        f"{basic_ops[i].__class__.__name__} returned {len(outs)} extra outputs, "
-                        f"expected {basic_ops[i].num_extra_outputs}"
-                    )
-                for slot, t in enumerate(outs):
-                    if t is not None:
-                        continue
-                    if (i, slot) in routing.public_output_index:
+                for c_op, _ in routing.consumers.get((i, slot), ()):
+                    if c_op not in idx_set:
                         raise RuntimeError(
-                            f"{basic_ops[i].__class__.__name__}: extra output {slot} is public, "
-                            "but the op returned None"
+                            f"{basic_ops[i].__class__.__name__}: extra output {slot} returned "
+                            "None but is consumed outside its forward fusion"
                         )
-                    for c_op, _ in routing.consumers.get((i, slot), ()):
-                        if c_op not in idx_set:
-                            raise RuntimeError(
-                                f"{basic_ops[i].__class__.__name__}: extra output {slot} returned "
-                                "None but is consumed outside its forward fusion"
-                            )
-                extra_outputs[i] = outs
+            extra_outputs[i] = outs
 
+    if has_extras:
         public_outputs = [extra_outputs[i][slot] for i, slot in routing.public_extra_outputs]
+    else:
+        public_outputs = None
 
-        if func_ctx is not None:
-            to_save = []
-            for ctx in ctxs:
+    if func_ctx is not None:
+        to_save = []
+        for ctx in ctxs:
+            saved = ctx.to_save
+            if saved is not None:
                 start = len(to_save)
-                if ctx.to_save is not None:
-                    to_save.extend(ctx.to_save)
+                to_save.extend(saved)
                 ctx._saved_tensors_range = (start, len(to_save))
                 ctx.to_save = None
-            func_ctx.save_for_backward(*to_save)
-            func_ctx.plan = plan
-            func_ctx.fuser = fuser
-            func_ctx.basic_op_ctxs = ctxs
-            func_ctx.arg_layout = arg_layout
-            func_ctx.num_tensors = len(tensors)
+            else:
+                ctx._saved_tensors_range = (0, 0)
+        func_ctx.save_for_backward(*to_save)
+        func_ctx.plan = plan
+        func_ctx.fuser = fuser
+        func_ctx.basic_op_ctxs = ctxs
+        func_ctx.arg_layout = arg_layout
+        func_ctx.num_tensors = len(tensors)
 
-        if public_outputs:
-            return (x, *public_outputs)
-        return x
+    if public_outputs:
+        return (x, *public_outputs)
+    return x
 
-    @staticmethod
-    @once_differentiable
-    def backward(func_ctx, grad_output, *grad_public_outputs):
-        plan = func_ctx.plan
-        fuser = func_ctx.fuser
-        basic_ops = fuser._basic_ops
-        routing = fuser._routing
-        n = len(basic_ops)
-        _, param_pos, extra_pos = func_ctx.arg_layout
 
-        saved = func_ctx.saved_tensors
-        ctxs = []
-        for ctx in func_ctx.basic_op_ctxs:
-            # Contexts were created in the traced forward: copy before writing (compile rule).
+def _pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
+    """The backward plan, in reverse."""
+    plan = func_ctx.plan
+    fuser = func_ctx.fuser
+    basic_ops = fuser._basic_ops
+    routing = fuser._routing
+    input_pos, param_pos, extra_pos = func_ctx.arg_layout
+
+    saved = func_ctx.saved_tensors
+    ctxs = []
+    # Contexts were created in the (traced) forward: copy before writing (compile rule).
+    # Eager copies their __dict__ (copy.copy's generic reduce protocol costs more).
+    compiling = torch.compiler.is_compiling()
+    for ctx in func_ctx.basic_op_ctxs:
+        if compiling:
             ctx = copy.copy(ctx)
-            start, end = ctx._saved_tensors_range
-            ctx.saved_tensors = tuple(saved[start:end])
-            ctxs.append(ctx)
+        else:
+            new = _new_object(type(ctx))
+            new.__dict__.update(ctx.__dict__)
+            ctx = new
+        start, end = ctx._saved_tensors_range
+        ctx.saved_tensors = saved[start:end]
+        ctxs.append(ctx)
 
+    has_extras = fuser._has_extra_tensors
+    if has_extras:
         # Grads of extra outputs: the caller's (public) plus those from channel consumers.
         grad_extra_outputs: list[list[Optional[torch.Tensor]]] = [
             [None] * op.num_extra_outputs for op in basic_ops
@@ -298,59 +365,108 @@ class _OperationFuserAutogradFunction(torch.autograd.Function):
         for (i, slot), g in zip(routing.public_extra_outputs, grad_public_outputs):
             grad_extra_outputs[i][slot] = g
 
-        grads: list[Optional[torch.Tensor]] = [None] * func_ctx.num_tensors
+    grads: list[Optional[torch.Tensor]] = [None] * func_ctx.num_tensors
 
-        def accumulate(pos: int, g: Optional[torch.Tensor]) -> None:
-            if g is None:
-                return
-            grads[pos] = g if grads[pos] is None else grads[pos] + g
-
-        dx = grad_output
-        for op, idxs in reversed(plan.backward_ops):
-            if not any(ctxs[i].requires_grad for i in idxs):
-                dx = None
-                break
-            idx_set = set(idxs)
-            dx, op_param_grads, op_extra_input_grads = op.fuser_backward(
-                [ctxs[i] for i in idxs],
-                dx,
-                basic_op_grad_extra_outputs=[tuple(grad_extra_outputs[i]) for i in idxs],
+    dx = grad_output
+    for step in reversed(plan.backward_steps):
+        if not step.requires_grad:
+            dx = None
+            break
+        op, idxs = step.op, step.idxs
+        step_ctxs = ctxs[step.start:step.stop]
+        dx, op_param_grads, op_extra_input_grads = op.fuser_backward(
+            step_ctxs,
+            dx,
+            basic_op_grad_extra_outputs=(
+                [tuple(grad_extra_outputs[i]) for i in idxs] if step.has_extra_outputs
+                else step.no_grad_extra_outputs),
+        )
+        op_param_grads = list(op_param_grads)
+        if len(op_param_grads) != len(idxs):
+            raise RuntimeError(
+                f"{op.__class__.__name__}.fuser_backward returned parameter grads for "
+                f"{len(op_param_grads)} basic ops, expected {len(idxs)}"
             )
-            op_param_grads = list(op_param_grads)
+        if step.has_extra_inputs:
             op_extra_input_grads = list(op_extra_input_grads)
-            if len(op_param_grads) != len(idxs) or len(op_extra_input_grads) != len(idxs):
+            if len(op_extra_input_grads) != len(idxs):
                 raise RuntimeError(
-                    f"{op.__class__.__name__}.fuser_backward returned grads for "
-                    f"{len(op_param_grads)} / {len(op_extra_input_grads)} basic ops, "
-                    f"expected {len(idxs)}"
+                    f"{op.__class__.__name__}.fuser_backward returned extra-input grads for "
+                    f"{len(op_extra_input_grads)} basic ops, expected {len(idxs)}"
                 )
-            for i, pgrads, egrads in zip(idxs, op_param_grads, op_extra_input_grads):
-                pgrads = tuple(pgrads)
-                if len(pgrads) != len(param_pos[i]):
+        for i, pgrads in zip(idxs, op_param_grads):
+            positions = param_pos[i]
+            if not positions:
+                if pgrads and any(g is not None for g in pgrads):
                     raise RuntimeError(
-                        f"{basic_ops[i].__class__.__name__} returned {len(pgrads)} parameter "
-                        f"grads, expected {len(param_pos[i])}"
+                        f"{basic_ops[i].__class__.__name__} returned {len(tuple(pgrads))} "
+                        "parameter grads, expected 0"
                     )
-                for pos, g in zip(param_pos[i], pgrads):
-                    accumulate(pos, g)
+                continue
+            pgrads = tuple(pgrads)
+            if len(pgrads) != len(positions):
+                raise RuntimeError(
+                    f"{basic_ops[i].__class__.__name__} returned {len(pgrads)} parameter "
+                    f"grads, expected {len(positions)}"
+                )
+            for pos, g in zip(positions, pgrads):
+                if g is not None:
+                    prev = grads[pos]
+                    grads[pos] = g if prev is None else prev + g
+        if step.has_extra_inputs:
+            idx_set = step.idx_set
+            for i, egrads in zip(idxs, op_extra_input_grads):
                 egrads = tuple(egrads) if egrads is not None else ()
                 for slot, src in enumerate(routing.extra_input_sources[i]):
                     g = egrads[slot] if slot < len(egrads) else None
+                    if g is None:
+                        continue
                     if src[0] == "public":
-                        accumulate(extra_pos[src[1]], g)
-                    elif src[1] not in idx_set and g is not None:
+                        pos = extra_pos[src[1]]
+                        grads[pos] = g if grads[pos] is None else grads[pos] + g
+                    elif src[1] not in idx_set:
                         prev = grad_extra_outputs[src[1]][src[2]]
                         grad_extra_outputs[src[1]][src[2]] = g if prev is None else prev + g
-            for i in idxs:
-                ctxs[i].saved_tensors = None
+        for ctx in step_ctxs:
+            ctx.saved_tensors = None
 
-        if plan.quantized and not torch.compiler.is_compiling():
-            for op in basic_ops:  # delayed scaling (eager only): the backward scales' update
-                op.update_delayed_backward_state()
+    if plan.quantized and not compiling:
+        for op in basic_ops:  # delayed scaling (eager only): the backward scales' update
+            op.update_delayed_backward_state()
 
-        input_pos = func_ctx.arg_layout[0]
-        accumulate(input_pos, dx)
-        return (None, None, None, None, *grads)
+    if dx is not None:
+        grads[input_pos] = dx if grads[input_pos] is None else grads[input_pos] + dx
+    return (None, None, None, None, *grads)
+
+
+class _OperationFuserAutogradFunction(torch.autograd.Function):
+    """The pipeline Function: runs the forward plan, then the backward plan in reverse.
+
+    ``apply(plan, fuser, basic_op_kwargs, arg_layout, *tensors)`` where ``tensors`` holds the
+    input, the parameters and the public extra inputs, de-duplicated; ``arg_layout`` maps each
+    role to its position in ``tensors``; ``basic_op_kwargs`` is None when no op has any.
+    """
+
+    # forward(func_ctx, plan, fuser, basic_op_kwargs, arg_layout, *tensors)
+    forward = staticmethod(_pipeline_forward)
+
+    @staticmethod
+    def backward(func_ctx, grad_output, *grad_public_outputs):
+        if torch.is_grad_enabled():  # create_graph=True: once_differentiable's error graph
+            return _pipeline_backward_once_differentiable(func_ctx, grad_output,
+                                                          *grad_public_outputs)
+        # (what once_differentiable does when grad mode is off, without its no_grad context)
+        return _pipeline_backward(func_ctx, grad_output, *grad_public_outputs)
+
+
+_pipeline_backward_once_differentiable = once_differentiable(_pipeline_backward)
+
+
+# Eager calls skip autograd.Function.apply's Python wrapper (its setup_context and functorch
+# checks: this Function has no setup_context, and functorch transforms are checked per call):
+# the C++ apply, bound to the pipeline Function.
+_apply_eager = super(torch.autograd.Function, _OperationFuserAutogradFunction).apply
+_functorch_transforms_active = torch._C._are_functorch_transforms_active
 
 
 class OperationFuser:
@@ -386,9 +502,30 @@ class OperationFuser:
             (i, op) for i, op in enumerate(basic_ops)
             if type(op).pre_fuser_forward is not FusibleOperation.pre_fuser_forward
         )
+        # whether any of those hooks does more than materialise meta parameters (deferred
+        # init): if not, the eager fast path calls them only when a parameter is on meta
+        self._other_pre_forward_hooks = any(
+            type(op).pre_fuser_forward is not BasicOperation.materialize_meta_parameters
+            for _, op in self._ops_with_pre_forward
+        )
         # Plan cache: key -> _FusionPlan.
         self._plans: dict[tuple, _FusionPlan] = {}
+        self._current_plan: Optional[_FusionPlan] = None
         self._last_recipe = None
+        # per-call fast path (eager, no recipe, no kwargs): the ops' parameter dicts (read
+        # fresh every call), shared empty kwargs, and whether any op has extra tensors
+        self._param_dicts = tuple(op._parameters for op in basic_ops)
+        self._no_kwargs = tuple({} for _ in basic_ops)
+        self._has_extra_tensors = any(op.num_extra_inputs or op.num_extra_outputs
+                                      for op in basic_ops)
+        # the unquantized plans by first op needing backward, valid for one registry version
+        self._unquantized_plans: list = []
+        self._unquantized_version = -1
+        # the last call's parameter identities and the argument layout built from them
+        self._layout_key: Optional[tuple] = None
+        self._layout_param_ids: frozenset = frozenset()
+        self._layout_sizes: tuple = ()
+        self._layout: Optional[tuple] = None
         self._first_fuse_done = False
         self.recipe_type = None
         self.first_op_requiring_backward = 0
@@ -400,6 +537,8 @@ class OperationFuser:
         # (a cache that changes during a trace makes the next call recompile).
         for first in range(self._num_basic_ops + 1):
             self._plans[self._plan_key(None, first)] = self._build_plan(None, first)
+        for first in range(self._num_basic_ops + 1):
+            self._unquantized_plan(first)
 
     # ---- planning ---------------------------------------------------------------------------
 
@@ -409,15 +548,19 @@ class OperationFuser:
             return n
         if input_.requires_grad:
             return 0
-        public_extra = {slot: t for slot, t in zip(self._routing.external_extra_input_slots,
-                                                   extra_inputs)}
-        for i, op in enumerate(self._basic_ops):
-            if any(p.requires_grad for p in _op_params(op)):
-                return i
-            for slot in range(op.num_extra_inputs):
-                t = public_extra.get((i, slot))
-                if t is not None and t.requires_grad:
+        public_extra = {}
+        if extra_inputs:
+            public_extra = {slot: t for slot, t in
+                            zip(self._routing.external_extra_input_slots, extra_inputs)}
+        for i, params in enumerate(self._param_dicts):
+            for p in params.values():
+                if p is not None and p.requires_grad:
                     return i
+            if public_extra:
+                for slot in range(self._basic_ops[i].num_extra_inputs):
+                    t = public_extra.get((i, slot))
+                    if t is not None and t.requires_grad:
+                        return i
         return n
 
     @classmethod
@@ -437,13 +580,34 @@ class OperationFuser:
         fwd = self._fuse(list(joint), self.forward_fusion_functions, recipe)
         bwd = self._fuse(list(joint), self.backward_fusion_functions, recipe)
         forward_ops = _map_to_basic_ops(fwd, self._basic_ops, "forward")
+        backward_ops = _map_to_basic_ops(bwd, self._basic_ops, "backward")
         return _FusionPlan(
             forward_ops=forward_ops,
-            backward_ops=_map_to_basic_ops(bwd, self._basic_ops, "backward"),
+            backward_ops=backward_ops,
             first_op_requiring_backward=first,
             forward_steps=_forward_steps(forward_ops, self._basic_ops, self._routing),
             quantized=recipe is not None,
+            backward_steps=_backward_steps(backward_ops, self._basic_ops, first),
+            ctx_flags=tuple((i >= first, i > first) for i in range(self._num_basic_ops)),
+            ctx_flag_overrides=tuple((i, i >= first, i > first)
+                                     for i in range(self._num_basic_ops)
+                                     if not (i >= first and i > first)),
         )
+
+    def _unquantized_plan(self, first: int) -> _FusionPlan:
+        """The unquantized plan for ``first`` (eager fast path): a list lookup while the fusion
+        registry is unchanged, else the plan cache's (built on a miss)."""
+        if self._unquantized_version != OperationFuser._fusion_registry_version:
+            self._unquantized_plans = [None] * (self._num_basic_ops + 1)
+            self._unquantized_version = OperationFuser._fusion_registry_version
+        plan = self._unquantized_plans[first]
+        if plan is None:
+            key = self._plan_key(None, first)
+            plan = self._plans.get(key)
+            if plan is None:
+                plan = self._plans[key] = self._build_plan(None, first)
+            self._unquantized_plans[first] = plan
+        return plan
 
     @staticmethod
     def _plan_key(recipe, first: int) -> tuple:
@@ -470,12 +634,16 @@ class OperationFuser:
         if recipe is not None and recipe.delayed():  # eager only: refused under compile
             for op in self._basic_ops:
                 op.register_delayed_scaling_states()
+        self._set_current_plan(plan, recipe, backward_override)
+        return plan
+
+    def _set_current_plan(self, plan: _FusionPlan, recipe, backward_override) -> None:
+        self._current_plan = plan
         self.recipe_type = type(recipe)
-        self.first_op_requiring_backward = first
+        self.first_op_requiring_backward = plan.first_op_requiring_backward
         self.backward_override = backward_override
         self._forward_ops = plan.forward_ops
         self._backward_ops = plan.backward_ops
-        return plan
 
     # ---- running ----------------------------------------------------------------------------
 
@@ -485,42 +653,65 @@ class OperationFuser:
         *extra_inputs: torch.Tensor,
         basic_op_kwargs: Optional[list[dict[str, Any]]] = None,
     ):
+        if (not FP8GlobalStateManager.FP8_ENABLED and not extra_inputs
+                and self.num_extra_inputs == 0 and not torch.compiler.is_compiling()
+                and (basic_op_kwargs is None or not any(basic_op_kwargs))):
+            if basic_op_kwargs is not None and len(basic_op_kwargs) != self._num_basic_ops:
+                raise ValueError(f"OperationFuser expected kwargs for {self._num_basic_ops} "
+                                 f"basic ops, got {len(basic_op_kwargs)}")
+            return self._call_eager(input)
+        return self._call(input, extra_inputs, basic_op_kwargs)
+
+    def _call_eager(self, input: torch.Tensor):  # pylint: disable=redefined-builtin
+        """The common eager call, with the per-call Python work cut to the minimum: no recipe,
+        no extra inputs, no kwargs. Same plans, hooks, state and results as :meth:`_call`."""
         n = self._num_basic_ops
-        if len(extra_inputs) != self.num_extra_inputs:
-            raise ValueError(
-                f"OperationFuser expected {self.num_extra_inputs} extra inputs, got "
-                f"{len(extra_inputs)}"
-            )
-        if basic_op_kwargs is None:
-            basic_op_kwargs = [{}] * n
-        elif len(basic_op_kwargs) != n:
-            raise ValueError(
-                f"OperationFuser expected kwargs for {n} basic ops, got {len(basic_op_kwargs)}"
-            )
+        # the plan: cached per "first op needing backward" (never a fusion function call)
+        if not torch.is_grad_enabled():
+            first = n
+        elif input.requires_grad:
+            first = 0
+        else:
+            first = self._first_op_requiring_backward(input, (), True)
+        plan = self._unquantized_plans[first]
+        if plan is None or self._unquantized_version != OperationFuser._fusion_registry_version:
+            plan = self._unquantized_plan(first)
+        if plan is not self._current_plan:
+            self._set_current_plan(plan, None, None)
+        self._last_recipe = None
+        params = [p for d in self._param_dicts for p in d.values()]
+        run_hooks = self._other_pre_forward_hooks
+        if not run_hooks and self._ops_with_pre_forward:
+            for p in params:
+                if p is not None and p.is_meta:
+                    run_hooks = True
+                    break
+        if run_hooks:
+            for i, op in self._ops_with_pre_forward:
+                op.pre_fuser_forward(requires_grad=i >= first)
+            params = [p for d in self._param_dicts for p in d.values()]
 
-        if any(basic_op_kwargs):
-            for op, kwargs in zip(self._basic_ops, basic_op_kwargs):
-                if kwargs and not op.accepts_forward_kwargs:
-                    raise ValueError(f"{type(op).__name__} takes no forward kwargs, "
-                                     f"got {sorted(kwargs)}")
-        is_grad_enabled = torch.is_grad_enabled()
-        recipe = None
-        if FP8GlobalStateManager.is_fp8_enabled():
-            recipe = FP8GlobalStateManager.get_fp8_recipe()
-        plan = self.maybe_fuse_ops(is_grad_enabled, recipe, input, extra_inputs)
-        first = plan.first_op_requiring_backward
-        for i, op in self._ops_with_pre_forward:
-            op.pre_fuser_forward(requires_grad=i >= first)
+        # the tensor arguments: the input, then the parameters; their layout is reused while
+        # the parameters are the same objects (identity of the live objects, checked per call)
+        if (tuple(map(id, params)) == self._layout_key and id(input) not in self._layout_param_ids
+                and tuple(map(len, self._param_dicts)) == self._layout_sizes):
+            arg_layout = self._layout
+            tensors = [input]
+            tensors += [p for p in params if p is not None]
+        else:
+            arg_layout, tensors = self._arg_layout(input, ())
+        if first >= n:
+            # Nothing needs a gradient: run the forward plan without autograd bookkeeping.
+            return _pipeline_forward(None, plan, self, None, arg_layout, *tensors)
+        if _functorch_transforms_active():  # Function.apply's own checks (and refusal)
+            return _OperationFuserAutogradFunction.apply(plan, self, None, arg_layout, *tensors)
+        return _apply_eager(plan, self, None, arg_layout, *tensors)
 
-        if torch.compiler.is_compiling():
-            for op, _ in plan.forward_ops + plan.backward_ops:
-                reason = op.compile_unsupported_reason()
-                if reason is not None:
-                    raise RuntimeError(
-                        f"{op.__class__.__name__} cannot run under torch.compile: {reason}"
-                    )
-
-        # Tensor arguments, de-duplicated by identity: input, params, public extra inputs.
+    def _arg_layout(self, input, extra_inputs):  # pylint: disable=redefined-builtin
+        """The tensor arguments of the pipeline Function, de-duplicated by identity (input,
+        parameters, public extra inputs), and their layout (input_pos, param_pos, extra_pos).
+        Eager calls without extra inputs remember the layout for the next call while the
+        parameters are the same, distinct objects."""
         tensors: list[torch.Tensor] = []
 
         def position(t: torch.Tensor) -> int:
@@ -534,12 +725,61 @@ class OperationFuser:
         param_pos = tuple(tuple(position(p) for p in _op_params(op)) for op in self._basic_ops)
         extra_pos = tuple(position(t) for t in extra_inputs)
         arg_layout = (input_pos, param_pos, extra_pos)
+        if not extra_inputs and not torch.compiler.is_compiling():
+            params = [p for d in self._param_dicts for p in d.values()]
+            live = [p for p in params if p is not None]
+            ids = frozenset(map(id, live))
+            if len(ids) == len(live) and id(input) not in ids:
+                self._layout_key = tuple(map(id, params))
+                self._layout_param_ids = ids
+                self._layout_sizes = tuple(map(len, self._param_dicts))
+                self._layout = arg_layout
+        return arg_layout, tensors
 
-        if first >= n:
-            # Nothing needs a gradient: run the forward plan without autograd bookkeeping.
-            return _OperationFuserAutogradFunction.forward(
-                None, plan, self, basic_op_kwargs, arg_layout, *tensors
+    def _call(self, input, extra_inputs, basic_op_kwargs):  # pylint: disable=redefined-builtin
+        """The general call (any recipe, extra inputs, kwargs; the path torch.compile traces)."""
+        n = self._num_basic_ops
+        if len(extra_inputs) != self.num_extra_inputs:
+            raise ValueError(
+                f"OperationFuser expected {self.num_extra_inputs} extra inputs, got "
+                f"{len(extra_inputs)}"
             )
+        if basic_op_kwargs is not None:
+            if len(basic_op_kwargs) != n:
+                raise ValueError(
+                    f"OperationFuser expected kwargs for {n} basic ops, got "
+                    f"{len(basic_op_kwargs)}"
+                )
+            if any(basic_op_kwargs):
+                for op, kwargs in zip(self._basic_ops, basic_op_kwargs):
+                    if kwargs and not op.accepts_forward_kwargs:
+                        raise ValueError(f"{type(op).__name__} takes no forward kwargs, "
+                                         f"got {sorted(kwargs)}")
+            else:
+                basic_op_kwargs = None
+        is_grad_enabled = torch.is_grad_enabled()
+        recipe = None
+        if FP8GlobalStateManager.is_fp8_enabled():
+            recipe = FP8GlobalStateManager.get_fp8_recipe()
+        plan = self.maybe_fuse_ops(is_grad_enabled, recipe, input, extra_inputs)
+        first = plan.first_op_requiring_backward
+        for i, op in self._ops_with_pre_forward:
+            op.pre_fuser_forward(requires_grad=i >= first)
+
+        compiling = torch.compiler.is_compiling()
+        if compiling:
+            for op, _ in plan.forward_ops + plan.backward_ops:
+                reason = op.compile_unsupported_reason()
+                if reason is not None:
+                    raise RuntimeError(
+                        f"{op.__class__.__name__} cannot run under torch.compile: {reason}"
+                    )
+
+        arg_layout, tensors = self._arg_layout(input, extra_inputs)
+
+        if plan.first_op_requiring_backward >= n:
+            # Nothing needs a gradient: run the forward plan without autograd bookkeeping.
+            return _pipeline_forward(None, plan, self, basic_op_kwargs, arg_layout, *tensors)
         return _OperationFuserAutogradFunction.apply(
             plan, self, basic_op_kwargs, arg_layout, *tensors
         )

@@ -127,6 +127,15 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
     def is_fused_op(self) -> bool:
         return False
 
+    def materialize_meta_parameters(self, *, requires_grad: bool) -> None:  # pylint: disable=unused-argument
+        """A ``pre_fuser_forward`` for deferred initialisation: parameters still on the meta
+        device are materialised (``reset_parameters``) before the first forward. Ops whose
+        hook is exactly this one let the fuser skip the call while no parameter is on meta."""
+        for p in self._parameters.values():
+            if p is not None and p.is_meta:
+                self.reset_parameters()
+                return
+
     # ---- extra-tensor channels ---------------------------------------------------------------
 
     def _check_channel_change(self, kind: str, index: int, count: int, channel) -> None:
@@ -351,10 +360,11 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
         self, input: torch.Tensor, *extra_inputs: torch.Tensor, **kwargs: Any
     ):  # pylint: disable=redefined-builtin
         """Run this op alone: a one-op :class:`OperationFuser` (the op's channels lock)."""
-        from .fuser import OperationFuser  # pylint: disable=import-outside-toplevel
-
         fuser = self.__dict__.get("_single_op_fuser")
         if fuser is None:
+            # (imported here, once: a function-level import costs microseconds per call)
+            from .fuser import OperationFuser  # pylint: disable=import-outside-toplevel
+
             fuser = OperationFuser([self])
             self.__dict__["_single_op_fuser"] = fuser
         return fuser(input, *extra_inputs, basic_op_kwargs=[kwargs])
@@ -416,12 +426,10 @@ class FusedOperation(FusibleOperation):
         basic_op_kwargs: Optional[list[dict[str, Any]]] = None,
     ):
         """Run this fused op alone through a one-op :class:`OperationFuser`."""
-        from .fuser import OperationFuser  # pylint: disable=import-outside-toplevel
-
-        if basic_op_kwargs is None:
-            basic_op_kwargs = [{} for _ in self.basic_ops]
         fuser = self.__dict__.get("_single_op_fuser")
         if fuser is None:
+            from .fuser import OperationFuser  # pylint: disable=import-outside-toplevel
+
             fuser = OperationFuser([self])
             self.__dict__["_single_op_fuser"] = fuser
         return fuser(input, *extra_inputs, basic_op_kwargs=basic_op_kwargs)

@@ -26,6 +26,7 @@ class Sequential(torch.nn.Module):
     def __init__(self, *args: Union[torch.nn.Module, dict[str, torch.nn.Module]]) -> None:
         super().__init__()
         self._module_groups: Optional[list] = None
+        self._single_fuser: Optional[OperationFuser] = None
         if len(args) == 1 and isinstance(args[0], (dict, OrderedDict)):
             items = list(args[0].items())
         else:
@@ -48,6 +49,11 @@ class Sequential(torch.nn.Module):
                 self._modules = previous
                 self._module_groups = self._make_module_groups()
             raise
+        finally:
+            # the whole Sequential is one fuser: forward hands the call straight to it
+            groups = self._module_groups
+            self._single_fuser = (groups[0] if groups is not None and len(groups) == 1
+                                  and isinstance(groups[0], OperationFuser) else None)
 
     def _snapshot(self) -> OrderedDict:
         return OrderedDict(self._modules)
@@ -189,6 +195,9 @@ class Sequential(torch.nn.Module):
         *extra_inputs: torch.Tensor,
         op_kwargs: Optional[dict[Any, dict[str, Any]]] = None,
     ):
+        fuser = self._single_fuser
+        if fuser is not None and not op_kwargs and len(extra_inputs) == fuser.num_extra_inputs:
+            return fuser(input, *extra_inputs)
         groups = self._module_groups
         kwargs = self._resolve_op_kwargs(groups, op_kwargs)
         x = input

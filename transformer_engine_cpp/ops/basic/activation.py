@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from .. import _quantized
-from .._common import compute_dtype
+from .._common import autocast_dtype
 from ..op import BasicOperation, OperationContext
 
 
@@ -44,8 +44,9 @@ class _ActivationOperation(BasicOperation):
                 f"{type(cache_quantized_input).__name__}"
             )
         self.cache_quantized_input = cache_quantized_input
-        self._fwd_op = getattr(torch.ops.te_cpp, f"{self._op_stem}_fwd")
-        self._bwd_op = getattr(torch.ops.te_cpp, f"{self._op_stem}_bwd")
+        # the OpOverloads (a packet call resolves the overload on every call)
+        self._fwd_op = getattr(torch.ops.te_cpp, f"{self._op_stem}_fwd").default
+        self._bwd_op = getattr(torch.ops.te_cpp, f"{self._op_stem}_bwd").default
 
     def _op_args(self) -> tuple:
         return ()
@@ -87,7 +88,7 @@ class _ActivationOperation(BasicOperation):
         input's own), recording the input dtype for the backward."""
         input_ = _quantized.as_high_precision(input_)
         ctx.input_dtype = input_.dtype
-        dtype = compute_dtype(input_.device.type, input_.dtype)
+        dtype = autocast_dtype(input_, input_.dtype)
         return input_ if input_.dtype == dtype else input_.to(dtype)
 
     def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):

@@ -7,8 +7,8 @@ from typing import Callable, Optional
 
 import torch
 
-from .._common import (canonicalize_device, canonicalize_dtype, compute_dtype,
-                       has_meta_parameters, init_parameter, materialize_device)
+from .._common import (autocast_dtype, canonicalize_device, canonicalize_dtype,
+                       init_parameter, materialize_device)
 from ...quantization import FP8GlobalStateManager, RecipeState
 from ...quantization._formats import format_of
 from ...quantization.tensor import Float8Tensor, QuantizedTensor
@@ -16,6 +16,12 @@ from .. import _quantized
 from ..op import BasicOperation, OperationContext
 
 _LINEAR_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+# the custom ops' OpOverloads, resolved once (a packet call resolves the overload every time)
+_linear_fwd = torch.ops.te_cpp.linear_fwd.default
+_linear_dgrad = torch.ops.te_cpp.linear_dgrad.default
+_linear_dgrad_add = torch.ops.te_cpp.linear_dgrad_add.default
+_linear_wgrad = torch.ops.te_cpp.linear_wgrad.default
 
 
 def _positive_int(op: str, name: str, value) -> int:
@@ -123,9 +129,8 @@ class BasicLinear(BasicOperation):
         self.weight = torch.nn.Parameter(quantizer.quantize(w.detach()),
                                          requires_grad=w.requires_grad)
 
-    def pre_fuser_forward(self, *, requires_grad: bool) -> None:
-        if has_meta_parameters(self):
-            self.reset_parameters()
+    # deferred initialisation: parameters built on the meta device materialise on first use
+    pre_fuser_forward = BasicOperation.materialize_meta_parameters
 
     def num_quantizers(self, mode: str) -> int:
         """Forward: input (0) and weight (1); backward: grad_output (0)."""
@@ -144,14 +149,14 @@ class BasicLinear(BasicOperation):
         the weight's), recording the dtypes on ctx. An input the previous op already quantized
         (the neighbour protocol) is returned as it is."""
         if isinstance(input_, _quantized.QuantizedOperand):
-            dtype = compute_dtype(input_.row_data.device.type, self.weight.dtype)
+            dtype = autocast_dtype(input_.row_data, self._parameters["weight"].dtype)
             ctx.dtype = dtype
             ctx.input_dtype = input_.dtype
             return input_, self._weight_in(dtype)
         if not input_.is_floating_point():
             raise TypeError(f"{self.__class__.__name__}: input must be floating point, "
                             f"got {input_.dtype}")
-        dtype = compute_dtype(input_.device.type, self.weight.dtype)
+        dtype = autocast_dtype(input_, self._parameters["weight"].dtype)
         ctx.dtype = dtype
         ctx.input_dtype = input_.dtype
         x = input_ if input_.dtype == dtype else input_.to(dtype)
@@ -160,7 +165,7 @@ class BasicLinear(BasicOperation):
     def _weight_in(self, dtype: torch.dtype):
         """The weight for this call's GEMMs: a quantized weight stays a Float8Tensor for the FP8
         path (its buffers are the GEMM operand) and is dequantized for the high-precision one."""
-        w = self.weight
+        w = self._parameters["weight"]  # (nn.Module.__getattr__ is slow on this path)
         if isinstance(w, QuantizedTensor):
             return w if self._quantizers is not None else w.dequantize(dtype=dtype)
         return w if w.dtype == dtype else w.to(dtype)
@@ -170,7 +175,7 @@ class BasicLinear(BasicOperation):
         ctx.with_quantized_compute = False
         ctx.input_quantizer = ctx.weight_quantizer = None
         ctx.grad_output_quantizer = ctx.grad_input_quantizer = None
-        ctx.weight_requires_grad = ctx.requires_grad and self.weight.requires_grad
+        ctx.weight_requires_grad = ctx.requires_grad and self._parameters["weight"].requires_grad
         if ctx.requires_grad:
             ctx.save_for_backward(x if ctx.weight_requires_grad else None,
                                   w if ctx.input_requires_grad else None)
@@ -181,7 +186,7 @@ class BasicLinear(BasicOperation):
         if self._quantizers is not None:
             return self._quantized_forward(ctx, x, w)
         x = _quantized.as_high_precision(x)
-        y = torch.ops.te_cpp.linear_fwd(x, w)
+        y = _linear_fwd(x, w)
         self.save_ctx(ctx, x, w)
         return y
 
@@ -206,7 +211,7 @@ class BasicLinear(BasicOperation):
                                              w._data, w._scale_inv, dtype=w.dtype)
         else:
             wq = _quantized.quantize(ctx.weight_quantizer, w, columnwise=need_dgrad)
-        y = torch.ops.te_cpp.linear_fwd(xq.rowwise(), wq.rowwise())
+        y = _linear_fwd(xq.rowwise(), wq.rowwise())
         if ctx.requires_grad:
             saved_x = xq.tensors() if ctx.weight_requires_grad else (None,) * 4
             saved_w = wq.tensors() if need_dgrad else (None,) * 4
@@ -229,20 +234,22 @@ class BasicLinear(BasicOperation):
         dx = None
         if ctx.input_requires_grad:
             if grad_extra is None:
-                dx = torch.ops.te_cpp.linear_dgrad(dy, w, alpha)
+                dx = _linear_dgrad(dy, w, alpha)
             else:
-                dx = torch.ops.te_cpp.linear_dgrad_add(dy, w, grad_extra, alpha)
+                dx = _linear_dgrad_add(dy, w, grad_extra, alpha)
             if dx.dtype != ctx.input_dtype and grad_extra is None:
                 dx = dx.to(ctx.input_dtype)
         elif grad_extra is not None:
             dx = grad_extra
         dw = None
         if ctx.weight_requires_grad:
-            dw = torch.ops.te_cpp.linear_wgrad(dy, x, alpha)
+            dw = _linear_wgrad(dy, x, alpha)
             if self._accumulate_into_main_grad:
                 dw = self._accumulate_main_grad(dw)
-            elif dw.dtype != self.weight.dtype:
-                dw = dw.to(self.weight.dtype)
+            else:
+                weight_dtype = self._parameters["weight"].dtype
+                if dw.dtype != weight_dtype:
+                    dw = dw.to(weight_dtype)
         return dx, (dw,)
 
     def _quantized_backward(self, ctx: OperationContext, grad_output: torch.Tensor, *,
@@ -261,15 +268,15 @@ class BasicLinear(BasicOperation):
             w = _quantized.QuantizedOperand.rebuild(saved[4:], w_meta).columnwise()
             dy_row = dyq.rowwise()
             if grad_extra is None:
-                dx = torch.ops.te_cpp.linear_dgrad(dy_row, w, alpha).to(ctx.input_dtype)
+                dx = _linear_dgrad(dy_row, w, alpha).to(ctx.input_dtype)
             else:
-                dx = torch.ops.te_cpp.linear_dgrad_add(dy_row, w, grad_extra, alpha)
+                dx = _linear_dgrad_add(dy_row, w, grad_extra, alpha)
         elif grad_extra is not None:
             dx = grad_extra
         dw = None
         if ctx.weight_requires_grad:
             x = _quantized.QuantizedOperand.rebuild(saved[:4], x_meta).columnwise()
-            dw = torch.ops.te_cpp.linear_wgrad(dyq.columnwise(), x, alpha)
+            dw = _linear_wgrad(dyq.columnwise(), x, alpha)
             if self._accumulate_into_main_grad:
                 dw = self._accumulate_main_grad(dw)
             else:

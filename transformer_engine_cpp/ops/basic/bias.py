@@ -6,10 +6,14 @@ from typing import Optional
 
 import torch
 
-from .._common import (canonicalize_device, canonicalize_dtype, check_float_dtype,
-                       compute_dtype, has_meta_parameters, init_parameter, materialize_device)
+from .._common import (autocast_dtype, canonicalize_device, canonicalize_dtype, check_float_dtype,
+                       init_parameter, materialize_device)
 from .. import _quantized
 from ..op import BasicOperation, OperationContext
+
+# the custom ops' OpOverloads, resolved once (a packet call resolves the overload every time)
+_bias_fwd = torch.ops.te_cpp.bias_fwd.default
+_bias_bwd = torch.ops.te_cpp.bias_bwd.default
 
 
 class Bias(BasicOperation):
@@ -53,10 +57,8 @@ class Bias(BasicOperation):
         self.device = materialize_device(self.device)
         init_parameter(self, "bias", torch.nn.init.zeros_, self.device)
 
-    def pre_fuser_forward(self, *, requires_grad: bool) -> None:
-        # Deferred initialisation: a bias built on the meta device materialises on first use.
-        if has_meta_parameters(self):
-            self.reset_parameters()
+    # deferred initialisation: parameters built on the meta device materialise on first use
+    pre_fuser_forward = BasicOperation.materialize_meta_parameters
 
     def op_forward(
         self,
@@ -71,23 +73,25 @@ class Bias(BasicOperation):
         ctx.input_dtype = input_.dtype
         # the previous op's grad-output quantizer: dx is handed back already quantized
         ctx.grad_input_quantizer = prev_op_grad_output_quantizer
-        dtype = compute_dtype(input_.device.type, None)
+        dtype = autocast_dtype(input_, None)
         if dtype is None:  # no autocast: the input and bias dtypes promote
-            return torch.ops.te_cpp.bias_fwd(input_, self.bias)
-        return torch.ops.te_cpp.bias_fwd(input_.to(dtype), self.bias_in(dtype))
+            return _bias_fwd(input_, self._parameters["bias"])
+        return _bias_fwd(input_.to(dtype), self.bias_in(dtype))
 
     def fill_ctx(self, ctx: OperationContext) -> None:
         """Records what the backward needs (also used by the forward fusions)."""
-        ctx.bias_dtype = self.bias.dtype
-        ctx.bias_requires_grad = ctx.requires_grad and self.bias.requires_grad
+        bias = self._parameters["bias"]  # (nn.Module.__getattr__ is slow on this path)
+        ctx.bias_dtype = bias.dtype
+        ctx.bias_requires_grad = ctx.requires_grad and bias.requires_grad
 
     def bias_in(self, dtype: torch.dtype) -> torch.Tensor:
-        return self.bias if self.bias.dtype == dtype else self.bias.to(dtype)
+        bias = self._parameters["bias"]
+        return bias if bias.dtype == dtype else bias.to(dtype)
 
     def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
         db = None
         if ctx.bias_requires_grad:
-            db = torch.ops.te_cpp.bias_bwd(grad_output, ctx.bias_dtype)
+            db = _bias_bwd(grad_output, ctx.bias_dtype)
         # dx = dy: a pass-through, never routed through a custom op (only cast back to the
         # input's dtype where autocast or promotion changed it)
         dx = grad_output

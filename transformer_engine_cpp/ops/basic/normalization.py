@@ -13,12 +13,20 @@ from typing import Iterable, Optional, Union
 
 import torch
 
-from .._common import (canonicalize_device, canonicalize_dtype, check_float_dtype, compute_dtype,
-                       has_meta_parameters, init_parameter, materialize_device)
+from .._common import (autocast_dtype, canonicalize_device, canonicalize_dtype, check_float_dtype,
+                       init_parameter, materialize_device)
 from .. import _quantized
 from ..op import BasicOperation, OperationContext
 
 SmMargin = Union[int, dict]
+
+# the custom ops' OpOverloads, resolved once (calling torch.ops.te_cpp.<op> resolves the
+# overload packet on every call)
+_layernorm_fwd = torch.ops.te_cpp.layernorm_fwd.default
+_layernorm_bwd = torch.ops.te_cpp.layernorm_bwd.default
+_rmsnorm_fwd = torch.ops.te_cpp.rmsnorm_fwd.default
+_rmsnorm_bwd = torch.ops.te_cpp.rmsnorm_bwd.default
+_rmsnorm_bwd_add = torch.ops.te_cpp.rmsnorm_bwd_add.default
 
 
 def _normalized_shape(op: str, shape) -> tuple[int, ...]:
@@ -99,20 +107,22 @@ class _Norm(BasicOperation):
         if self._has_bias:
             init_parameter(self, "bias", torch.nn.init.zeros_, self.device)
 
-    def pre_fuser_forward(self, *, requires_grad: bool) -> None:
-        if has_meta_parameters(self):
-            self.reset_parameters()
+    # deferred initialisation: parameters built on the meta device materialise on first use
+    pre_fuser_forward = BasicOperation.materialize_meta_parameters
 
     def _cast_inputs(self, ctx: OperationContext, input_: torch.Tensor, kwargs: dict):
         input_ = _quantized.as_high_precision(input_)
         if not input_.is_floating_point():
             raise TypeError(f"{self.__class__.__name__}: input must be floating point, "
                             f"got {input_.dtype}")
-        dtype = compute_dtype(input_.device.type, self.weight.dtype)
+        # parameters read through _parameters: nn.Module.__getattr__ costs microseconds per
+        # access on this per-call path
+        weight = self._parameters["weight"]
+        dtype = autocast_dtype(input_, weight.dtype)
         ctx.input_dtype = input_.dtype
         ctx.dtype = dtype
         x = input_ if input_.dtype == dtype else input_.to(dtype)
-        w = self.weight if self.weight.dtype == dtype else self.weight.to(dtype)
+        w = weight if weight.dtype == dtype else weight.to(dtype)
         return x, w
 
     @staticmethod
@@ -135,21 +145,22 @@ class LayerNorm(_Norm):
     def op_forward(self, ctx: OperationContext, input_: torch.Tensor, *,
                    prev_op_grad_output_quantizer=None, next_op_input_quantizer=None, **kwargs):
         x, w = self._cast_inputs(ctx, input_, kwargs)
-        b = self.bias if self.bias.dtype == ctx.dtype else self.bias.to(ctx.dtype)
-        y, mean, rstd = torch.ops.te_cpp.layernorm_fwd(x, w, b, self.eps, self.zero_centered_gamma)
+        bias = self._parameters["bias"]
+        b = bias if bias.dtype == ctx.dtype else bias.to(ctx.dtype)
+        y, mean, rstd = _layernorm_fwd(x, w, b, self.eps, self.zero_centered_gamma)
         if ctx.requires_grad:
             ctx.save_for_backward(x, mean, rstd, w)
-            ctx.grads_needed = (self.weight.requires_grad, self.bias.requires_grad)
+            ctx.grads_needed = (self._parameters["weight"].requires_grad, bias.requires_grad)
         return _quantized.emit(y, next_op_input_quantizer)
 
     def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
         x, mean, rstd, w = ctx.saved_tensors
-        dx, dw, db = torch.ops.te_cpp.layernorm_bwd(grad_output, x, mean, rstd, w,
-                                                   self.zero_centered_gamma)
+        dx, dw, db = _layernorm_bwd(grad_output, x, mean, rstd, w, self.zero_centered_gamma)
         if dx.dtype != ctx.input_dtype:
             dx = dx.to(ctx.input_dtype)
-        return dx, (self._param_grad(dw, self.weight, ctx.grads_needed[0]),
-                    self._param_grad(db, self.bias, ctx.grads_needed[1]))
+        params = self._parameters
+        return dx, (self._param_grad(dw, params["weight"], ctx.grads_needed[0]),
+                    self._param_grad(db, params["bias"], ctx.grads_needed[1]))
 
 
 class RMSNorm(_Norm):
@@ -159,10 +170,10 @@ class RMSNorm(_Norm):
     def op_forward(self, ctx: OperationContext, input_: torch.Tensor, *,
                    prev_op_grad_output_quantizer=None, next_op_input_quantizer=None, **kwargs):
         x, w = self._cast_inputs(ctx, input_, kwargs)
-        y, rstd = torch.ops.te_cpp.rmsnorm_fwd(x, w, self.eps, self.zero_centered_gamma)
+        y, rstd = _rmsnorm_fwd(x, w, self.eps, self.zero_centered_gamma)
         if ctx.requires_grad:
             ctx.save_for_backward(x, rstd, w)
-            ctx.grads_needed = (self.weight.requires_grad,)
+            ctx.grads_needed = (self._parameters["weight"].requires_grad,)
         return _quantized.emit(y, next_op_input_quantizer)
 
     def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
@@ -174,10 +185,10 @@ class RMSNorm(_Norm):
         (BackwardAddRMSNorm) in the same pass."""
         x, rstd, w = ctx.saved_tensors
         if grad_extra is None:
-            dx, dw = torch.ops.te_cpp.rmsnorm_bwd(grad_output, x, rstd, w, self.zero_centered_gamma)
+            dx, dw = _rmsnorm_bwd(grad_output, x, rstd, w, self.zero_centered_gamma)
         else:
-            dx, dw = torch.ops.te_cpp.rmsnorm_bwd_add(grad_output, x, rstd, w,
-                                                      self.zero_centered_gamma, grad_extra)
+            dx, dw = _rmsnorm_bwd_add(grad_output, x, rstd, w, self.zero_centered_gamma,
+                                      grad_extra)
         if dx.dtype != ctx.input_dtype:
             dx = dx.to(ctx.input_dtype)
-        return dx, (self._param_grad(dw, self.weight, ctx.grads_needed[0]),)
+        return dx, (self._param_grad(dw, self._parameters["weight"], ctx.grads_needed[0]),)

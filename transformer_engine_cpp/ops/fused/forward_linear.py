@@ -22,11 +22,15 @@ from typing import Optional
 
 import torch
 
-from .._common import compute_dtype, is_compiling
+from .._common import autocast_dtype, is_compiling
 from ..basic import (GELU, QGELU, AddExtraInput, BasicLinear, Bias, ConstantScale, ReLU, SiLU,
                      SReLU)
 from ..op import FusedOperation
 from ._window import fuse_windows
+
+# the custom ops' OpOverloads, resolved once (a packet call resolves the overload every time)
+_linear_fwd = torch.ops.te_cpp.linear_fwd.default
+_linear_bias_act_fwd = torch.ops.te_cpp.linear_bias_act_fwd.default
 
 # Activation class -> name understood by linear_bias_act_fwd.
 EPILOGUE_ACTIVATIONS = {GELU: "gelu", ReLU: "relu", SiLU: "silu", QGELU: "qgelu", SReLU: "srelu"}
@@ -55,8 +59,9 @@ def bias_fuses(fused, input_) -> bool:
     dtype; otherwise only when the bias already has the linear's compute dtype (the unfused
     Bias would promote a differing dtype, e.g. bf16 activations + fp32 bias -> fp32)."""
     linear, bias = fused._ops[0], fused._ops[1]
-    dtype = compute_dtype(input_.device.type, None)
-    return dtype is not None or bias.bias.dtype == linear.weight.dtype
+    if autocast_dtype(input_, None) is not None:
+        return True
+    return bias._parameters["bias"].dtype == linear._parameters["weight"].dtype
 
 
 def run_unfused(fused, basic_op_ctxs, input_, basic_op_kwargs):
@@ -87,8 +92,8 @@ class ForwardLinearBiasActivation(FusedOperation):
             return run_unfused(self, basic_op_ctxs, input_, basic_op_kwargs)
         x, w, b = _linear_prologue(self, basic_op_ctxs, input_, basic_op_kwargs, self._has_bias)
         if self._activation is None:
-            return torch.ops.te_cpp.linear_fwd(x, w, b), [()] * len(self._ops)
-        y, act_input = torch.ops.te_cpp.linear_bias_act_fwd(x, w, b, self._activation)
+            return _linear_fwd(x, w, b), [()] * len(self._ops)
+        y, act_input = _linear_bias_act_fwd(x, w, b, self._activation)
         act_ctx = basic_op_ctxs[-1]
         act_ctx.input_dtype = act_input.dtype
         if act_ctx.requires_grad:

@@ -1,0 +1,135 @@
+"""Host-overhead guards (not timings): a repeated te.ops call does no fusion work and takes the
+eager fast path, its Python-level work per step stays within a budget relative to plain
+nn.Sequential of the same ops, and (where valgrind can run the extension) its instruction count
+stays within a bound of plain nn.Sequential's, measured in the same run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+import pytest
+import torch
+
+import transformer_engine_cpp as te
+from transformer_engine_cpp.ops.fuser import OperationFuser
+
+H = 256
+
+
+def _models():
+    torch.manual_seed(0)
+    ours = te.ops.Sequential(te.ops.LayerNorm(H), te.ops.Linear(H, H), te.ops.GELU(),
+                             te.ops.Linear(H, H))
+    plain = torch.nn.Sequential(torch.nn.LayerNorm(H), torch.nn.Linear(H, H),
+                                torch.nn.GELU(approximate="tanh"), torch.nn.Linear(H, H))
+    return ours, plain
+
+
+def _steps(model, x, dy):
+    xd = x.detach()
+
+    def no_grad():
+        with torch.no_grad():
+            return model(xd)
+
+    return {"fwd+bwd": lambda: torch.autograd.backward(model(x), dy),
+            "fwd": lambda: model(xd),
+            "no_grad": no_grad}
+
+
+def test_repeated_calls_do_no_fusion_work(monkeypatch):
+    """After the first call of each configuration, a call runs no fusion function, builds no
+    plan and reuses its argument layout (the eager fast path)."""
+    ours, _ = _models()
+    x = torch.randn(8, H, requires_grad=True)
+    dy = torch.randn(8, H)
+    steps = _steps(ours, x, dy)
+    for step in steps.values():
+        step()
+    counts = {"fuse": 0, "build": 0, "layout": 0, "general": 0}
+
+    def counting(name, original):
+        def wrapped(*args, **kwargs):
+            counts[name] += 1
+            return original(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(OperationFuser, "_fuse",
+                        classmethod(counting("fuse", OperationFuser._fuse.__func__)))
+    for name, attr in (("build", "_build_plan"), ("layout", "_arg_layout"),
+                       ("general", "_call")):
+        monkeypatch.setattr(OperationFuser, attr, counting(name, getattr(OperationFuser, attr)))
+    for _ in range(3):
+        for step in steps.values():
+            step()
+    assert counts == {"fuse": 0, "build": 0, "layout": 0, "general": 0}
+    # a replaced parameter is picked up (layout rebuilt once, then cached again)
+    with torch.no_grad():
+        ours[1].bias = torch.nn.Parameter(ours[1].bias.detach().clone())
+    steps["fwd+bwd"]()
+    steps["fwd+bwd"]()
+    assert counts["layout"] == 1 and counts["fuse"] == 0
+    assert ours[1].bias.grad is not None
+
+
+def _python_calls(fn) -> int:
+    fn()
+    fn()
+    n = 0
+
+    def prof(frame, event, arg):  # noqa: ARG001
+        nonlocal n
+        if event == "call":
+            n += 1
+
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return n
+
+
+@pytest.mark.parametrize("mode,budget", [("fwd+bwd", 2.7), ("fwd", 2.3), ("no_grad", 1.8)])
+def test_python_calls_per_step_within_budget(mode, budget):
+    """Python function calls of one Sequential step (LayerNorm, Linear, GELU, Linear at 8x256),
+    relative to plain nn.Sequential's in the same process. A regression guard for the per-call
+    Python work (e.g. a per-call import or per-op loop), which dominates at small shapes; the
+    budgets leave ~15% above the current counts."""
+    ours, plain = _models()
+    x = torch.randn(8, H, requires_grad=True)
+    dy = torch.randn(8, H)
+    n_ours = _python_calls(_steps(ours, x, dy)[mode])
+    n_plain = _python_calls(_steps(plain, x, dy)[mode])
+    assert n_ours <= budget * n_plain, (
+        f"{mode}: te.ops.Sequential makes {n_ours} Python calls per step, plain nn.Sequential "
+        f"{n_plain} (budget {budget}x)")
+
+
+def _callgrind_module():
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+    sys.path.insert(0, bench)
+    try:
+        import callgrind  # noqa: PLC0415
+    finally:
+        sys.path.remove(bench)
+    return callgrind
+
+
+@pytest.mark.skipif(os.environ.get("TECPP_CALLGRIND_TEST") != "1",
+                    reason="opt-in (TECPP_CALLGRIND_TEST=1): a valgrind run takes ~20-40 s")
+@pytest.mark.skipif(shutil.which("valgrind") is None or shutil.which("callgrind_control") is None,
+                    reason="valgrind is not installed")
+def test_step_instructions_within_bound_of_plain():
+    """Instruction count (callgrind, one process, 1 thread) of a forward+backward step against
+    plain nn.Sequential of the same ops (currently ~1.1x). Opt-in; skips where valgrind cannot
+    run the extension as built (AVX-512, and no up-to-date AVX2 copy from bench/callgrind.py)."""
+    cg = _callgrind_module()
+    extension, reason = cg.valgrind_extension(build=False)
+    if extension is None:
+        pytest.skip(reason)
+    rows = cg.collect(5, only_steps=True, extension=extension, timeout=120)
+    counts = {r["provider"]: r["instructions_per_call"] for r in rows}
+    assert counts["ours"] <= 1.25 * counts["plain"], counts
