@@ -133,14 +133,14 @@ float amax_of(const T* x, int64_t n) {
 #if defined(CPU_CAPABILITY_AVX512)
 // One full vector of fp32 to FP8, stored as 16 bytes at out: the same bytes as
 // fp8::cast_to_fp8 lane by lane (saturate to +-fp8_max, NaN stays NaN, then c10's
-// round-to-nearest-even conversion, written out branch-free). After the clamp no lane is
-// beyond fp8_max, so c10's overflow branch is reached only by NaN (E4M3: 0x7F | sign;
-// E5M2: 0x7F | sign as well), and rounding can never carry past the largest finite code.
+// round-to-nearest-even conversion). Works on the magnitude bits: for non-NaN lanes the
+// saturation is an unsigned integer minimum with fp8_max's bits (same order as the floats);
+// after it, c10's overflow branch is reached only by NaN (0x7F | sign in both formats), and
+// rounding cannot carry past the largest finite code. The denormal and NaN fix-ups are
+// skipped when no lane needs them (rare in real data; the masks are always computed).
 template <int64_t F>
 inline void store_fp8(uint8_t* out, __m512 v) {
-  constexpr float m = F == fp8::kE4M3 ? 448.0f : 57344.0f;
-  // min(hi, max(lo, v)) returns v when v is NaN (the second operand is returned on NaN)
-  v = _mm512_min_ps(_mm512_set1_ps(m), _mm512_max_ps(_mm512_set1_ps(-m), v));
+  constexpr float kMax = F == fp8::kE4M3 ? 448.0f : 57344.0f;
   // E4M3: denormal below 2^-6 (exponent 121), 3 mantissa bits (shift 20), bias 7.
   // E5M2: denormal below 2^-14 (exponent 113), 2 mantissa bits (shift 21), bias 15.
   constexpr uint32_t kDenormExp = F == fp8::kE4M3 ? 121u : 113u;
@@ -148,23 +148,26 @@ inline void store_fp8(uint8_t* out, __m512 v) {
   constexpr int kShift = F == fp8::kE4M3 ? 20 : 21;
   constexpr uint32_t kBias = F == fp8::kE4M3 ? 7u : 15u;
   const __m512i bits = _mm512_castps_si512(v);
-  const __m512i sign = _mm512_and_si512(bits, _mm512_set1_epi32(static_cast<int>(0x80000000u)));
-  const __m512i mag = _mm512_xor_si512(bits, sign);
+  const __m512i mag0 = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(mag0, _mm512_set1_epi32(0x7F800000));
+  const __m512i mag = _mm512_min_epu32(mag0, _mm512_set1_epi32(static_cast<int>(c10::bit_cast<uint32_t>(kMax))));
   // normal: (mag + ((bias - 127) << 23) + (2^(shift-1) - 1) + odd) >> shift
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(mag, kShift), _mm512_set1_epi32(1));
   const __m512i rnd = _mm512_add_epi32(
       mag, _mm512_set1_epi32(static_cast<int>(((kBias - 127u) << 23) + ((1u << (kShift - 1)) - 1u))));
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(rnd, odd), kShift);
-  // denormal: the float sum |v| + 2^(magic - 127) rounds at the right place
-  const __m512i magic = _mm512_set1_epi32(static_cast<int>(kDenormMagic << 23));
-  const __m512i den = _mm512_sub_epi32(
-      _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(mag), _mm512_castsi512_ps(magic))),
-      magic);
-  r = _mm512_mask_mov_epi32(r, _mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(static_cast<int>(kDenormExp << 23))), den);
-  // NaN
-  r = _mm512_mask_mov_epi32(
-      r, _mm512_cmpgt_epu32_mask(mag, _mm512_set1_epi32(0x7F800000)), _mm512_set1_epi32(0x7F));
-  r = _mm512_or_si512(r, _mm512_srli_epi32(sign, 24));
+  const __mmask16 den =
+      _mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(static_cast<int>(kDenormExp << 23)));
+  if (den) {  // the float sum |v| + 2^(magic - 127) rounds at the right place
+    const __m512i magic = _mm512_set1_epi32(static_cast<int>(kDenormMagic << 23));
+    const __m512i d = _mm512_sub_epi32(
+        _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(mag), _mm512_castsi512_ps(magic))),
+        magic);
+    r = _mm512_mask_mov_epi32(r, den, d);
+  }
+  if (nan) r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7F));
+  // r | ((bits >> 24) & 0x80): the sign bit into bit 7
+  r = _mm512_ternarylogic_epi32(r, _mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80), 0xF8);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(r));
 }
 #endif
@@ -273,6 +276,65 @@ Tensor fp8_dequantize_cpu(const Tensor& data_in, const Tensor& scale_inv, int64_
   return out;
 }
 
+#if defined(CPU_CAPABILITY_AVX512)
+// Lane j of the result: the maximum over the 16 lanes of m[j] (a transpose-reduce: 15
+// merges of two vectors instead of 16 horizontal reductions). No lane may be NaN.
+inline __m512 max_lanes_16(__m512 m[16]) {
+  __m512 a[8], c[4], d[2];
+  for (int k = 0; k < 8; ++k) {  // per 128-bit chunk: [A', B', A'', B'']
+    a[k] = _mm512_max_ps(_mm512_unpacklo_ps(m[2 * k], m[2 * k + 1]),
+                         _mm512_unpackhi_ps(m[2 * k], m[2 * k + 1]));
+  }
+  for (int k = 0; k < 4; ++k) {  // per chunk: [A, B, C, D] over the chunk's 4 elements
+    const __m512d x = _mm512_castps_pd(a[2 * k]), y = _mm512_castps_pd(a[2 * k + 1]);
+    c[k] = _mm512_max_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  for (int k = 0; k < 2; ++k) {  // chunks [P0|P1, P2|P3, Q0|Q1, Q2|Q3]
+    d[k] = _mm512_max_ps(_mm512_shuffle_f32x4(c[2 * k], c[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(c[2 * k], c[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  return _mm512_max_ps(_mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// 16 consecutive MXFP8 blocks (16 x 32 elements): the block maxima side by side in one
+// vector, fp8::float_to_e8m0 and fp8::e8m0_rcp lane by lane (the value is never NaN here),
+// then each block's data cast with its lane's multiplier.
+template <typename T, int64_t F>
+inline void mxfp8_16_blocks(const T* __restrict x, uint8_t* __restrict data,
+                            uint8_t* __restrict scales, float max_norm_rcp) {
+  constexpr int64_t W = 16;
+  __m512 m[16];
+  for (int j = 0; j < 16; ++j) {
+    const __m512 v0 = load_acc<T>(x + j * 2 * W), v1 = load_acc<T>(x + j * 2 * W + W);
+    // _mm512_max_ps(a, b) returns b when either is NaN: a NaN element is skipped (std::fmax)
+    m[j] = _mm512_max_ps(_mm512_abs_ps(v1), _mm512_max_ps(_mm512_abs_ps(v0), _mm512_setzero_ps()));
+  }
+  const __m512 val = _mm512_mul_ps(max_lanes_16(m), _mm512_set1_ps(max_norm_rcp));
+  const __m512i bits = _mm512_castps_si512(val);
+  const __m512i exp = _mm512_srli_epi32(bits, 23);
+  const __m512i mant = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFF));
+  const __mmask16 up = _mm512_test_epi32_mask(mant, mant) &
+                       _mm512_cmpneq_epi32_mask(exp, _mm512_set1_epi32(0xFE)) &
+                       ~(_mm512_cmpeq_epi32_mask(exp, _mm512_setzero_si512()) &
+                         _mm512_cmple_epi32_mask(mant, _mm512_set1_epi32(0x400000)));
+  __m512i e = _mm512_mask_add_epi32(exp, up, exp, _mm512_set1_epi32(1));
+  e = _mm512_mask_mov_epi32(e, _mm512_cmpeq_epi32_mask(exp, _mm512_set1_epi32(0xFF)),
+                            _mm512_set1_epi32(0xFE));  // inf (NaN cannot occur)
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(scales), _mm512_cvtepi32_epi8(e));
+  // 2^(127 - e) as bits (254 - e) << 23, and 1 for e == 0
+  const __m512 rcp = _mm512_mask_mov_ps(
+      _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(254), e), 23)),
+      _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()), _mm512_set1_ps(1.0f));
+  for (int j = 0; j < 16; ++j) {
+    const __m512 s = _mm512_permutexvar_ps(_mm512_set1_epi32(j), rcp);
+    store_fp8<F>(data + j * 2 * W, _mm512_mul_ps(load_acc<T>(x + j * 2 * W), s));
+    store_fp8<F>(data + j * 2 * W + W, _mm512_mul_ps(load_acc<T>(x + j * 2 * W + W), s));
+  }
+}
+#endif
+
 // MXFP8 (TE quantize_mxfp8.cuh, rowwise): per block of 32 consecutive elements of the last
 // dim, amax = max |x| ignoring NaN (fmaxf); e = float_to_e8m0(amax * float(1/fp8_max));
 // data = cast_to_fp8(x * e8m0_rcp(e)).
@@ -291,7 +353,9 @@ void mxfp8_quantize_blocks(const T* x, uint8_t* data, uint8_t* scales, int64_t n
     uint8_t* __restrict sl = scales;
     using V = at::vec::Vectorized<float>;
     static_assert(B == 2 * W, "the AVX512 path handles a block as two vectors");
-    for (int64_t b = b0; b < b1; ++b) {
+    int64_t b = b0;
+    for (; b + 16 <= b1; b += 16) mxfp8_16_blocks<T, F>(xl + b * B, dl + b * B, sl + b, max_norm_rcp);
+    for (; b < b1; ++b) {
       const T* xb = xl + b * B;
       const V v0 = load_acc<T>(xb), v1 = load_acc<T>(xb + W);
       // _mm512_max_ps(a, b) returns b when either is NaN: with the running maximum second,
