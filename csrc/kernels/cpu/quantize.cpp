@@ -1,8 +1,11 @@
 // CPU kernels of the quantize family: FP8 per-tensor current / delayed scaling and MXFP8.
 //
 // The amax reduction runs over fixed blocks of kAmaxBlock elements (one private maximum per
-// block, then the block maxima in order), so the result depends only on the shape. at::vec's
-// maximum propagates NaN, so a NaN anywhere gives amax NaN (and scale 1, te_ops.md 4.3).
+// block, then the block maxima in order), so the result depends only on the shape. A NaN
+// anywhere gives amax NaN (and scale 1, te_ops.md 4.3): the AVX512 path takes the maximum of
+// the magnitude bit patterns (every NaN sorts above +inf), the others at::vec's maximum,
+// which propagates NaN. The AVX512 casts are vectorised and give the same bytes as the
+// scalar fp8::cast_to_fp8.
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
