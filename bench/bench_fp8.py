@@ -7,12 +7,13 @@ and the per-tensor quantize / dequantize kernels against a plain-torch emulation
                 (its Linears run exactly-emulated FP8 GEMMs: quantize, dequantize to fp32, mm)
     torch bf16: plain PyTorch eager, for reference
 
-    quantize:   torch.ops.te_cpp.fp8_quantize (E4M3, per-tensor current scaling) and
-                fp8_dequantize against plain torch (amax, scale, clamp, .to(float8_e4m3fn))
+    quantize:   torch.ops.te_cpp.fp8_quantize (E4M3, per-tensor current scaling), mxfp8_quantize
+                and fp8_dequantize against plain torch (amax, scale, clamp, .to(float8_e4m3fn)),
+                eager and torch.compile (quantize)
 
 Ratios are against "ours bf16" (block) and "ours" (kernels); >1 means that provider is slower.
 
-    python bench/bench_fp8.py [--quick] [--tokens 4096] [--hidden 1024] [--ffn 4096]
+    python bench/bench_fp8.py [--quick] [--tokens 4096] [--hidden 1024] [--ffn 4096] [--no-block]
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ common.ensure_benchmark_allocator()
 import transformer_engine_cpp as te  # noqa: E402
 from common import Provider, check_close, environment, run_case, write_outputs  # noqa: E402
 from suite import mlp_builder  # noqa: E402
-from transformer_engine_cpp.testing.reference import fp8_quantize_current_scaling  # noqa: E402
+from transformer_engine_cpp.testing.reference import (  # noqa: E402
+    fp8_quantize_current_scaling, mxfp8_quantize_reference)
 
 E4M3 = 0  # fp8_format int of the custom ops
 FP8_TOL = 0.10  # relative error (Frobenius norm) allowed between the FP8 and the bf16 block
@@ -99,13 +101,29 @@ def quantize_cases(args, results, T, H):
         deq = ops.fp8_dequantize(data, scale_inv, E4M3, dtype)
         if not torch.equal(deq, torch_fp8_dequantize(data, scale_inv, dtype)):
             raise SystemExit(f"fp8_dequantize ({dtype}) disagrees with the torch emulation")
-        # quantize: the input is read twice (amax pass, cast pass); bytes_moved counts the
-        # minimal traffic, one read of the input + 1 byte/element written.
-        qbytes = n * (esz + 1)
+        compiled_q = torch.compile(fp8_quantize_current_scaling, fullgraph=True)
+        if not torch.equal(compiled_q(x)[0], t_data):
+            raise SystemExit(f"compiled torch fp8 quantize ({dtype}) disagrees with eager")
+        # quantize (current scaling) reads the input twice, the amax pass then the cast pass:
+        # bytes_moved = 2 reads of the input + 1 byte/element written.
+        qbytes = n * (2 * esz + 1)
         results += run_case("fp8_quantize", dtype, f"{T}x{H}", "fwd", [
             Provider("torch", lambda: fp8_quantize_current_scaling(x)),
+            Provider("torch.compile", lambda: compiled_q(x)),
             Provider("ours", lambda: ops.fp8_quantize(x, E4M3, False, 0.0)),
         ], ours="ours", bytes_moved=qbytes, copy_bytes=qbytes // 2, **args)
+        # MXFP8: one read of the input, 1 byte/element + 1 scale byte per 32 elements written
+        m_data, m_scale = ops.mxfp8_quantize(x, E4M3)
+        t_mdata, t_mscale = mxfp8_quantize_reference(x)
+        if not (torch.equal(m_data, t_mdata) and torch.equal(m_scale, t_mscale)):
+            raise SystemExit(f"mxfp8_quantize ({dtype}) disagrees with the torch emulation")
+        compiled_mx = torch.compile(mxfp8_quantize_reference, fullgraph=True)
+        mbytes = n * (esz + 1) + n // 32
+        results += run_case("mxfp8_quantize", dtype, f"{T}x{H}", "fwd", [
+            Provider("torch", lambda: mxfp8_quantize_reference(x)),
+            Provider("torch.compile", lambda: compiled_mx(x)),
+            Provider("ours", lambda: ops.mxfp8_quantize(x, E4M3)),
+        ], ours="ours", bytes_moved=mbytes, copy_bytes=mbytes // 2, **args)
         # dequantize: 1 byte/element read + esz bytes/element written
         dbytes = n * (1 + esz)
         results += run_case("fp8_dequantize", dtype, f"{T}x{H}", "fwd", [
@@ -121,17 +139,19 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--ffn", type=int, default=4096)
+    parser.add_argument("--no-block", action="store_true", help="only the quantize kernels")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out", "fp8"))
     a = parser.parse_args()
     rounds, mrt = (3, 0.2) if a.quick else (7, 0.5)
     args = dict(rounds=rounds, threads=a.threads, min_run_time=mrt)
     torch.set_num_threads(a.threads)
     print(environment())
-    print("quantize GB/s counts one read of the input + 1 B/element written (the kernel reads "
-          "the input twice: amax pass, cast pass); dequantize 1 B/element read + the output")
+    print("GB/s: fp8_quantize counts two reads of the input (amax pass, cast pass) + 1 B/element "
+          "written; mxfp8_quantize one read + 1 B/element + 1 B/32 elements written; "
+          "dequantize 1 B/element read + the output")
     results = []
     quantize_cases(args, results, a.tokens, a.hidden)
-    for mode in ("fwd", "fwd+bwd"):
+    for mode in () if a.no_block else ("fwd", "fwd+bwd"):
         ps = block_providers(a.tokens, a.hidden, a.ffn, mode)
         results += run_case("MLP block (gelu)", torch.bfloat16, f"{a.tokens}x{a.hidden}x{a.ffn}",
                             mode, ps, ours="ours bf16", **args)

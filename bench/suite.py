@@ -226,14 +226,24 @@ class _Quantize(torch.nn.Module):
         return self.fn(x)
 
 
-def quantize_case(T, H):
+def quantize_case(T, H, kind):
+    if kind == "fp8":
+        def fn(x):
+            return torch.ops.te_cpp.fp8_quantize(x, E4M3, False, 0.0)
+        plain_fn, name = ref.fp8_quantize_current_scaling, "FP8 quantize (current scaling)"
+        # current scaling needs the whole tensor's amax before the first cast: two reads of
+        # the input (amax pass, cast pass) + 1 byte per element written
+        nbytes = lambda mode, e: T * H * (2 * e + 1)  # noqa: E731
+    else:
+        def fn(x):
+            return torch.ops.te_cpp.mxfp8_quantize(x, E4M3)
+        plain_fn, name = ref.mxfp8_quantize_reference, "MXFP8 quantize"
+        # one read, 1 byte per element + one E8M0 scale per 32 elements
+        nbytes = lambda mode, e: T * H * (e + 1) + T * H // 32  # noqa: E731
+
     def build(dtype):
-        plain = _Quantize(ref.fp8_quantize_current_scaling)
-        ours = _Quantize(lambda x: torch.ops.te_cpp.fp8_quantize(x, E4M3, False, 0.0))
-        return plain, ours, (torch.randn(T, H, dtype=dtype) * 3,)
-    # read x once, write 1 byte per element (the amax needs a second read of x: not minimal)
-    return Case("C10", "FP8 quantize (current scaling)", ("fwd",), build, f"{T}x{H}",
-                min_bytes=lambda mode, e: T * H * (e + 1), grad=False,
+        return _Quantize(plain_fn), _Quantize(fn), (torch.randn(T, H, dtype=dtype) * 3,)
+    return Case("C10", name, ("fwd",), build, f"{T}x{H}", min_bytes=nbytes, grad=False,
                 targets={"fwd": Target(None, 1.0, 0.6)})
 
 
@@ -247,7 +257,7 @@ def all_cases(full: bool, quick: bool) -> list[Case]:
              linear_gelu_case(Tg, H, F), linear_add_case(Tg, H, F),
              mlp_case(Tg, H, F, "plain"), mlp_case(Tg, H, F, "residual"),
              mlp_case(Tg, H, F, "swiglu"), host_case(1), host_case(8), host_case(64),
-             quantize_case(T, H)]
+             quantize_case(T, H, "fp8"), quantize_case(T, H, "mxfp8")]
     if full:
         # DRAM regime (>= 4x the 32 MiB L3) and odd sizes (vector tails)
         cases += [layernorm_case(16384, H), rmsnorm_case(16384, H),

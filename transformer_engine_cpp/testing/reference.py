@@ -246,3 +246,21 @@ def fp8_quantize_current_scaling(x: torch.Tensor):
     scale = torch.where((amax > 0) & torch.isfinite(amax), (one * E4M3_MAX) / amax, one)
     data = (xf * scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
     return data, (one / scale).reshape(1), amax.reshape(1)
+
+
+def mxfp8_quantize_reference(x: torch.Tensor):
+    """MXFP8 (E4M3) as te_cpp.mxfp8_quantize computes it: per block of 32 along the last dim,
+    the NaN-ignoring block amax, TE's E8M0 exponent (rounded up), data = x * 2^(127 - e)
+    saturated and cast. Returns (data as uint8, E8M0 scales as uint8 [..., n / 32])."""
+    xf = x.float().reshape(-1, 32)
+    amax = torch.where(torch.isnan(xf), torch.zeros((), dtype=xf.dtype), xf.abs()).amax(dim=1)
+    v = amax * torch.tensor(1.0 / E4M3_MAX, dtype=torch.float32)
+    bits = v.view(torch.int32)
+    exp, mant = bits >> 23, bits & 0x7FFFFF
+    up = (mant > 0) & (exp != 254) & ~((exp == 0) & (mant <= 0x400000))
+    e = exp + up.to(torch.int32)
+    e = torch.where(torch.isinf(v), torch.full_like(e, 254), e)
+    rcp = torch.where(e == 0, torch.ones_like(v), ((254 - e) << 23).view(torch.float32))
+    data = (xf * rcp[:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return (data.view(torch.uint8).reshape(x.shape),
+            e.to(torch.uint8).reshape(*x.shape[:-1], x.shape[-1] // 32))

@@ -44,35 +44,6 @@ std::vector<A> to_acc(const Tensor& t) {
   return out;
 }
 
-// Row view in the accumulation type: the row itself (fp32/fp64) or a converted copy.
-template <typename T, typename A = acc_t<T>>
-inline const A* row_as_acc(const T* row, int64_t n, A* scratch) {
-  if constexpr (std::is_same_v<T, A>) {
-    return row;
-  } else {
-    constexpr int64_t W = AccVec<T>::size();
-    for_chunks<W>(n, [&](int64_t i, int64_t k) { load_acc<T>(row + i, k).store(scratch + i, k); });
-    return scratch;
-  }
-}
-
-// Sum of v[0..n) with two vector accumulators.
-template <typename A>
-inline A sum_row(const A* v, int64_t n) {
-  using V = at::vec::Vectorized<A>;
-  constexpr int64_t W = V::size();
-  V s0(A(0)), s1(A(0));
-  int64_t i = 0;
-  for (; i + 2 * W <= n; i += 2 * W) {
-    s0 += V::loadu(v + i);
-    s1 += V::loadu(v + i + W);
-  }
-  for (; i + W <= n; i += W) s0 += V::loadu(v + i);
-  A s = hsum<A>(s0 + s1);
-  for (; i < n; ++i) s += v[i];
-  return s;
-}
-
 // Sum of (v - c)^2 over v[0..n).
 template <typename A>
 inline A sum_sq_dev(const A* v, int64_t n, A c) {
@@ -95,12 +66,45 @@ inline A sum_sq_dev(const A* v, int64_t n, A c) {
   return s;
 }
 
+// The first visit of a row: stats accumulation in the accumulation type, with the row
+// converted into scratch on the way for bf16/fp16 (so the later passes read fp32 from L1).
+// kSquares = false: returns sum(x); true: returns sum(x^2).
+template <bool kSquares, typename T, typename A = acc_t<T>>
+inline A first_pass(const T* __restrict row, int64_t n, A* __restrict scratch) {
+  using V = at::vec::Vectorized<A>;
+  constexpr int64_t W = V::size();
+  constexpr bool kConvert = !std::is_same_v<T, A>;
+  V s0(A(0)), s1(A(0));
+  auto step = [&](V& s, int64_t i) {
+    const V v = load_acc<T>(row + i);
+    if constexpr (kConvert) v.store(scratch + i);
+    s = kSquares ? at::vec::fmadd(v, v, s) : s + v;
+  };
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    step(s0, i);
+    step(s1, i + W);
+  }
+  for (; i + W <= n; i += W) step(s0, i);
+  A s = hsum<A>(s0 + s1);
+  for (; i < n; ++i) {
+    const A v = static_cast<A>(row[i]);
+    if constexpr (kConvert) scratch[i] = v;
+    s += kSquares ? v * v : v;
+  }
+  return s;
+}
+
 // ---- LayerNorm and RMSNorm, one kernel each way -------------------------------------------------
 //
 // kCentered = true is LayerNorm (subtract the mean, add beta), false is RMSNorm:
 //   forward   xhat = (x - mu) * rstd, y = xhat * gamma (+ beta); mu = 0 for RMSNorm
 //   backward  g = dy * gamma; dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) [+ dextra],
 //             with the mean(g) term only for LayerNorm; dgamma = sum dy * xhat, dbeta = sum dy.
+//
+// Forward row visit: (1) x read once from memory: sum(x) for LayerNorm, sum(x^2) for RMSNorm
+// (bf16/fp16: converted into an fp32 scratch row on the way); (2) LayerNorm only:
+// sum((x - mu)^2) over the cached row (two-pass variance); (3) y from the cached row.
 
 template <bool kCentered, typename T>
 void norm_fwd_kernel(const Tensor& x, const Tensor& weight, const Tensor* bias, double eps,
@@ -111,29 +115,49 @@ void norm_fwd_kernel(const Tensor& x, const Tensor& weight, const Tensor* bias, 
   constexpr int64_t W = V::size();
   const int64_t n = weight.numel();
   const int64_t rows = n == 0 ? 0 : x.numel() / n;
-  const std::vector<A> gamma = effective_gamma<T>(weight, zero_centered_gamma);
-  const std::vector<A> beta = kCentered ? to_acc<T>(*bias) : std::vector<A>();
+  const std::vector<A> gamma_v = effective_gamma<T>(weight, zero_centered_gamma);
+  const std::vector<A> beta_v = kCentered ? to_acc<T>(*bias) : std::vector<A>();
+  const A* gamma = gamma_v.data();
+  const A* beta = beta_v.data();
   const T* xp = x.const_data_ptr<T>();
   T* yp = y.mutable_data_ptr<T>();
   A* meanp = kCentered ? mean->mutable_data_ptr<A>() : nullptr;
   A* rstdp = rstd.mutable_data_ptr<A>();
-  at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
-    std::vector<A> scratch(std::is_same_v<T, A> ? 0 : static_cast<size_t>(n));
+  const A epsa = static_cast<A>(eps);
+  at::parallel_for(0, rows, row_grain(n), [=](int64_t r0, int64_t r1) {
+    constexpr bool kConvert = !std::is_same_v<T, A>;
+    std::vector<A> scratch_v(kConvert ? static_cast<size_t>(n) : 0);
+    A* __restrict scratch = scratch_v.data();
+    const A* __restrict g = gamma;
+    const A* __restrict be = beta;
     for (int64_t r = r0; r < r1; ++r) {
-      const A* xr = row_as_acc<T>(xp + r * n, n, scratch.data());
-      const A mu = kCentered ? sum_row<A>(xr, n) / static_cast<A>(n) : A(0);
-      const A rs = A(1) / std::sqrt(sum_sq_dev<A>(xr, n, mu) / static_cast<A>(n) + A(eps));
-      if constexpr (kCentered) meanp[r] = mu;
+      const T* __restrict xr = xp + r * n;
+      const A s = first_pass<!kCentered, T>(xr, n, scratch);
+      const A* __restrict xa;
+      if constexpr (kConvert) {
+        xa = scratch;
+      } else {
+        xa = xr;
+      }
+      A mu(0), var;
+      if constexpr (kCentered) {
+        mu = s / static_cast<A>(n);
+        var = sum_sq_dev<A>(xa, n, mu) / static_cast<A>(n);
+        meanp[r] = mu;
+      } else {
+        var = s / static_cast<A>(n);
+      }
+      const A rs = A(1) / std::sqrt(var + epsa);
       rstdp[r] = rs;
       const V muv(mu), rsv(rs);
-      T* yr = yp + r * n;
+      T* __restrict yr = yp + r * n;
       for_chunks<W>(n, [&](int64_t i, int64_t k) {
-        const V xh = (V::loadu(xr + i, k) - muv) * rsv;
-        const V g = V::loadu(gamma.data() + i, k);
+        const V xh = kCentered ? (V::loadu(xa + i, k) - muv) * rsv : V::loadu(xa + i, k) * rsv;
+        const V gv = V::loadu(g + i, k);
         if constexpr (kCentered) {
-          store_acc<T>(yr + i, at::vec::fmadd(xh, g, V::loadu(beta.data() + i, k)), k);
+          store_acc<T>(yr + i, at::vec::fmadd(xh, gv, V::loadu(be + i, k)), k);
         } else {
-          store_acc<T>(yr + i, xh * g, k);
+          store_acc<T>(yr + i, xh * gv, k);
         }
       });
     }
@@ -141,6 +165,9 @@ void norm_fwd_kernel(const Tensor& x, const Tensor& weight, const Tensor* bias, 
 }
 
 // dweight (and dbias for LayerNorm) are reduced deterministically over row blocks.
+// Row visit: (1) from memory: xhat, g = dy * gamma, the row sums of g and g * xhat, and the
+// row's dgamma/dbeta contributions added to its block's partial sums; (2) dx from the rows,
+// now in L1.
 template <bool kCentered, typename T>
 void norm_bwd_kernel(const Tensor& dy, const Tensor& x, const Tensor* mean, const Tensor& rstd,
                      const Tensor& weight, bool zero_centered_gamma, const Tensor* dextra,
@@ -150,7 +177,8 @@ void norm_bwd_kernel(const Tensor& dy, const Tensor& x, const Tensor* mean, cons
   constexpr int64_t W = V::size();
   const int64_t n = weight.numel();
   const int64_t rows = n == 0 ? 0 : x.numel() / n;
-  const std::vector<A> gamma = effective_gamma<T>(weight, zero_centered_gamma);
+  const std::vector<A> gamma_v = effective_gamma<T>(weight, zero_centered_gamma);
+  const A* gamma = gamma_v.data();
   const T* xp = x.const_data_ptr<T>();
   const T* dyp = dy.const_data_ptr<T>();
   const T* dep = dextra ? dextra->const_data_ptr<T>() : nullptr;
@@ -158,30 +186,31 @@ void norm_bwd_kernel(const Tensor& dy, const Tensor& x, const Tensor* mean, cons
   const A* rstdp = rstd.const_data_ptr<A>();
   T* dxp = dx.mutable_data_ptr<T>();
   // acc[0, n): dgamma partials; for LayerNorm acc[n, 2n): dbeta partials.
-  auto row_fn = [&](int64_t r, A* acc) {
-    const T* xr = xp + r * n;
-    const T* dyr = dyp + r * n;
+  auto row_fn = [=](int64_t r, A* __restrict acc) {
+    const T* __restrict xr = xp + r * n;
+    const T* __restrict dyr = dyp + r * n;
+    const T* __restrict der = dep ? dep + r * n : nullptr;
+    const A* __restrict g = gamma;
     const V muv(kCentered ? meanp[r] : A(0)), rsv(rstdp[r]);
     V sg(A(0)), sgx(A(0));
     for_chunks<W>(n, [&](int64_t i, int64_t k) {
-      const V xh = (load_acc<T>(xr + i, k) - muv) * rsv;
+      const V xh = kCentered ? (load_acc<T>(xr + i, k) - muv) * rsv : load_acc<T>(xr + i, k) * rsv;
       const V d = load_acc<T>(dyr + i, k);
-      const V g = d * V::loadu(gamma.data() + i, k);
-      sgx = at::vec::fmadd(g, xh, sgx);
+      const V gd = d * V::loadu(g + i, k);
+      sgx = at::vec::fmadd(gd, xh, sgx);
       at::vec::fmadd(d, xh, V::loadu(acc + i, k)).store(acc + i, k);
       if constexpr (kCentered) {
-        sg += g;
+        sg += gd;
         (V::loadu(acc + n + i, k) + d).store(acc + n + i, k);
       }
     });
     const V c1(kCentered ? hsum<A>(sg) / static_cast<A>(n) : A(0));
     const V c2(hsum<A>(sgx) / static_cast<A>(n));
-    T* dxr = dxp + r * n;
-    const T* der = dep ? dep + r * n : nullptr;
+    T* __restrict dxr = dxp + r * n;
     for_chunks<W>(n, [&](int64_t i, int64_t k) {
-      const V xh = (load_acc<T>(xr + i, k) - muv) * rsv;
-      const V g = load_acc<T>(dyr + i, k) * V::loadu(gamma.data() + i, k);
-      V out = rsv * (g - c1 - xh * c2);
+      const V xh = kCentered ? (load_acc<T>(xr + i, k) - muv) * rsv : load_acc<T>(xr + i, k) * rsv;
+      const V gd = load_acc<T>(dyr + i, k) * V::loadu(g + i, k);
+      V out = rsv * (gd - c1 - xh * c2);
       if (der != nullptr) out += load_acc<T>(der + i, k);
       store_acc<T>(dxr + i, out, k);
     });

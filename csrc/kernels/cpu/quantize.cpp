@@ -1,8 +1,11 @@
 // CPU kernels of the quantize family: FP8 per-tensor current / delayed scaling and MXFP8.
 //
 // The amax reduction runs over fixed blocks of kAmaxBlock elements (one private maximum per
-// block, then the block maxima in order), so the result depends only on the shape. at::vec's
-// maximum propagates NaN, so a NaN anywhere gives amax NaN (and scale 1, te_ops.md 4.3).
+// block, then the block maxima in order), so the result depends only on the shape. A NaN
+// anywhere gives amax NaN (and scale 1, te_ops.md 4.3): the AVX512 path takes the maximum of
+// the magnitude bit patterns (every NaN sorts above +inf), the others at::vec's maximum,
+// which propagates NaN. The AVX512 casts are vectorised and give the same bytes as the
+// scalar fp8::cast_to_fp8.
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -36,20 +39,81 @@ Tensor as_kernel_input(const Tensor& x) {
 #define TE_DISPATCH_QUANT_INPUT(TYPE, NAME, ...) \
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, TYPE, NAME, __VA_ARGS__)
 
+#if defined(CPU_CAPABILITY_AVX512)
+// max |x[i]| over n elements on the bit patterns: with the sign bit cleared, the order of
+// IEEE floats is the order of their bits as unsigned integers, and every NaN is above +inf,
+// so the integer maximum is the float maximum, or a NaN when any element is NaN (the same
+// result as a NaN-propagating float maximum; which NaN pattern is left open). bf16 and fp16
+// are compared as 16-bit integers, 32 per vector, without a conversion to fp32.
+template <typename T>
+float amax_bits(const T* x, int64_t n) {
+  constexpr bool k16 = sizeof(T) == 2;
+  constexpr int64_t L = k16 ? 32 : 16;  // elements per 512-bit vector
+  const __m512i absmask = k16 ? _mm512_set1_epi16(0x7FFF) : _mm512_set1_epi32(0x7FFFFFFF);
+  auto vmax = [](__m512i a, __m512i b) {
+    return k16 ? _mm512_max_epu16(a, b) : _mm512_max_epu32(a, b);
+  };
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  auto ld = [&](int64_t j) {
+    return _mm512_and_si512(_mm512_loadu_si512(reinterpret_cast<const void*>(x + j)), absmask);
+  };
+  for (; i + 4 * L <= n; i += 4 * L) {
+    a0 = vmax(a0, ld(i));
+    a1 = vmax(a1, ld(i + L));
+    a2 = vmax(a2, ld(i + 2 * L));
+    a3 = vmax(a3, ld(i + 3 * L));
+  }
+  for (; i + L <= n; i += L) a0 = vmax(a0, ld(i));
+  if (i < n) {  // zero-filled partial load
+    const __m512i t =
+        k16 ? _mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ull << (n - i)) - 1), x + i)
+            : _mm512_maskz_loadu_epi32(static_cast<__mmask16>((1u << (n - i)) - 1), x + i);
+    a0 = vmax(a0, _mm512_and_si512(t, absmask));
+  }
+  const __m512i a = vmax(vmax(a0, a1), vmax(a2, a3));
+  if constexpr (k16) {
+    alignas(64) uint16_t lanes[32];
+    _mm512_store_si512(reinterpret_cast<void*>(lanes), a);
+    uint16_t m = 0;
+    for (uint16_t v : lanes) m = v > m ? v : m;
+    return static_cast<float>(T(m, T::from_bits()));
+  } else {
+    alignas(64) uint32_t lanes[16];
+    _mm512_store_si512(reinterpret_cast<void*>(lanes), a);
+    uint32_t m = 0;
+    for (uint32_t v : lanes) m = v > m ? v : m;
+    return c10::bit_cast<float>(m);
+  }
+}
+#endif
+
 template <typename T>
 float amax_of(const T* x, int64_t n) {
-  using V = at::vec::Vectorized<float>;
-  constexpr int64_t W = V::size();
   const int64_t nblocks = (n + kAmaxBlock - 1) / kAmaxBlock;
   std::vector<float> partial(std::max<int64_t>(nblocks, 1), 0.0f);
   at::parallel_for(0, nblocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t i0 = b * kAmaxBlock;
       const int64_t i1 = std::min(n, i0 + kAmaxBlock);
-      V acc(0.0f);
+#if defined(CPU_CAPABILITY_AVX512)
+      partial[b] = amax_bits<T>(x + i0, i1 - i0);
+#else
+      using V = at::vec::Vectorized<float>;
+      constexpr int64_t W = V::size();
+      // four independent accumulators (the maximum is exact and order-free, and
+      // at::vec::maximum's NaN is one fixed pattern, so this equals one accumulator)
+      V a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
       int64_t i = i0;
-      for (; i + W <= i1; i += W) acc = at::vec::maximum(acc, load_acc<T>(x + i).abs());
-      if (i < i1) acc = at::vec::maximum(acc, load_acc<T>(x + i, i1 - i).abs());  // zero-padded
+      for (; i + 4 * W <= i1; i += 4 * W) {
+        a0 = at::vec::maximum(a0, load_acc<T>(x + i).abs());
+        a1 = at::vec::maximum(a1, load_acc<T>(x + i + W).abs());
+        a2 = at::vec::maximum(a2, load_acc<T>(x + i + 2 * W).abs());
+        a3 = at::vec::maximum(a3, load_acc<T>(x + i + 3 * W).abs());
+      }
+      for (; i + W <= i1; i += W) a0 = at::vec::maximum(a0, load_acc<T>(x + i).abs());
+      if (i < i1) a0 = at::vec::maximum(a0, load_acc<T>(x + i, i1 - i).abs());  // zero-padded
+      const V acc = at::vec::maximum(at::vec::maximum(a0, a1), at::vec::maximum(a2, a3));
       alignas(64) float lanes[W];
       acc.store(lanes);
       float m = 0.0f;
@@ -58,6 +122,7 @@ float amax_of(const T* x, int64_t n) {
         if (std::isnan(m)) break;
       }
       partial[b] = m;
+#endif
     }
   });
   float amax = 0.0f;
@@ -68,30 +133,71 @@ float amax_of(const T* x, int64_t n) {
   return amax;
 }
 
+#if defined(CPU_CAPABILITY_AVX512)
+// One full vector of fp32 to FP8, stored as 16 bytes at out: the same bytes as
+// fp8::cast_to_fp8 lane by lane (saturate to +-fp8_max, NaN stays NaN, then c10's
+// round-to-nearest-even conversion). Works on the magnitude bits: for non-NaN lanes the
+// saturation is an unsigned integer minimum with fp8_max's bits (same order as the floats);
+// after it, c10's overflow branch is reached only by NaN (0x7F | sign in both formats), and
+// rounding cannot carry past the largest finite code. The denormal and NaN fix-ups are
+// skipped when no lane needs them (rare in real data; the masks are always computed).
+template <int64_t F>
+inline void store_fp8(uint8_t* out, __m512 v) {
+  constexpr float kMax = F == fp8::kE4M3 ? 448.0f : 57344.0f;
+  // E4M3: denormal below 2^-6 (exponent 121), 3 mantissa bits (shift 20), bias 7.
+  // E5M2: denormal below 2^-14 (exponent 113), 2 mantissa bits (shift 21), bias 15.
+  constexpr uint32_t kDenormExp = F == fp8::kE4M3 ? 121u : 113u;
+  constexpr uint32_t kDenormMagic = F == fp8::kE4M3 ? 141u : 134u;
+  constexpr int kShift = F == fp8::kE4M3 ? 20 : 21;
+  constexpr uint32_t kBias = F == fp8::kE4M3 ? 7u : 15u;
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i mag0 = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(mag0, _mm512_set1_epi32(0x7F800000));
+  const __m512i mag = _mm512_min_epu32(mag0, _mm512_set1_epi32(static_cast<int>(c10::bit_cast<uint32_t>(kMax))));
+  // normal: (mag + ((bias - 127) << 23) + (2^(shift-1) - 1) + odd) >> shift
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(mag, kShift), _mm512_set1_epi32(1));
+  const __m512i rnd = _mm512_add_epi32(
+      mag, _mm512_set1_epi32(static_cast<int>(((kBias - 127u) << 23) + ((1u << (kShift - 1)) - 1u))));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(rnd, odd), kShift);
+  const __mmask16 den =
+      _mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(static_cast<int>(kDenormExp << 23)));
+  if (den) {  // the float sum |v| + 2^(magic - 127) rounds at the right place
+    const __m512i magic = _mm512_set1_epi32(static_cast<int>(kDenormMagic << 23));
+    const __m512i d = _mm512_sub_epi32(
+        _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(mag), _mm512_castsi512_ps(magic))),
+        magic);
+    r = _mm512_mask_mov_epi32(r, den, d);
+  }
+  if (nan) r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7F));
+  // r | ((bits >> 24) & 0x80): the sign bit into bit 7
+  r = _mm512_ternarylogic_epi32(r, _mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80), 0xF8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(r));
+}
+#endif
+
 // data[i] = cast_to_fp8(float(x[i]) * scale): one fp32 multiply, then the saturating RNE cast.
 template <typename T, int64_t F>
 void cast_scaled(const T* x, uint8_t* out, int64_t n, float scale) {
   using V = at::vec::Vectorized<float>;
   constexpr int64_t W = V::size();
   const V s(scale);
-  at::parallel_for(0, n, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
+  at::parallel_for(0, n, kParallelGrainElems, [=](int64_t i0, int64_t i1) {
+    // locals, so the byte stores (which may alias anything) do not force reloads
+    const T* __restrict xl = x;
+    uint8_t* __restrict ol = out;
     alignas(64) float buf[W];
     int64_t i = i0;
 #if defined(CPU_CAPABILITY_AVX512)
-    // full vectors: clamp to +-fp8_max (NaN stays NaN) and ATen's vectorised RNE fp8 cast
-    using F8 = std::conditional_t<F == fp8::kE4M3, c10::Float8_e4m3fn, c10::Float8_e5m2>;
-    constexpr float m = F == fp8::kE4M3 ? 448.0f : 57344.0f;
-    const V hi(m), lo(-m);
-    for (; i + W <= i1; i += W) {
-      const V v = at::vec::clamp(load_acc<T>(x + i) * s, lo, hi);
-      const V keep_nan = V::blendv(v, load_acc<T>(x + i) * s, v != v);
-      at::vec::convert<F8>(keep_nan).store(reinterpret_cast<F8*>(out + i), W);
+    for (; i + 2 * W <= i1; i += 2 * W) {
+      store_fp8<F>(ol + i, load_acc<T>(xl + i) * s);
+      store_fp8<F>(ol + i + W, load_acc<T>(xl + i + W) * s);
     }
+    for (; i + W <= i1; i += W) store_fp8<F>(ol + i, load_acc<T>(xl + i) * s);
 #endif
     for (; i < i1; i += W) {
       const int64_t k = std::min<int64_t>(W, i1 - i);
-      (load_acc<T>(x + i, k) * s).store(buf);
-      for (int64_t j = 0; j < k; ++j) out[i + j] = fp8::cast_to_fp8<F>(buf[j]);
+      (load_acc<T>(xl + i, k) * s).store(buf);
+      for (int64_t j = 0; j < k; ++j) ol[i + j] = fp8::cast_to_fp8<F>(buf[j]);
     }
   });
 }
@@ -173,6 +279,65 @@ Tensor fp8_dequantize_cpu(const Tensor& data_in, const Tensor& scale_inv, int64_
   return out;
 }
 
+#if defined(CPU_CAPABILITY_AVX512)
+// Lane j of the result: the maximum over the 16 lanes of m[j] (a transpose-reduce: 15
+// merges of two vectors instead of 16 horizontal reductions). No lane may be NaN.
+inline __m512 max_lanes_16(__m512 m[16]) {
+  __m512 a[8], c[4], d[2];
+  for (int k = 0; k < 8; ++k) {  // per 128-bit chunk: [A', B', A'', B'']
+    a[k] = _mm512_max_ps(_mm512_unpacklo_ps(m[2 * k], m[2 * k + 1]),
+                         _mm512_unpackhi_ps(m[2 * k], m[2 * k + 1]));
+  }
+  for (int k = 0; k < 4; ++k) {  // per chunk: [A, B, C, D] over the chunk's 4 elements
+    const __m512d x = _mm512_castps_pd(a[2 * k]), y = _mm512_castps_pd(a[2 * k + 1]);
+    c[k] = _mm512_max_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  for (int k = 0; k < 2; ++k) {  // chunks [P0|P1, P2|P3, Q0|Q1, Q2|Q3]
+    d[k] = _mm512_max_ps(_mm512_shuffle_f32x4(c[2 * k], c[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(c[2 * k], c[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  return _mm512_max_ps(_mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// 16 consecutive MXFP8 blocks (16 x 32 elements): the block maxima side by side in one
+// vector, fp8::float_to_e8m0 and fp8::e8m0_rcp lane by lane (the value is never NaN here),
+// then each block's data cast with its lane's multiplier.
+template <typename T, int64_t F>
+inline void mxfp8_16_blocks(const T* __restrict x, uint8_t* __restrict data,
+                            uint8_t* __restrict scales, float max_norm_rcp) {
+  constexpr int64_t W = 16;
+  __m512 m[16];
+  for (int j = 0; j < 16; ++j) {
+    const __m512 v0 = load_acc<T>(x + j * 2 * W), v1 = load_acc<T>(x + j * 2 * W + W);
+    // _mm512_max_ps(a, b) returns b when either is NaN: a NaN element is skipped (std::fmax)
+    m[j] = _mm512_max_ps(_mm512_abs_ps(v1), _mm512_max_ps(_mm512_abs_ps(v0), _mm512_setzero_ps()));
+  }
+  const __m512 val = _mm512_mul_ps(max_lanes_16(m), _mm512_set1_ps(max_norm_rcp));
+  const __m512i bits = _mm512_castps_si512(val);
+  const __m512i exp = _mm512_srli_epi32(bits, 23);
+  const __m512i mant = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFF));
+  const __mmask16 up = _mm512_test_epi32_mask(mant, mant) &
+                       _mm512_cmpneq_epi32_mask(exp, _mm512_set1_epi32(0xFE)) &
+                       ~(_mm512_cmpeq_epi32_mask(exp, _mm512_setzero_si512()) &
+                         _mm512_cmple_epi32_mask(mant, _mm512_set1_epi32(0x400000)));
+  __m512i e = _mm512_mask_add_epi32(exp, up, exp, _mm512_set1_epi32(1));
+  e = _mm512_mask_mov_epi32(e, _mm512_cmpeq_epi32_mask(exp, _mm512_set1_epi32(0xFF)),
+                            _mm512_set1_epi32(0xFE));  // inf (NaN cannot occur)
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(scales), _mm512_cvtepi32_epi8(e));
+  // 2^(127 - e) as bits (254 - e) << 23, and 1 for e == 0
+  const __m512 rcp = _mm512_mask_mov_ps(
+      _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(254), e), 23)),
+      _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()), _mm512_set1_ps(1.0f));
+  for (int j = 0; j < 16; ++j) {
+    const __m512 s = _mm512_permutexvar_ps(_mm512_set1_epi32(j), rcp);
+    store_fp8<F>(data + j * 2 * W, _mm512_mul_ps(load_acc<T>(x + j * 2 * W), s));
+    store_fp8<F>(data + j * 2 * W + W, _mm512_mul_ps(load_acc<T>(x + j * 2 * W + W), s));
+  }
+}
+#endif
+
 // MXFP8 (TE quantize_mxfp8.cuh, rowwise): per block of 32 consecutive elements of the last
 // dim, amax = max |x| ignoring NaN (fmaxf); e = float_to_e8m0(amax * float(1/fp8_max));
 // data = cast_to_fp8(x * e8m0_rcp(e)).
@@ -184,7 +349,29 @@ void mxfp8_quantize_blocks(const T* x, uint8_t* data, uint8_t* scales, int64_t n
   const float max_norm_rcp =
       static_cast<float>(1.0 / static_cast<double>(F == kE4M3 ? 448.0 : 57344.0));
   at::parallel_for(0, nblocks, std::max<int64_t>(1, kParallelGrainElems / B),
-                   [&](int64_t b0, int64_t b1) {
+                   [=](int64_t b0, int64_t b1) {
+#if defined(CPU_CAPABILITY_AVX512)
+    const T* __restrict xl = x;
+    uint8_t* __restrict dl = data;
+    uint8_t* __restrict sl = scales;
+    using V = at::vec::Vectorized<float>;
+    static_assert(B == 2 * W, "the AVX512 path handles a block as two vectors");
+    int64_t b = b0;
+    for (; b + 16 <= b1; b += 16) mxfp8_16_blocks<T, F>(xl + b * B, dl + b * B, sl + b, max_norm_rcp);
+    for (; b < b1; ++b) {
+      const T* xb = xl + b * B;
+      const V v0 = load_acc<T>(xb), v1 = load_acc<T>(xb + W);
+      // _mm512_max_ps(a, b) returns b when either is NaN: with the running maximum second,
+      // a NaN element is skipped (std::fmax); the maximum itself is exact in any order.
+      const __m512 m = _mm512_max_ps(v1.abs(), _mm512_max_ps(v0.abs(), _mm512_setzero_ps()));
+      const float amax = _mm512_reduce_max_ps(m);
+      const uint8_t e = fp8::float_to_e8m0(amax * max_norm_rcp);
+      const V rcp(fp8::e8m0_rcp(e));
+      sl[b] = e;
+      store_fp8<F>(dl + b * B, v0 * rcp);
+      store_fp8<F>(dl + b * B + W, v1 * rcp);
+    }
+#else
     alignas(64) float buf[B];
     for (int64_t b = b0; b < b1; ++b) {
       const T* xb = x + b * B;
@@ -197,6 +384,7 @@ void mxfp8_quantize_blocks(const T* x, uint8_t* data, uint8_t* scales, int64_t n
       uint8_t* db = data + b * B;
       for (int64_t j = 0; j < B; ++j) db[j] = fp8::cast_to_fp8<F>(buf[j] * rcp);
     }
+#endif
   });
 }
 
