@@ -114,6 +114,23 @@ def test_recipe_selects_and_caches_plans():
     assert fuser.recipe_type is type(None)
 
 
+@pytest.mark.parametrize("grad", [True, False], ids=["train", "no_grad"])
+def test_no_recipe_after_autocast_computes_unquantized(grad):
+    """Outside te.autocast the GEMMs are not quantized, also right after an autocast call
+    (the quantizers of the previous recipe are dropped)."""
+    torch.manual_seed(0)
+    model = te.ops.Sequential(te.ops.Linear(32, 48), te.ops.GELU(), te.ops.Linear(48, 16))
+    x = torch.randn(8, 32, requires_grad=grad)
+    with torch.set_grad_enabled(grad):
+        expected = model(x).detach()
+        with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+            quantized = model(x).detach()
+        after = model(x).detach()
+    assert not torch.equal(quantized, expected)  # FP8 GEMMs do change the result
+    torch.testing.assert_close(after, expected, rtol=0, atol=0)
+    assert all(op._quantizers is None for op in model[0].basic_ops)
+
+
 def test_delayed_scaling_eager_updates_scales_and_is_refused_under_compile():
     recipe = te.recipe.DelayedScaling(margin=0, amax_history_len=4)
     op = te.ops.BasicLinear(32, 32)

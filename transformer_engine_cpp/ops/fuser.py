@@ -625,9 +625,10 @@ class OperationFuser:
         if plan is None:
             plan = self._build_plan(recipe, first)
             self._plans[key] = plan
-        elif recipe is not None and recipe is not self._last_recipe:
+        elif recipe is not self._last_recipe:
             # same recipe class, maybe other settings: ops rebuild their quantizers if the
-            # recipe differs (the anchor keeps stale quantizers here)
+            # recipe differs (the anchor keeps stale quantizers here); no recipe after one:
+            # the quantizers go, or the GEMMs would stay quantized outside te.autocast
             for op in self._basic_ops:
                 op.reset_recipe_state(recipe=recipe)
         self._last_recipe = recipe
@@ -678,7 +679,10 @@ class OperationFuser:
             plan = self._unquantized_plan(first)
         if plan is not self._current_plan:
             self._set_current_plan(plan, None, None)
-        self._last_recipe = None
+        if self._last_recipe is not None:  # the first call after te.autocast: drop quantizers
+            for op in self._basic_ops:
+                op.reset_recipe_state(recipe=None)
+            self._last_recipe = None
         params = [p for d in self._param_dicts for p in d.values()]
         run_hooks = self._other_pre_forward_hooks
         if not run_hooks and self._ops_with_pre_forward:
