@@ -341,6 +341,11 @@ def _pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
     input_pos, param_pos, extra_pos = func_ctx.arg_layout
 
     saved = func_ctx.saved_tensors
+    # eager, large tensors: each step's saved tensors are freed once it has run (see
+    # _apply_releasing_saved), unless the graph is kept for another backward
+    boxes = getattr(func_ctx, "_saved_boxes", None)
+    if boxes is not None and _keep_graph():
+        boxes = None
     ctxs = []
     # Contexts were created in the (traced) forward: copy before writing (compile rule).
     # Eager copies their __dict__ (copy.copy's generic reduce protocol costs more).
@@ -355,6 +360,7 @@ def _pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
         start, end = ctx._saved_tensors_range
         ctx.saved_tensors = saved[start:end]
         ctxs.append(ctx)
+    del saved
 
     has_extras = fuser._has_extra_tensors
     if has_extras:
@@ -429,6 +435,10 @@ def _pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
                         grad_extra_outputs[src[1]][src[2]] = g if prev is None else prev + g
         for ctx in step_ctxs:
             ctx.saved_tensors = None
+            if boxes is not None:
+                start, end = ctx._saved_tensors_range
+                for j in range(start, end):
+                    boxes[j][0] = None
 
     if plan.quantized and not compiling:
         for op in basic_ops:  # delayed scaling (eager only): the backward scales' update
@@ -460,6 +470,52 @@ class _OperationFuserAutogradFunction(torch.autograd.Function):
 
 
 _pipeline_backward_once_differentiable = once_differentiable(_pipeline_backward)
+
+
+# Eager pipelines with large tensors free each op's saved tensors as soon as the backward has
+# run that op, as autograd does for a chain of ATen ops. save_for_backward's tensors live until
+# the end of the Function's backward, so they are saved through a saved-tensors hook that wraps
+# each in a box the backward empties step by step (chained with any hooks the caller has
+# installed). Below this many input elements the two hook calls cost more than they free.
+_RELEASE_MIN_NUMEL = 1 << 16
+_keep_graph = torch._C._autograd._get_current_graph_task_keep_graph
+_top_saved_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+_saved_hooks_enabled = torch._C._autograd._saved_tensors_hooks_is_enabled
+
+
+def _apply_releasing_saved(apply, *args):
+    """apply(*args), with the pipeline's saved tensors packed in boxes the backward empties."""
+    if not _saved_hooks_enabled():
+        return apply(*args)
+    boxes: list[list] = []
+    outer = _top_saved_hooks(False)
+    if outer is None:
+        def pack(t):
+            box = [t]
+            boxes.append(box)
+            return box
+
+        def unpack(box):
+            return box[0]
+    else:
+        outer_pack, outer_unpack = outer
+
+        def pack(t):
+            box = [outer_pack(t)]
+            boxes.append(box)
+            return box
+
+        def unpack(box):
+            return outer_unpack(box[0])
+    torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
+    try:
+        out = apply(*args)
+    finally:
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+    grad_fn = (out[0] if isinstance(out, tuple) else out).grad_fn
+    if grad_fn is not None:
+        grad_fn._saved_boxes = boxes
+    return out
 
 
 # Eager calls skip autograd.Function.apply's Python wrapper (its setup_context and functorch
@@ -709,6 +765,8 @@ class OperationFuser:
             return _pipeline_forward(None, plan, self, None, arg_layout, *tensors)
         if _functorch_transforms_active():  # Function.apply's own checks (and refusal)
             return _OperationFuserAutogradFunction.apply(plan, self, None, arg_layout, *tensors)
+        if input.numel() >= _RELEASE_MIN_NUMEL:
+            return _apply_releasing_saved(_apply_eager, plan, self, None, arg_layout, *tensors)
         return _apply_eager(plan, self, None, arg_layout, *tensors)
 
     def _arg_layout(self, input, extra_inputs):  # pylint: disable=redefined-builtin
@@ -784,6 +842,9 @@ class OperationFuser:
         if plan.first_op_requiring_backward >= n:
             # Nothing needs a gradient: run the forward plan without autograd bookkeeping.
             return _pipeline_forward(None, plan, self, basic_op_kwargs, arg_layout, *tensors)
+        if not compiling and input.numel() >= _RELEASE_MIN_NUMEL:
+            return _apply_releasing_saved(_OperationFuserAutogradFunction.apply, plan, self,
+                                          basic_op_kwargs, arg_layout, *tensors)
         return _OperationFuserAutogradFunction.apply(
             plan, self, basic_op_kwargs, arg_layout, *tensors
         )
