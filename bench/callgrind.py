@@ -175,7 +175,7 @@ def _cases(include_compile: bool):
 
 
 def _sequentials(te, torch):
-    """bench_mlp.py's host_overhead pair: LayerNorm, Linear, GELU(tanh), Linear."""
+    """The suite's C9 host-overhead pair: LayerNorm, Linear, GELU(tanh), Linear."""
     ours = te.ops.Sequential(te.ops.LayerNorm(H), te.ops.Linear(H, H), te.ops.GELU(),
                              te.ops.Linear(H, H))
     plain = torch.nn.Sequential(torch.nn.LayerNorm(H), torch.nn.Linear(H, H),
