@@ -150,7 +150,16 @@ def plot(results, path: str) -> bool:
     return True
 
 
-def render(results, env: str, readme: str, *, quick: bool) -> None:
+def callgrind_table(rows) -> list[str]:
+    lines = ["| group | case | provider | instructions / call | vs plain |",
+             "|---|---|---|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['group']} | {r['case']} | {r['provider']} | "
+                     f"{r['instructions_per_call']:,} | {r['ratio_vs_plain']:.2f} |")
+    return lines
+
+
+def render(results, env: str, readme: str, *, quick: bool, callgrind_rows=()) -> None:
     png = os.path.join(os.path.dirname(readme), "ratios.png")
     have_png = plot(results, png)
     cmd = "make bench" if quick else "make bench BENCH_ARGS=--full"
@@ -195,6 +204,15 @@ def render(results, env: str, readme: str, *, quick: bool) -> None:
                 "allocated and not yet freed during one forward+backward (torch.profiler's "
                 "memory timeline). n/a: not observable (e.g. inside a compiled region).", ""]
         out += mem + [""]
+    if callgrind_rows:
+        r0 = callgrind_rows[0]
+        out += ["## Host instruction counts (C9, callgrind)", "",
+                f"`bench/callgrind.py`: shape 8x256 fp32, 1 thread, {r0['number']} calls per "
+                "case in one valgrind process, an empty call's count subtracted; `vs plain` = "
+                "instructions / plain PyTorch's (below 1: ours executes fewer). Deterministic, "
+                "unlike wall-clock time on a shared 2-core machine. The extension runs as an "
+                "AVX2 build under valgrind (which cannot execute AVX-512), as ATen does.", ""]
+        out += callgrind_table(callgrind_rows) + [""]
     out += ["## Compile time (first calls, seconds)", ""] + compile_table(results) + [""]
     with open(readme, "w") as f:
         f.write("\n".join(out))

@@ -423,6 +423,9 @@ def main() -> None:
                         "2 1, quick 2)")
     parser.add_argument("--cases", nargs="+", help="case ids to run, e.g. C1 C8")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--callgrind", action=argparse.BooleanOptionalAction, default=None,
+                        help="also count host instructions with bench/callgrind.py (default: "
+                        "in the full run only; needs valgrind)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out", "suite"))
     parser.add_argument("--readme", default=os.path.join(os.path.dirname(__file__), "README.md"),
                         help="where to render the report ('' to skip)")
@@ -447,10 +450,19 @@ def main() -> None:
                                   log=lambda s: print(s, flush=True))
     common.write_csv(results, a.out + ".csv")
     print(f"wrote {a.out}.csv ({time.perf_counter() - t_start:.0f} s)")
+    callgrind_rows = []
+    if a.callgrind if a.callgrind is not None else not quick:
+        import callgrind
+        print("[callgrind] host instruction counts (one valgrind process)", flush=True)
+        callgrind_rows = callgrind.run(quick=quick)
+        if callgrind_rows:
+            stem = os.path.join(os.path.dirname(a.out), "callgrind")
+            callgrind.write_outputs(callgrind_rows, stem)
+            callgrind.print_table(callgrind_rows)
     if a.readme:
         import report
-        report.render(results, env, a.readme, quick=quick)
-        print(f"wrote {a.readme}")
+        report.render(results, env, a.readme, quick=quick, callgrind_rows=callgrind_rows)
+        print(f"wrote {a.readme} ({time.perf_counter() - t_start:.0f} s in all)")
 
 
 if __name__ == "__main__":
