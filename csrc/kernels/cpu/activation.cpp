@@ -124,12 +124,39 @@ Tensor bwd_impl(const Tensor& dy_in, const Tensor& x_in, const ActConfig& cfg) {
   return dx;
 }
 
-// v rounded to T and back (identity for fp32/fp64): the value a T tensor would hold.
+// v rounded to T and back (identity for fp32/fp64): the value a T tensor would hold, as
+// store_acc<T> then load_acc<T> would give, in registers.
 template <typename T>
 inline AccVec<T> round_to(const AccVec<T>& v) {
   if constexpr (std::is_same_v<T, acc_t<T>>) {
     return v;
   } else {
+#if defined(CPU_CAPABILITY_AVX512)
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      // round to nearest even on the upper 16 bits (as at::vec::cvtfp32_bf16); NaN kept
+      const __m512 f = v;
+      const __m512i bits = _mm512_castps_si512(f);
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+      __m512i r = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+      r = _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+      return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(f, f, _CMP_ORD_Q), f,
+                                  _mm512_castsi512_ps(r));
+    } else if constexpr (std::is_same_v<T, c10::Half>) {
+      __m512 out;
+      at::vec::cvtfp16_fp32(at::vec::cvtfp32_fp16(v), out);
+      return out;
+    }
+#elif defined(CPU_CAPABILITY_AVX2)
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      __m256 out;
+      at::vec::cvtbf16_fp32(at::vec::cvtfp32_bf16(v), out);
+      return out;
+    } else if constexpr (std::is_same_v<T, c10::Half>) {
+      __m256 out;
+      at::vec::cvtfp16_fp32(at::vec::cvtfp32_fp16(v), out);
+      return out;
+    }
+#endif
     alignas(64) T buf[AccVec<T>::size()];
     store_acc<T>(buf, v);
     return load_acc<T>(buf);
@@ -165,10 +192,6 @@ Tensor bias_act_impl(const Tensor& x_in, const Tensor& b_in, const ActConfig& cf
   });
   return y;
 }
-
-// Rows handled together by the dbias kernel: each column chunk's partial sum stays in a
-// register across them (fewer passes over the block's partial row).
-constexpr int64_t kDbiasRowGroup = 4;
 
 template <Act K>
 std::tuple<Tensor, Tensor> dbias_dact_impl(const Tensor& dy_in, const Tensor& x_in,
@@ -206,25 +229,17 @@ std::tuple<Tensor, Tensor> dbias_dact_impl(const Tensor& dy_in, const Tensor& x_
         store_acc<T>(dxp + off, d, k);
         return d;
       };
-      // One block: groups of kDbiasRowGroup rows walk the columns together, each column's
-      // partial sum kept in a register across the group's rows (added in row order).
-      auto block_fn = [&](int64_t r0, int64_t r1, A* acc) {
-        int64_t r = r0;
-        for (; r + kDbiasRowGroup <= r1; r += kDbiasRowGroup) {
-          for_chunks<W>(n, [&](int64_t i, int64_t k) {
-            Vec s = Vec::loadu(acc + i, k);
-            for (int64_t j = 0; j < kDbiasRowGroup; ++j) s += dact(r + j, i, k);
-            s.store(acc + i, k);
-          });
-        }
-        for (; r < r1; ++r) {
-          for_chunks<W>(n, [&](int64_t i, int64_t k) {
-            (Vec::loadu(acc + i, k) + dact(r, i, k)).store(acc + i, k);
-          });
-        }
+      // One pass per row: dx stored and added to the row block's partial dbias row. Rows are
+      // walked one after the other, so x, dy and dx are each one long sequential stream (rows
+      // of a block walked together, with the partial sums in registers, measured slower: more
+      // streams than the prefetchers follow, worst for short rows).
+      auto row_fn = [&](int64_t r, A* acc) {
+        for_chunks<W>(n, [&](int64_t i, int64_t k) {
+          (Vec::loadu(acc + i, k) + dact(r, i, k)).store(acc + i, k);
+        });
       };
       TE_DISPATCH_FLOAT(bias_dtype, "dbias_dact", [&] {
-        const std::vector<A> sums = cpu::blocked_column_sums_by_block<A>(rows, n, block_fn);
+        const std::vector<A> sums = cpu::blocked_column_sums<A>(rows, n, row_fn);
         scalar_t* dbp = db.mutable_data_ptr<scalar_t>();
         for (int64_t f = 0; f < n; ++f) dbp[f] = static_cast<scalar_t>(sums[f]);
       });

@@ -10,18 +10,18 @@
 
 namespace te_cpp::cpu {
 
-// block_fn(r0, r1, acc) must add rows r0 .. r1 (one block) into acc[0 .. width), each column
-// in row order (so the result does not depend on how the kernel walks the block). Returns the
-// column sums over all rows, in the accumulation type A. Blocks may also write other outputs.
-template <typename A, typename BlockFn>
-std::vector<A> blocked_column_sums_by_block(int64_t rows, int64_t width, const BlockFn& block_fn) {
+// row_fn(r, acc) must add row r's contribution into acc[0 .. width). Returns the column sums
+// over all rows, in the accumulation type A. Rows may also write other outputs in row_fn.
+template <typename A, typename RowFn>
+std::vector<A> blocked_column_sums(int64_t rows, int64_t width, const RowFn& row_fn) {
   using V = at::vec::Vectorized<A>;
   const int64_t nblocks = (rows + kReduceRowBlock - 1) / kReduceRowBlock;
   std::vector<A> partial(static_cast<size_t>(std::max<int64_t>(nblocks, 1) * width), A(0));
   at::parallel_for(0, nblocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      block_fn(b * kReduceRowBlock, std::min(rows, (b + 1) * kReduceRowBlock),
-               partial.data() + b * width);
+      A* acc = partial.data() + b * width;
+      const int64_t r_end = std::min(rows, (b + 1) * kReduceRowBlock);
+      for (int64_t r = b * kReduceRowBlock; r < r_end; ++r) row_fn(r, acc);
     }
   });
   if (nblocks <= 1) {
@@ -43,15 +43,6 @@ std::vector<A> blocked_column_sums_by_block(int64_t rows, int64_t width, const B
     }
   });
   return sums;
-}
-
-// row_fn(r, acc) must add row r's contribution into acc[0 .. width). Returns the column sums
-// over all rows, in the accumulation type A. Rows may also write other outputs in row_fn.
-template <typename A, typename RowFn>
-std::vector<A> blocked_column_sums(int64_t rows, int64_t width, const RowFn& row_fn) {
-  return blocked_column_sums_by_block<A>(rows, width, [&](int64_t r0, int64_t r1, A* acc) {
-    for (int64_t r = r0; r < r1; ++r) row_fn(r, acc);
-  });
 }
 
 // Column sums converted to OutT and written to out[0 .. width).
