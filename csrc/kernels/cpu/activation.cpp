@@ -184,8 +184,10 @@ Tensor bias_act_impl(const Tensor& x_in, const Tensor& b_in, const ActConfig& cf
         const T* xr = xp + r * n;
         T* yr = yp + r * n;
         for_chunks<W>(n, [&](int64_t i, int64_t k) {
-          const AccVec<T> z = round_to<T>(load_acc<T>(xr + i, k) + load_acc<T>(bp + i, k));
-          store_acc<T>(yr + i, act.f(z), k);
+          const AccVec<T> z = load_acc<T>(xr + i, k) + load_acc<T>(bp + i, k);
+          // ReLU commutes with rounding (max(round(z), 0) = round(max(z, 0))): the store's
+          // rounding is enough; the others read z as bias_fwd would have stored it.
+          store_acc<T>(yr + i, act.f(K == Act::RELU ? z : round_to<T>(z)), k);
         });
       }
     });

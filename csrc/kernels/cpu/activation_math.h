@@ -35,9 +35,27 @@ inline V<A> exp_fast(const V<A>& x) {
   }
 }
 
-// 1 / (1 + exp(-x)): exp(-x) overflows to +inf for x very negative, giving exactly 0 there.
+// 1 / (1 + exp(-x)): exactly 0 where exp(-x) overflows (x very negative), NaN for NaN.
+// AVX-512 fp32: exp_u20 (clamped, so 1 + e is finite) and the reciprocal from rcp14 plus one
+// Newton step (a few ulp, no division); the overflow and NaN lanes are then set as std::exp
+// and a division would give them. Otherwise a division after exp_fast.
 template <typename A>
 inline V<A> sigmoid(const V<A>& x) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<A, float>) {
+    const __m512 xv = x;
+    const __m512 one = _mm512_set1_ps(1.f);
+    const __m512 nx = _mm512_castsi512_ps(
+        _mm512_xor_si512(_mm512_castps_si512(xv), _mm512_set1_epi32(static_cast<int>(0x80000000u))));
+    const __m512 d = _mm512_add_ps(one, V<A>(nx).exp_u20());
+    __m512 r = _mm512_rcp14_ps(d);
+    r = _mm512_fmadd_ps(r, _mm512_fnmadd_ps(d, r, one), r);  // r (2 - d r)
+    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(nx, _mm512_set1_ps(88.72283935546875f),
+                                                 _CMP_GT_OQ),
+                           _mm512_setzero_ps());
+    return _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(xv, xv, _CMP_UNORD_Q), xv);
+  }
+#endif
   const V<A> one(A(1));
   return one / (one + exp_fast<A>(x.neg()));
 }
@@ -64,13 +82,12 @@ struct Gelu {
       c2x3{A(3 * 2 * 0.7978845608028654 * 0.044715)};
   explicit Gelu(const ActConfig&) {}
   V<A> f(const V<A>& x) const {
-    // exp(-2u) = exp(x * (-c1 - c2 x^2))
-    const V<A> s = one / (one + exp_fast<A>(x * at::vec::fmadd(x * x, c2, c1).neg()));
-    return x * s;
+    // 2u = x (c1 + c2 x^2)
+    return x * sigmoid<A>(x * at::vec::fmadd(x * x, c2, c1));
   }
   void both(const V<A>& x, V<A>& f, V<A>& df) const {
     const V<A> x2 = x * x;
-    const V<A> s = one / (one + exp_fast<A>(x * at::vec::fmadd(x2, c2, c1).neg()));
+    const V<A> s = sigmoid<A>(x * at::vec::fmadd(x2, c2, c1));
     f = x * s;
     df = at::vec::fmadd(f * (one - s), at::vec::fmadd(x2, c2x3, c1), s);
   }
