@@ -39,7 +39,9 @@ inline V<A> exp_fast(const V<A>& x) {
 // AVX-512 fp32: exp_u20 (clamped, so 1 + e is finite) and the reciprocal from rcp14 plus one
 // Newton step (a few ulp, no division); the overflow and NaN lanes are then set as std::exp
 // and a division would give them. Otherwise a division after exp_fast.
-template <typename A>
+// kNaN = false skips the NaN lanes' fix-up (the value there is then some finite number): for
+// callers whose result is a product with x (x sigmoid(a x), ...), NaN already propagates.
+template <typename A, bool kNaN = true>
 inline V<A> sigmoid(const V<A>& x) {
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (std::is_same_v<A, float>) {
@@ -53,6 +55,7 @@ inline V<A> sigmoid(const V<A>& x) {
     r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(nx, _mm512_set1_ps(88.72283935546875f),
                                                  _CMP_GT_OQ),
                            _mm512_setzero_ps());
+    if constexpr (!kNaN) return r;
     return _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(xv, xv, _CMP_UNORD_Q), xv);
   }
 #endif
@@ -83,11 +86,11 @@ struct Gelu {
   explicit Gelu(const ActConfig&) {}
   V<A> f(const V<A>& x) const {
     // 2u = x (c1 + c2 x^2)
-    return x * sigmoid<A>(x * at::vec::fmadd(x * x, c2, c1));
+    return x * sigmoid<A, false>(x * at::vec::fmadd(x * x, c2, c1));
   }
   void both(const V<A>& x, V<A>& f, V<A>& df) const {
     const V<A> x2 = x * x;
-    const V<A> s = sigmoid<A>(x * at::vec::fmadd(x2, c2, c1));
+    const V<A> s = sigmoid<A, false>(x * at::vec::fmadd(x2, c2, c1));
     f = x * s;
     df = at::vec::fmadd(f * (one - s), at::vec::fmadd(x2, c2x3, c1), s);
   }
@@ -109,9 +112,10 @@ template <typename A>
 struct ScaledSilu {
   const V<A> one{A(1)}, alpha;
   ScaledSilu(const ActConfig&, A a) : alpha(a) {}
-  V<A> f(const V<A>& x) const { return x * sigmoid<A>(alpha * x); }
+  // x NaN: f and df are NaN through the products with x
+  V<A> f(const V<A>& x) const { return x * sigmoid<A, false>(alpha * x); }
   void both(const V<A>& x, V<A>& f, V<A>& df) const {
-    const V<A> s = sigmoid<A>(alpha * x);
+    const V<A> s = sigmoid<A, false>(alpha * x);
     f = x * s;
     df = s + alpha * x * s * (one - s);
   }
