@@ -96,13 +96,15 @@ struct Gelu {
   }
 };
 
+// max(x, 0) as at::vec::clamp_min: one max instruction that returns x where x is NaN (so NaN
+// propagates, as at::vec::maximum's three-instruction form).
 template <typename A>
 struct Relu {
   const V<A> zero{A(0)}, one{A(1)};
   explicit Relu(const ActConfig&) {}
-  V<A> f(const V<A>& x) const { return at::vec::maximum(x, zero); }
+  V<A> f(const V<A>& x) const { return at::vec::clamp_min(x, zero); }
   void both(const V<A>& x, V<A>& f, V<A>& df) const {
-    f = at::vec::maximum(x, zero);
+    f = at::vec::clamp_min(x, zero);
     df = V<A>::blendv(zero, one, x > zero);
   }
 };
@@ -137,11 +139,11 @@ struct SRelu {
   const V<A> zero{A(0)}, two{A(2)};
   explicit SRelu(const ActConfig&) {}
   V<A> f(const V<A>& x) const {
-    const V<A> r = at::vec::maximum(x, zero);
+    const V<A> r = at::vec::clamp_min(x, zero);  // NaN propagates (see Relu)
     return r * r;
   }
   void both(const V<A>& x, V<A>& f, V<A>& df) const {
-    const V<A> r = at::vec::maximum(x, zero);
+    const V<A> r = at::vec::clamp_min(x, zero);
     f = r * r;
     df = two * r;
   }
