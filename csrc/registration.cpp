@@ -23,6 +23,7 @@ constexpr std::array kOps = {
     "silu_fwd", "silu_bwd", "dbias_dsilu",
     "qgelu_fwd", "qgelu_bwd", "dbias_dqgelu",
     "srelu_fwd", "srelu_bwd", "dbias_dsrelu",
+    "bias_act_fwd",
     // gated activations
     "glu_fwd", "glu_bwd", "geglu_fwd", "geglu_bwd", "qgeglu_fwd", "qgeglu_bwd",
     "reglu_fwd", "reglu_bwd", "sreglu_fwd", "sreglu_bwd", "swiglu_fwd", "swiglu_bwd",
@@ -61,14 +62,21 @@ TORCH_LIBRARY(te_cpp, m) {
   m.def("make_extra_output_bwd_inplace(Tensor(a!) dextra, Tensor dy) -> ()", tags);
 
   // ---- Unary activations: y = act(x); dx = dy * act'(x); dbias_d<act>: (dx, sum_rows dx) ---
+  // With `bias`, dbias_d<act> takes the bias op's input as x and recomputes the activation's
+  // input z = x + bias (rounded as bias_fwd stores it) on the fly.
   for (const char* stem : {"gelu", "relu", "silu", "qgelu", "srelu"}) {
     const std::string s(stem);
     m.def((s + "_fwd(Tensor x) -> Tensor").c_str(), tags);
     m.def((s + "_bwd(Tensor dy, Tensor x) -> Tensor").c_str(), tags);
-    m.def(("dbias_d" + s + "(Tensor dy, Tensor x, ScalarType bias_dtype) -> (Tensor, Tensor)")
+    m.def(("dbias_d" + s +
+           "(Tensor dy, Tensor x, ScalarType bias_dtype, Tensor? bias=None) -> (Tensor, Tensor)")
               .c_str(),
           tags);
   }
+  // ForwardBiasActivation: y = act(x + bias) in one pass (activation: gelu, relu, silu, qgelu,
+  // srelu); the bias sum is rounded to the output dtype before the activation, as bias_fwd
+  // followed by <act>_fwd would.
+  m.def("bias_act_fwd(Tensor x, Tensor bias, str activation) -> Tensor", tags);
 
   // ---- Gated activations: y = act(a) * lin(b), (a, b) = halves (or interleaved runs) of x --
   for (const char* stem : {"glu", "geglu", "qgeglu", "reglu", "sreglu", "swiglu"}) {

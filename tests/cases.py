@@ -378,9 +378,30 @@ def _dropout_case(p, *, training):
     )
 
 
+def _samples_bias_act(stem):
+    """bias_act_fwd, and dbias_d<act> given the bias (z = x + bias recomputed in the kernel),
+    including mixed dtypes (a float32 bias on a low-precision input promotes, as bias_fwd)."""
+    unary = _samples_unary(stem)
+
+    def samples(dtype):
+        out = unary(dtype)
+        for shape in _shapes(16):
+            x, dy, b = _rand(*shape, dtype=dtype), _rand(*shape, dtype=dtype), _rand(16, dtype=dtype)
+            out += [(te_ops.bias_act_fwd, (x, b, stem)),
+                    (getattr(te_ops, f"dbias_d{stem}"), (dy, x, dtype, b))]
+        x, b32 = _rand(3, 16, dtype=dtype), _rand(16, dtype=torch.float32)
+        out += [(te_ops.bias_act_fwd, (x, b32, stem)),
+                (getattr(te_ops, f"dbias_d{stem}"), (_rand(3, 16, dtype=dtype), x, torch.float32,
+                                                     b32)),
+                (te_ops.bias_act_fwd, (_rand(16, 5, dtype=dtype).t(), _rand(16, dtype=dtype), stem))]
+        return out
+    return samples
+
+
 def _bias_act_case(act_cls, stem, ref_fn):
-    """Bias followed by a unary activation: the backward runs the fused dbias_d<act> op."""
-    from transformer_engine_cpp.ops.fused import BackwardActivationBias
+    """Bias followed by a unary activation: one bias_act_fwd pass forward, the fused
+    dbias_d<act> op (recomputing the bias output from the saved input and bias) backward."""
+    from transformer_engine_cpp.ops.fused import BackwardActivationBias, ForwardBiasActivation
 
     return OpCase(
         id=f"Bias+{act_cls.__name__}",
@@ -388,8 +409,26 @@ def _bias_act_case(act_cls, stem, ref_fn):
         # the bias output is stored in the working dtype before the activation reads it
         reference=lambda p, x: ref_fn(p.round(ref.bias(x, p["0.bias"]))),
         features=37,
-        opcheck_samples=_samples_unary(stem),
+        opcheck_samples=_samples_bias_act(stem),
+        fused_forward=(ForwardBiasActivation,),
         fused_backward=(BackwardActivationBias,),
+        bad_inputs=(
+            ("size mismatch", lambda: te.ops.Sequential(te.ops.Bias(8), act_cls())(
+                torch.ones(3, 9)), RuntimeError,
+             r"te_cpp\.bias_act_fwd: input's last dimension \(shape \[3, 9\]\) must equal the "
+             r"bias size 8"),
+            ("integer input", lambda: te.ops.Sequential(te.ops.Bias(8), act_cls())(
+                torch.ones(3, 8, dtype=torch.int32)), RuntimeError,
+             r"te_cpp\.bias_act_fwd: input must be float32"),
+            ("unknown activation", lambda: te_ops.bias_act_fwd(torch.ones(3, 8), torch.ones(8),
+                                                                "tanh"), ValueError,
+             r"te_cpp\.bias_act_fwd: activation must be one of gelu, relu, silu, qgelu, srelu, "
+             r"got 'tanh'"),
+            ("dbias bias size mismatch", lambda: getattr(te_ops, f"dbias_d{stem}")(
+                torch.ones(3, 8), torch.ones(3, 8), torch.float32, torch.ones(9)), RuntimeError,
+             rf"te_cpp\.dbias_d{stem}: input's last dimension \(shape \[3, 8\]\) must equal the "
+             r"bias size 9"),
+        ),
     )
 
 

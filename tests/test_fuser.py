@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import transformer_engine_cpp as te
-from transformer_engine_cpp.ops.fused import BackwardActivationBias
+from transformer_engine_cpp.ops.fused import BackwardActivationBias, ForwardBiasActivation
 from transformer_engine_cpp.ops.fuser import OperationFuser
 from transformer_engine_cpp.testing import reference as ref
 
@@ -364,8 +364,9 @@ def test_backward_activation_bias_plan():
         seq = te.ops.Sequential(te.ops.ConstantScale(1.5), te.ops.Bias(6), act_cls())
         seq(torch.randn(2, 6, requires_grad=True)).sum().backward()
         fuser = seq._module_groups[0]
-        assert [type(op) for op, _ in fuser._forward_ops] == [te.ops.ConstantScale, te.ops.Bias,
-                                                                act_cls]
+        assert [type(op) for op, _ in fuser._forward_ops] == [te.ops.ConstantScale,
+                                                                ForwardBiasActivation]
+        assert [idxs for _, idxs in fuser._forward_ops] == [(0,), (1, 2)]
         assert [type(op) for op, _ in fuser._backward_ops] == [te.ops.ConstantScale,
                                                                  BackwardActivationBias]
         assert [idxs for _, idxs in fuser._backward_ops] == [(0,), (1, 2)]

@@ -2,6 +2,7 @@
 #include "ops/activation.h"
 
 #include <ATen/ops/empty.h>
+#include <c10/core/ScalarType.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -27,6 +28,19 @@ const char* act_op_name(Act a, ActOp kind) {
   };
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == kNumActs, "one row per Act");
   return kNames[static_cast<int>(a)][static_cast<int>(kind)];
+}
+
+Act unary_activation(const char* op, c10::string_view name) {
+  for (Act a : {Act::GELU, Act::RELU, Act::SILU, Act::QGELU, Act::SRELU}) {
+    const char* fwd = act_op_name(a, ActOp::FWD);  // "<stem>_fwd"
+    const size_t stem_len = std::char_traits<char>::length(fwd) - 4;
+    if (name.size() == stem_len && name.compare(0, stem_len, c10::string_view(fwd, stem_len)) == 0) {
+      return a;
+    }
+  }
+  TE_CHECK_VALUE(false, op, "activation must be one of gelu, relu, silu, qgelu, srelu, got '",
+                 std::string(name), "'");
+  return Act::GELU;
 }
 
 const char* scaled_act_op_name(Act a, ActOp kind) {
@@ -112,8 +126,23 @@ Tensor ActivationBwd::allocate(const Tensor& x) {
   return at::empty_symint(x.sym_sizes(), x.options());
 }
 
+namespace {
+
+// A bias added to the last dim of x: float, 1-D, x's device and last-dim size.
+void check_bias_operand(const char* op, const Tensor& x, const Tensor& bias) {
+  check_float(op, "bias", bias);
+  check_same_device(op, "input", x, "bias", bias);
+  TE_CHECK(bias.dim() == 1, op, "bias must be 1-D, got shape ", shape_str(bias));
+  TE_CHECK(x.sym_size(-1) == bias.sym_size(0), op, "input's last dimension (shape ",
+           shape_str(x), ") must equal the bias size ", bias.sym_size(0));
+}
+
+bool has_tensor(const std::optional<Tensor>& t) { return t.has_value() && t->defined(); }
+
+}  // namespace
+
 void DbiasDact::check(const char* op, const Tensor& dy, const Tensor& x,
-                      at::ScalarType bias_dtype) {
+                      at::ScalarType bias_dtype, const std::optional<Tensor>& bias) {
   check_float(op, "grad_output", dy);
   check_float(op, "input", x);
   check_min_dim(op, "input", x, 1);
@@ -121,11 +150,28 @@ void DbiasDact::check(const char* op, const Tensor& dy, const Tensor& x,
   check_same_shape(op, "grad_output", dy, "input", x);
   TE_CHECK(is_supported_float(bias_dtype), op,
            "bias dtype must be float32, float64, bfloat16 or float16, got ", bias_dtype);
+  if (has_tensor(bias)) check_bias_operand(op, x, *bias);
 }
 
-std::tuple<Tensor, Tensor> DbiasDact::allocate(const Tensor& x, at::ScalarType bias_dtype) {
-  return {at::empty_symint(x.sym_sizes(), x.options()),
+std::tuple<Tensor, Tensor> DbiasDact::allocate(const Tensor& x, at::ScalarType bias_dtype,
+                                               const std::optional<Tensor>& bias) {
+  const at::ScalarType dx_dtype =
+      has_tensor(bias) ? c10::promoteTypes(x.scalar_type(), bias->scalar_type())
+                       : x.scalar_type();
+  return {at::empty_symint(x.sym_sizes(), x.options().dtype(dx_dtype)),
           at::empty_symint({x.sym_size(-1)}, x.options().dtype(bias_dtype))};
+}
+
+void BiasActFwd::check(const Tensor& x, const Tensor& bias) {
+  check_float(kName, "input", x);
+  check_min_dim(kName, "input", x, 1);
+  check_bias_operand(kName, x, bias);
+}
+
+Tensor BiasActFwd::allocate(const Tensor& x, const Tensor& bias) {
+  return at::empty_symint(x.sym_sizes(),
+                          x.options().dtype(c10::promoteTypes(x.scalar_type(),
+                                                              bias.scalar_type())));
 }
 
 namespace {
@@ -180,9 +226,15 @@ struct MetaBackend {
     return ActivationBwd::allocate(x);
   }
   static std::tuple<Tensor, Tensor> dbias_dact(const Tensor& dy, const Tensor& x,
-                                               at::ScalarType bias_dtype, const ActConfig& cfg) {
-    DbiasDact::check(act_op_name(cfg.act, ActOp::DBIAS), dy, x, bias_dtype);
-    return DbiasDact::allocate(x, bias_dtype);
+                                               at::ScalarType bias_dtype,
+                                               const std::optional<Tensor>& bias,
+                                               const ActConfig& cfg) {
+    DbiasDact::check(act_op_name(cfg.act, ActOp::DBIAS), dy, x, bias_dtype, bias);
+    return DbiasDact::allocate(x, bias_dtype, bias);
+  }
+  static Tensor bias_act(const Tensor& x, const Tensor& bias, const ActConfig&) {
+    BiasActFwd::check(x, bias);
+    return BiasActFwd::allocate(x, bias);
   }
   static Tensor scaled_fwd(const Tensor& x, const Tensor& scales, const ActConfig& cfg) {
     ScaledActivationFwd::check(scaled_act_op_name(cfg.act, ActOp::FWD), x, scales, cfg);

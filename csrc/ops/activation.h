@@ -9,6 +9,7 @@
 // the last dim is read as [n / 2s, 2, s] blocks: a and b alternate in runs of s elements.
 #pragma once
 
+#include <optional>
 #include <tuple>
 #include <type_traits>
 
@@ -49,6 +50,11 @@ decltype(auto) visit_act(Act a, F&& f) {
 enum class ActOp : int { FWD, BWD, DBIAS };
 const char* act_op_name(Act a, ActOp kind);
 
+// The unary activation named by `name` ("gelu", "relu", "silu", "qgelu", "srelu"), for the ops
+// that take the activation as a string (bias_act_fwd, linear_bias_act_fwd), or an error naming
+// `op`.
+Act unary_activation(const char* op, c10::string_view name);
+
 // Runtime configuration of one activation call. p0..p2 hold the activation's own parameters:
 //   CLAMPED_SWIGLU: p0 = limit, p1 = alpha, p2 = glu_linear_offset
 //   SITUGLU:        p0 = beta1, p1 = beta2
@@ -68,11 +74,26 @@ struct ActivationBwd {
   static Tensor allocate(const Tensor& x);
 };
 
-// dbias_d<act>(dy, x, bias_dtype) -> (dx, dbias): dx = dy * act'(x), dbias = dx summed over
-// rows. x is the activation's input (the bias op's output).
+// dbias_d<act>(dy, x, bias_dtype, bias=None) -> (dx, dbias): dx = dy * act'(z), dbias = dx
+// summed over rows (in the accumulation type, then stored as bias_dtype).
+//   bias None:  z = x, the activation's input (the bias op's output); dx has x's dtype.
+//   bias given: x is the bias op's *input* and z = x + bias is recomputed on the fly, rounded
+//               to the promoted dtype of (x, bias) exactly as bias_fwd stores it (the saved
+//               operands of ForwardBiasActivation); dx has that promoted dtype.
 struct DbiasDact {
-  static void check(const char* op, const Tensor& dy, const Tensor& x, at::ScalarType bias_dtype);
-  static std::tuple<Tensor, Tensor> allocate(const Tensor& x, at::ScalarType bias_dtype);
+  static void check(const char* op, const Tensor& dy, const Tensor& x, at::ScalarType bias_dtype,
+                    const std::optional<Tensor>& bias);
+  static std::tuple<Tensor, Tensor> allocate(const Tensor& x, at::ScalarType bias_dtype,
+                                             const std::optional<Tensor>& bias);
+};
+
+// bias_act_fwd(x, bias, activation) -> y = act(z), z = x + bias rounded to the promoted dtype
+// of (x, bias) as bias_fwd stores it; y has that dtype. One pass: reads x, writes y (the
+// forward of ForwardBiasActivation; z is never stored).
+struct BiasActFwd {
+  static constexpr const char* kName = "bias_act_fwd";
+  static void check(const Tensor& x, const Tensor& bias);
+  static Tensor allocate(const Tensor& x, const Tensor& bias);
 };
 
 // Scaled activations: y = scales[..., None] * act(x), where scales has shape x.shape[:-1] (any
@@ -105,7 +126,8 @@ struct ScaledActivationBwd {
 };
 
 // Binds every activation op name to the static functions of a backend class B, which must
-// provide fwd(x, cfg), bwd(dy, x, cfg), dbias_dact(dy, x, bias_dtype, cfg),
+// provide fwd(x, cfg), bwd(dy, x, cfg), dbias_dact(dy, x, bias_dtype, bias, cfg),
+// bias_act(x, bias, cfg),
 // scaled_fwd(x, scales, cfg) and scaled_bwd(dy, x, scales, compute_dscales, cfg).
 // The Meta, CPU and CUDA registrations all use it, so the three stay in step.
 template <class B>
@@ -118,8 +140,12 @@ struct ActivationRegistrar {
   }
   template <Act A>
   static std::tuple<Tensor, Tensor> dbias_dact(const Tensor& dy, const Tensor& x,
-                                               at::ScalarType bias_dtype) {
-    return B::dbias_dact(dy, x, bias_dtype, ActConfig{A});
+                                               at::ScalarType bias_dtype,
+                                               const std::optional<Tensor>& bias) {
+    return B::dbias_dact(dy, x, bias_dtype, bias, ActConfig{A});
+  }
+  static Tensor bias_act_fwd(const Tensor& x, const Tensor& bias, c10::string_view activation) {
+    return B::bias_act(x, bias, ActConfig{unary_activation(BiasActFwd::kName, activation)});
   }
   template <Act A>
   static Tensor fwd_gated(const Tensor& x, int64_t s) {
@@ -192,6 +218,7 @@ struct ActivationRegistrar {
     TE_UNARY("qgelu", Act::QGELU)
     TE_UNARY("srelu", Act::SRELU)
 #undef TE_UNARY
+    m.impl("bias_act_fwd", &bias_act_fwd);
 #define TE_GATED(STEM, A)                  \
   m.impl(STEM "_fwd", &fwd_gated<A>);      \
   m.impl(STEM "_bwd", &bwd_gated<A>);

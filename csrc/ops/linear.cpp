@@ -81,19 +81,6 @@ void LinearShapes::check_dextra(const char* op, const Tensor& dextra, const Tens
            shape_str(weight), ")");
 }
 
-Act linear_activation(const char* op, c10::string_view name) {
-  for (Act a : {Act::GELU, Act::RELU, Act::SILU, Act::QGELU, Act::SRELU}) {
-    const char* fwd = act_op_name(a, ActOp::FWD);  // "<stem>_fwd"
-    const size_t stem_len = std::char_traits<char>::length(fwd) - 4;
-    if (name.size() == stem_len && name.compare(0, stem_len, c10::string_view(fwd, stem_len)) == 0) {
-      return a;
-    }
-  }
-  TE_CHECK_VALUE(false, op, "activation must be one of gelu, relu, silu, qgelu, srelu, got '",
-                 std::string(name), "'");
-  return Act::GELU;
-}
-
 namespace {
 
 Tensor linear_fwd_meta(const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias) {

@@ -31,6 +31,8 @@ struct LinearShapes {
 
 // The unary activation named by a linear_bias_act_fwd call ("gelu", "relu", "silu", "qgelu",
 // "srelu"), or an error naming the op.
-Act linear_activation(const char* op, c10::string_view name);
+inline Act linear_activation(const char* op, c10::string_view name) {
+  return unary_activation(op, name);
+}
 
 }  // namespace te_cpp

@@ -124,14 +124,89 @@ Tensor bwd_impl(const Tensor& dy_in, const Tensor& x_in, const ActConfig& cfg) {
   return dx;
 }
 
+// v rounded to T and back (identity for fp32/fp64): the value a T tensor would hold, as
+// store_acc<T> then load_acc<T> would give, in registers.
+template <typename T>
+inline AccVec<T> round_to(const AccVec<T>& v) {
+  if constexpr (std::is_same_v<T, acc_t<T>>) {
+    return v;
+  } else {
+#if defined(CPU_CAPABILITY_AVX512)
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      // round to nearest even on the upper 16 bits (as at::vec::cvtfp32_bf16); NaN kept
+      const __m512 f = v;
+      const __m512i bits = _mm512_castps_si512(f);
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+      __m512i r = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+      r = _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+      return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(f, f, _CMP_ORD_Q), f,
+                                  _mm512_castsi512_ps(r));
+    } else if constexpr (std::is_same_v<T, c10::Half>) {
+      __m512 out;
+      at::vec::cvtfp16_fp32(at::vec::cvtfp32_fp16(v), out);
+      return out;
+    }
+#elif defined(CPU_CAPABILITY_AVX2)
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      __m256 out;
+      at::vec::cvtbf16_fp32(at::vec::cvtfp32_bf16(v), out);
+      return out;
+    } else if constexpr (std::is_same_v<T, c10::Half>) {
+      __m256 out;
+      at::vec::cvtfp16_fp32(at::vec::cvtfp32_fp16(v), out);
+      return out;
+    }
+#endif
+    alignas(64) T buf[AccVec<T>::size()];
+    store_acc<T>(buf, v);
+    return load_acc<T>(buf);
+  }
+}
+
+// One pass over x (and bias): z = x + bias, rounded to T as bias_fwd stores it, then y = act(z).
+template <Act K>
+Tensor bias_act_impl(const Tensor& x_in, const Tensor& b_in, const ActConfig& cfg) {
+  BiasActFwd::check(x_in, b_in);
+  Tensor y = BiasActFwd::allocate(x_in, b_in);
+  const Tensor x = x_in.to(y.scalar_type()).contiguous();
+  const Tensor b = b_in.to(y.scalar_type()).contiguous();
+  const auto [rows, n] = rows_features(x);
+  TE_DISPATCH_FLOAT(x.scalar_type(), "bias_act_fwd", [&] {
+    using T = scalar_t;
+    using A = acc_t<T>;
+    constexpr int64_t W = AccVec<T>::size();
+    const typename cpu::ActTraits<K, A>::Act act(cfg);
+    const T* xp = x.const_data_ptr<T>();
+    const T* bp = b.const_data_ptr<T>();
+    T* yp = y.mutable_data_ptr<T>();
+    at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* xr = xp + r * n;
+        T* yr = yp + r * n;
+        for_chunks<W>(n, [&](int64_t i, int64_t k) {
+          const AccVec<T> z = load_acc<T>(xr + i, k) + load_acc<T>(bp + i, k);
+          // ReLU commutes with rounding (max(round(z), 0) = round(max(z, 0))): the store's
+          // rounding is enough; the others read z as bias_fwd would have stored it.
+          store_acc<T>(yr + i, act.f(K == Act::RELU ? z : round_to<T>(z)), k);
+        });
+      }
+    });
+  });
+  return y;
+}
+
 template <Act K>
 std::tuple<Tensor, Tensor> dbias_dact_impl(const Tensor& dy_in, const Tensor& x_in,
-                                           at::ScalarType bias_dtype, const ActConfig& cfg) {
+                                           at::ScalarType bias_dtype,
+                                           const std::optional<Tensor>& bias_in,
+                                           const ActConfig& cfg) {
   const char* op = act_op_name(K, ActOp::DBIAS);
-  DbiasDact::check(op, dy_in, x_in, bias_dtype);
-  auto [dx, db] = DbiasDact::allocate(x_in, bias_dtype);
-  const Tensor x = x_in.contiguous();
-  const Tensor dy = dy_in.to(x.scalar_type()).contiguous();
+  DbiasDact::check(op, dy_in, x_in, bias_dtype, bias_in);
+  auto [dx, db] = DbiasDact::allocate(x_in, bias_dtype, bias_in);
+  const bool has_bias = bias_in.has_value() && bias_in->defined();
+  const Tensor x = x_in.to(dx.scalar_type()).contiguous();
+  const Tensor bias = has_bias ? bias_in->to(dx.scalar_type()).contiguous() : Tensor();
+  const Tensor dy = dy_in.to(dx.scalar_type()).contiguous();
   const auto [rows, n] = rows_features(x);
   TE_DISPATCH_FLOAT(x.scalar_type(), "activation", [&] {
     using T = scalar_t;
@@ -140,23 +215,42 @@ std::tuple<Tensor, Tensor> dbias_dact_impl(const Tensor& dy_in, const Tensor& x_
     constexpr int64_t W = Vec::size();
     const typename cpu::ActTraits<K, A>::Act act(cfg);
     const T* xp = x.const_data_ptr<T>();
+    const T* bp = has_bias ? bias.const_data_ptr<T>() : nullptr;
     const T* dyp = dy.const_data_ptr<T>();
     T* dxp = dx.mutable_data_ptr<T>();
-    // One pass per row: dx = dy * act'(x) is stored and added to the row block's partial dbias.
-    auto row_fn = [&](int64_t r, A* acc) {
-      const int64_t off = r * n;
-      for_chunks<W>(n, [&](int64_t i, int64_t k) {
+    auto run = [&](auto with_bias) {
+      constexpr bool kBias = decltype(with_bias)::value;
+      // dx = dy * act'(z) for row r, columns [i, i + k): stored, and returned for the sums.
+      auto dact = [&](int64_t r, int64_t i, int64_t k) {
+        const int64_t off = r * n + i;
+        Vec z = load_acc<T>(xp + off, k);
+        if constexpr (kBias) z = round_to<T>(z + load_acc<T>(bp + i, k));
         Vec f, df;
-        act.both(load_acc<T>(xp + off + i, k), f, df);
-        const Vec d = load_acc<T>(dyp + off + i, k) * df;
-        store_acc<T>(dxp + off + i, d, k);
-        const Vec sum = Vec::loadu(acc + i, k) + d;
-        sum.store(acc + i, k);
+        act.both(z, f, df);
+        const Vec d = load_acc<T>(dyp + off, k) * df;
+        store_acc<T>(dxp + off, d, k);
+        return d;
+      };
+      // One pass per row: dx stored and added to the row block's partial dbias row. Rows are
+      // walked one after the other, so x, dy and dx are each one long sequential stream (rows
+      // of a block walked together, with the partial sums in registers, measured slower: more
+      // streams than the prefetchers follow, worst for short rows).
+      auto row_fn = [&](int64_t r, A* acc) {
+        for_chunks<W>(n, [&](int64_t i, int64_t k) {
+          (Vec::loadu(acc + i, k) + dact(r, i, k)).store(acc + i, k);
+        });
+      };
+      TE_DISPATCH_FLOAT(bias_dtype, "dbias_dact", [&] {
+        const std::vector<A> sums = cpu::blocked_column_sums<A>(rows, n, row_fn);
+        scalar_t* dbp = db.mutable_data_ptr<scalar_t>();
+        for (int64_t f = 0; f < n; ++f) dbp[f] = static_cast<scalar_t>(sums[f]);
       });
     };
-    TE_DISPATCH_FLOAT(bias_dtype, "dbias_dact", [&] {
-      cpu::blocked_column_sum<A>(rows, n, db.mutable_data_ptr<scalar_t>(), row_fn);
-    });
+    if (has_bias) {
+      run(std::true_type{});
+    } else {
+      run(std::false_type{});
+    }
   });
   return {dx, db};
 }
@@ -282,14 +376,27 @@ struct CpuBackend {
     return visit_act(cfg.act, [&](auto k) { return bwd_impl<decltype(k)::value>(dy, x, cfg); });
   }
   static std::tuple<Tensor, Tensor> dbias_dact(const Tensor& dy, const Tensor& x,
-                                               at::ScalarType bias_dtype, const ActConfig& cfg) {
+                                               at::ScalarType bias_dtype,
+                                               const std::optional<Tensor>& bias,
+                                               const ActConfig& cfg) {
     return visit_act(cfg.act, [&](auto k) -> std::tuple<Tensor, Tensor> {
       constexpr Act K = decltype(k)::value;
       if constexpr (is_gated(K)) {
         TORCH_CHECK(false, "te_cpp: dbias+dact is fused for unary activations only, got ",
                     act_op_name(K, ActOp::FWD));
       } else {
-        return dbias_dact_impl<K>(dy, x, bias_dtype, cfg);
+        return dbias_dact_impl<K>(dy, x, bias_dtype, bias, cfg);
+      }
+    });
+  }
+  static Tensor bias_act(const Tensor& x, const Tensor& bias, const ActConfig& cfg) {
+    return visit_act(cfg.act, [&](auto k) -> Tensor {
+      constexpr Act K = decltype(k)::value;
+      if constexpr (is_gated(K)) {
+        TORCH_CHECK(false, "te_cpp.bias_act_fwd: unary activations only, got ",
+                    act_op_name(K, ActOp::FWD));
+      } else {
+        return bias_act_impl<K>(x, bias, cfg);
       }
     });
   }

@@ -9,6 +9,9 @@
 
 #include <ATen/cpu/vec/vec.h>
 
+#include <limits>
+#include <type_traits>
+
 #include "ops/activation.h"
 
 namespace te_cpp::cpu {
@@ -16,10 +19,48 @@ namespace te_cpp::cpu {
 template <typename A>
 using V = at::vec::Vectorized<A>;
 
+// exp(x). fp32 (and bf16/fp16, computed in fp32) uses at::vec's polynomial exp_u20 (a few ulp,
+// several times faster than Sleef's u10 exp), with the edge cases made to match std::exp:
+// exp_u20 clamps its argument to the finite range (x > ln(FLT_MAX) would give a finite value,
+// NaN a finite value), so those lanes are set to +inf and NaN. fp64 keeps the full-precision exp.
 template <typename A>
+inline V<A> exp_fast(const V<A>& x) {
+  if constexpr (std::is_same_v<A, float>) {
+    const V<A> e = x.exp_u20();
+    const V<A> big = V<A>::blendv(e, V<A>(std::numeric_limits<float>::infinity()),
+                                  x > V<A>(88.72283935546875f));
+    return V<A>::blendv(big, x, x != x);
+  } else {
+    return x.exp();
+  }
+}
+
+// 1 / (1 + exp(-x)): exactly 0 where exp(-x) overflows (x very negative), NaN for NaN.
+// AVX-512 fp32: exp_u20 (clamped, so 1 + e is finite) and the reciprocal from rcp14 plus one
+// Newton step (a few ulp, no division); the overflow and NaN lanes are then set as std::exp
+// and a division would give them. Otherwise a division after exp_fast.
+// kNaN = false skips the NaN lanes' fix-up (the value there is then some finite number): for
+// callers whose result is a product with x (x sigmoid(a x), ...), NaN already propagates.
+template <typename A, bool kNaN = true>
 inline V<A> sigmoid(const V<A>& x) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<A, float>) {
+    const __m512 xv = x;
+    const __m512 one = _mm512_set1_ps(1.f);
+    const __m512 nx = _mm512_castsi512_ps(
+        _mm512_xor_si512(_mm512_castps_si512(xv), _mm512_set1_epi32(static_cast<int>(0x80000000u))));
+    const __m512 d = _mm512_add_ps(one, V<A>(nx).exp_u20());
+    __m512 r = _mm512_rcp14_ps(d);
+    r = _mm512_fmadd_ps(r, _mm512_fnmadd_ps(d, r, one), r);  // r (2 - d r)
+    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(nx, _mm512_set1_ps(88.72283935546875f),
+                                                 _CMP_GT_OQ),
+                           _mm512_setzero_ps());
+    if constexpr (!kNaN) return r;
+    return _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(xv, xv, _CMP_UNORD_Q), xv);
+  }
+#endif
   const V<A> one(A(1));
-  return one / (one + x.neg().exp());
+  return one / (one + exp_fast<A>(x.neg()));
 }
 
 template <typename A>
@@ -32,31 +73,38 @@ struct Identity {
   }
 };
 
-// tanh approximation: 0.5 x (1 + tanh(k0 (x + k1 x^3)))
+// tanh approximation: 0.5 x (1 + tanh(k0 (x + k1 x^3))), computed as x sigmoid(2u) with
+// u = k0 (x + k1 x^3) (0.5 (1 + tanh(u)) = sigmoid(2u)): one exp and one division instead of a
+// tanh. The derivative comes from the same sigmoid s:
+//   d/dx = s + x s (1 - s) (2u)',  (2u)' = 2 k0 (1 + 3 k1 x^2).
+// Limits as the tanh form: x -> +inf gives x, x -> -inf gives -inf * 0 = NaN (as the
+// reference), large negative finite x gives -0.
 template <typename A>
 struct Gelu {
-  const V<A> half{A(0.5)}, one{A(1)}, k0{A(0.7978845608028654)}, k1{A(0.044715)},
-      k1x3{A(3 * 0.044715)};
+  const V<A> one{A(1)}, c1{A(2 * 0.7978845608028654)}, c2{A(2 * 0.7978845608028654 * 0.044715)},
+      c2x3{A(3 * 2 * 0.7978845608028654 * 0.044715)};
   explicit Gelu(const ActConfig&) {}
   V<A> f(const V<A>& x) const {
-    const V<A> t = (k0 * (x + k1 * x * x * x)).tanh();
-    return half * x * (one + t);
+    // 2u = x (c1 + c2 x^2)
+    return x * sigmoid<A, false>(x * at::vec::fmadd(x * x, c2, c1));
   }
   void both(const V<A>& x, V<A>& f, V<A>& df) const {
     const V<A> x2 = x * x;
-    const V<A> t = (k0 * (x + k1 * x2 * x)).tanh();
-    f = half * x * (one + t);
-    df = half * (one + t) + half * x * (one - t * t) * k0 * (one + k1x3 * x2);
+    const V<A> s = sigmoid<A, false>(x * at::vec::fmadd(x2, c2, c1));
+    f = x * s;
+    df = at::vec::fmadd(f * (one - s), at::vec::fmadd(x2, c2x3, c1), s);
   }
 };
 
+// max(x, 0) as at::vec::clamp_min: one max instruction that returns x where x is NaN (so NaN
+// propagates, as at::vec::maximum's three-instruction form).
 template <typename A>
 struct Relu {
   const V<A> zero{A(0)}, one{A(1)};
   explicit Relu(const ActConfig&) {}
-  V<A> f(const V<A>& x) const { return at::vec::maximum(x, zero); }
+  V<A> f(const V<A>& x) const { return at::vec::clamp_min(x, zero); }
   void both(const V<A>& x, V<A>& f, V<A>& df) const {
-    f = at::vec::maximum(x, zero);
+    f = at::vec::clamp_min(x, zero);
     df = V<A>::blendv(zero, one, x > zero);
   }
 };
@@ -66,9 +114,10 @@ template <typename A>
 struct ScaledSilu {
   const V<A> one{A(1)}, alpha;
   ScaledSilu(const ActConfig&, A a) : alpha(a) {}
-  V<A> f(const V<A>& x) const { return x * sigmoid<A>(alpha * x); }
+  // x NaN: f and df are NaN through the products with x
+  V<A> f(const V<A>& x) const { return x * sigmoid<A, false>(alpha * x); }
   void both(const V<A>& x, V<A>& f, V<A>& df) const {
-    const V<A> s = sigmoid<A>(alpha * x);
+    const V<A> s = sigmoid<A, false>(alpha * x);
     f = x * s;
     df = s + alpha * x * s * (one - s);
   }
@@ -90,11 +139,11 @@ struct SRelu {
   const V<A> zero{A(0)}, two{A(2)};
   explicit SRelu(const ActConfig&) {}
   V<A> f(const V<A>& x) const {
-    const V<A> r = at::vec::maximum(x, zero);
+    const V<A> r = at::vec::clamp_min(x, zero);  // NaN propagates (see Relu)
     return r * r;
   }
   void both(const V<A>& x, V<A>& f, V<A>& df) const {
-    const V<A> r = at::vec::maximum(x, zero);
+    const V<A> r = at::vec::clamp_min(x, zero);
     f = r * r;
     df = two * r;
   }

@@ -63,6 +63,7 @@ class _ActivationOperation(BasicOperation):
         x = self.cast_input(ctx, input_)
         ctx.grad_input_quantizer = prev_op_grad_output_quantizer
         ctx.cached_quantized = None
+        ctx.bias_input = False
         if self.cache_quantized_input:
             # as the anchor: x is FP8-quantized (current scaling, E4M3) first; the forward
             # uses those values and the backward keeps only the FP8 buffers
@@ -75,13 +76,36 @@ class _ActivationOperation(BasicOperation):
             ctx.save_for_backward(x)
         return _quantized.emit(self._fwd_op(x, *self._op_args()), next_op_input_quantizer)
 
-    def saved_input(self, ctx: OperationContext) -> torch.Tensor:
-        """The activation's input as saved in forward (dequantized if it was cached in FP8)."""
+    def save_bias_input(self, ctx: OperationContext, x: torch.Tensor, bias: torch.Tensor,
+                        dtype: torch.dtype) -> None:
+        """For a forward fusion with the Bias before this op (ForwardBiasActivation): this op's
+        input z = x + bias (in ``dtype``) was never stored; the context keeps x and bias and the
+        backward recomputes z, rounded as bias_fwd rounds it."""
+        ctx.input_dtype = dtype
+        ctx.grad_input_quantizer = None  # the Bias before it is in the fusion
+        ctx.cached_quantized = None
+        ctx.bias_input = ctx.requires_grad
+        if ctx.requires_grad:
+            ctx.save_for_backward(x, bias)
+
+    def saved_operands(self, ctx: OperationContext):
+        """(x, bias): with ``bias`` None, x is the activation's input as saved in forward
+        (dequantized if it was cached in FP8); otherwise the input is x + bias, recomputed by
+        the caller (see :meth:`save_bias_input`)."""
+        if getattr(ctx, "bias_input", False):  # fused forwards may not set it
+            x, bias = ctx.saved_tensors
+            return x, bias
         cached = getattr(ctx, "cached_quantized", None)  # fused forwards may not set it
         if cached is None:
-            return ctx.saved_tensors[0]
+            return ctx.saved_tensors[0], None
         meta, dtype = cached
-        return _quantized.QuantizedOperand.rebuild(ctx.saved_tensors, meta).rowwise(dtype)
+        return _quantized.QuantizedOperand.rebuild(ctx.saved_tensors, meta).rowwise(dtype), None
+
+    def saved_input(self, ctx: OperationContext) -> torch.Tensor:
+        """The activation's input as saved in forward (dequantized if it was cached in FP8;
+        recomputed as x + bias if its Bias was fused into the forward)."""
+        x, bias = self.saved_operands(ctx)
+        return x if bias is None else torch.ops.te_cpp.bias_fwd(x, bias)
 
     def cast_input(self, ctx: OperationContext, input_: torch.Tensor) -> torch.Tensor:
         """The input in the compute dtype (the autocast dtype when autocast is on, else the

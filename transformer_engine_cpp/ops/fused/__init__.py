@@ -10,6 +10,7 @@ from .backward_activation_bias import BackwardActivationBias, fuse_backward_acti
 from .backward_add_rmsnorm import BackwardAddRMSNorm, fuse_backward_add_rmsnorm
 from .backward_linear import (BackwardLinearAdd, BackwardLinearScale, fuse_backward_linear_add,
                               fuse_backward_linear_scale)
+from .forward_bias_activation import ForwardBiasActivation, fuse_forward_bias_activation
 from .forward_linear import (ForwardLinearBiasActivation, ForwardLinearBiasAdd,
                              ForwardLinearScaleAdd, fuse_forward_linear_bias_activation,
                              fuse_forward_linear_bias_add, fuse_forward_linear_scale_add)
@@ -17,6 +18,8 @@ from .forward_linear import (ForwardLinearBiasActivation, ForwardLinearBiasAdd,
 register_forward_fusion(fuse_forward_linear_bias_add)
 register_forward_fusion(fuse_forward_linear_bias_activation)
 register_forward_fusion(fuse_forward_linear_scale_add)
+# after the linear ones: [BasicLinear, Bias, act] stays a ForwardLinearBiasActivation
+register_forward_fusion(fuse_forward_bias_activation)
 register_backward_fusion(fuse_backward_linear_add)
 register_backward_fusion(fuse_backward_linear_scale)
 register_backward_fusion(fuse_backward_activation_bias)
@@ -24,6 +27,7 @@ register_backward_fusion(fuse_backward_add_rmsnorm)
 
 __all__ = [
     "BackwardActivationBias", "BackwardAddRMSNorm", "BackwardLinearAdd", "BackwardLinearScale",
+    "ForwardBiasActivation",
     "ForwardLinearBiasActivation", "ForwardLinearBiasAdd", "ForwardLinearScaleAdd",
     "register_backward_fusion", "register_forward_backward_fusion", "register_forward_fusion",
 ]

@@ -2,7 +2,8 @@
 
 Pattern (forward order): ``[Bias, GELU | ReLU | SiLU | QGELU | SReLU]``, exact classes. One
 C++ kernel (``torch.ops.te_cpp.dbias_d<act>``) computes dx = dy * act'(x) and dbias = sum of dx
-over the leading dims. Unlike the anchor, it needs no quantization recipe; under a recipe with
+over the leading dims. After ForwardBiasActivation the activation's context holds the bias'
+input and the bias instead of x; the kernel then recomputes x = input + bias on the fly. Unlike the anchor, it needs no quantization recipe; under a recipe with
 a ``backward_override`` it is not applied.
 """
 
@@ -44,8 +45,12 @@ class BackwardActivationBias(FusedOperation):
             # Nothing to fuse: the activation's own backward, and dbias is not needed.
             dx, _ = act_op.op_backward(act_ctx, grad_output)
             return dx, [(None,), ()], [(), ()]
-        x = act_op.saved_input(act_ctx)
-        dx, db = self._dbias_dact(grad_output, x, bias_ctx.bias_dtype)
+        # x is z, or (after ForwardBiasActivation) the bias' input, z = x + bias recomputed
+        x, bias = act_op.saved_operands(act_ctx)
+        dx, db = self._dbias_dact(grad_output, x, bias_ctx.bias_dtype, bias)
+        input_dtype = getattr(bias_ctx, "input_dtype", dx.dtype)  # as Bias.op_backward
+        if dx.dtype != input_dtype:
+            dx = dx.to(input_dtype)
         # dbias + dact, then dx quantized for the op before the bias (its grad-output quantizer)
         dx = _quantized.emit(dx, getattr(bias_ctx, "grad_input_quantizer", None))
         return dx, [(db,), ()], [(), ()]
