@@ -105,7 +105,7 @@ class _ActivationOperation(BasicOperation):
         """The activation's input as saved in forward (dequantized if it was cached in FP8;
         recomputed as x + bias if its Bias was fused into the forward)."""
         x, bias = self.saved_operands(ctx)
-        return x if bias is None else torch.ops.te_cpp.bias_fwd(x, bias)
+        return x if bias is None else torch.ops.te_cpp.bias_fwd.default(x, bias)
 
     def cast_input(self, ctx: OperationContext, input_: torch.Tensor) -> torch.Tensor:
         """The input in the compute dtype (the autocast dtype when autocast is on, else the

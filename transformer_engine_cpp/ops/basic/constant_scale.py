@@ -29,10 +29,10 @@ class ConstantScale(BasicOperation):
         next_op_input_quantizer=None,
         **kwargs,
     ) -> torch.Tensor:
-        return torch.ops.te_cpp.constant_scale_fwd(input_, self.scale)
+        return torch.ops.te_cpp.constant_scale_fwd.default(input_, self.scale)
 
     def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
-        return torch.ops.te_cpp.constant_scale_bwd(grad_output, self.scale), ()
+        return torch.ops.te_cpp.constant_scale_bwd.default(grad_output, self.scale), ()
 
     def extra_repr(self) -> str:
         return f"scale={self.scale}"

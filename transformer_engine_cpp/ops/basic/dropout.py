@@ -55,7 +55,7 @@ class Dropout(BasicOperation):
             return input_
         ctx.impl = "mask"
         seed = torch.randint(0, _SEED_HIGH, (), dtype=torch.int64, device=input_.device)
-        y, mask = torch.ops.te_cpp.dropout_fwd(input_, seed, p)
+        y, mask = torch.ops.te_cpp.dropout_fwd.default(input_, seed, p)
         if ctx.requires_grad:
             ctx.save_for_backward(mask)
         return y
@@ -64,7 +64,7 @@ class Dropout(BasicOperation):
         if ctx.impl != "mask":
             return grad_output, ()
         (mask,) = ctx.saved_tensors
-        return torch.ops.te_cpp.dropout_bwd(grad_output, mask, self.dropout_probability), ()
+        return torch.ops.te_cpp.dropout_bwd.default(grad_output, mask, self.dropout_probability), ()
 
     def extra_repr(self) -> str:
         return f"p={self.dropout_probability}"

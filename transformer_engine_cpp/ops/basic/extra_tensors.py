@@ -48,12 +48,12 @@ class AddExtraInput(BasicOperation):
         extra = basic_op_extra_inputs[0][0]
         if self._in_place and not is_compiling():
             out = extra.detach()
-            torch.ops.te_cpp.add_extra_input_fwd_inplace(out, input_)
+            torch.ops.te_cpp.add_extra_input_fwd_inplace.default(out, input_)
             # Let autograd see the write (the custom op has no ADInplaceOrView kernel): a
             # tensor saved earlier from this buffer then fails loudly in backward.
             torch.autograd.graph.increment_version(out)
         else:
-            out = torch.ops.te_cpp.add_extra_input_fwd(input_, extra)
+            out = torch.ops.te_cpp.add_extra_input_fwd.default(input_, extra)
             if self._in_place and out.dtype != extra.dtype:
                 out = out.to(extra.dtype)
         return out, [()]
@@ -98,10 +98,10 @@ class MakeExtraOutput(BasicOperation):
             return grad_output, [()], [()]
         if (self._in_place and not is_compiling() and grad_extra is not grad_output
                 and grad_extra.is_contiguous() and grad_extra.shape == grad_output.shape):
-            torch.ops.te_cpp.make_extra_output_bwd_inplace(grad_extra, grad_output)
+            torch.ops.te_cpp.make_extra_output_bwd_inplace.default(grad_extra, grad_output)
             torch.autograd.graph.increment_version(grad_extra)
             return grad_extra, [()], [()]
-        return torch.ops.te_cpp.make_extra_output_bwd(grad_output, grad_extra), [()], [()]
+        return torch.ops.te_cpp.make_extra_output_bwd.default(grad_output, grad_extra), [()], [()]
 
     def extra_repr(self) -> str:
         return f"in_place={self._in_place}"

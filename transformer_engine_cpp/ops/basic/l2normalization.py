@@ -57,14 +57,14 @@ class L2Normalization(BasicOperation):
         next_op_input_quantizer=None,
         **kwargs,
     ) -> torch.Tensor:
-        y, rsqrt_norm = torch.ops.te_cpp.l2normalization_fwd(input_, self.eps)
+        y, rsqrt_norm = torch.ops.te_cpp.l2normalization_fwd.default(input_, self.eps)
         if ctx.requires_grad:
             ctx.save_for_backward(input_, rsqrt_norm)
         return y
 
     def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
         x, rsqrt_norm = ctx.saved_tensors
-        return torch.ops.te_cpp.l2normalization_bwd(grad_output, x, rsqrt_norm), ()
+        return torch.ops.te_cpp.l2normalization_bwd.default(grad_output, x, rsqrt_norm), ()
 
     def extra_repr(self) -> str:
         return f"eps={self.eps}"

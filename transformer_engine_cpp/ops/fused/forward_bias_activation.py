@@ -53,7 +53,7 @@ class ForwardBiasActivation(FusedOperation):
             x, b = input_, bias_op.bias
         else:
             x, b = input_.to(dtype), bias_op.bias_in(dtype)
-        y = torch.ops.te_cpp.bias_act_fwd(x, b, self._activation)
+        y = torch.ops.te_cpp.bias_act_fwd.default(x, b, self._activation)
         # the activation's context: its input is z = x + b (never stored); it keeps x and b
         act_op.save_bias_input(act_ctx, x, b, torch.promote_types(x.dtype, b.dtype))
         return _quantized.emit(y, next_op_input_quantizer), [(), ()]

@@ -129,14 +129,14 @@ class ForwardLinearBiasAdd(FusedOperation):
         if self._in_place and not is_compiling():
             buffer = extra.detach()
             if buffer.is_contiguous():
-                torch.ops.te_cpp.linear_fwd_add_inplace(buffer, x, w, b, alpha)
+                torch.ops.te_cpp.linear_fwd_add_inplace.default(buffer, x, w, b, alpha)
             else:  # the GEMM cannot accumulate into a strided buffer: compute, then write back
-                buffer.copy_(torch.ops.te_cpp.linear_fwd_add(x, w, b, buffer, alpha))
+                buffer.copy_(torch.ops.te_cpp.linear_fwd_add.default(x, w, b, buffer, alpha))
             torch.autograd.graph.increment_version(buffer)
             return buffer, [()] * len(self._ops)
         out_dtype = extra.dtype if self._in_place else torch.promote_types(x.dtype, extra.dtype)
         extra = extra if extra.dtype == out_dtype else extra.to(out_dtype)
-        out = torch.ops.te_cpp.linear_fwd_add(x, w, b, extra, alpha)
+        out = torch.ops.te_cpp.linear_fwd_add.default(x, w, b, extra, alpha)
         return out, [()] * len(self._ops)
 
 
