@@ -24,12 +24,12 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 def _cpu_flags():
     """Pick the at::vec ISA for the CPU kernels (they are built on the machine that runs them)."""
     choice = os.environ.get("TECPP_CPU_CAPABILITY", "").upper()
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(f.read().split())
+    except OSError:
+        flags = set()
     if not choice:
-        try:
-            with open("/proc/cpuinfo") as f:
-                flags = set(f.read().split())
-        except OSError:
-            flags = set()
         if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"} <= flags:
             choice = "AVX512"
         elif {"avx2", "fma", "f16c"} <= flags:
@@ -37,8 +37,13 @@ def _cpu_flags():
         else:
             choice = "DEFAULT"
     if choice == "AVX512":
-        return ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c",
-                "-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512"]
+        # AVX512_BF16 (vcvtneps2bf16: one instruction per fp32 -> bf16 vector store) when this
+        # CPU has it; TECPP_AVX512_BF16=0/1 overrides the detection
+        bf16 = os.environ.get("TECPP_AVX512_BF16")
+        use_bf16 = "avx512_bf16" in flags if bf16 is None else bf16.strip() == "1"
+        return (["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"]
+                + (["-mavx512bf16"] if use_bf16 else [])
+                + ["-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512"])
     if choice == "AVX2":
         return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
     if choice == "DEFAULT":
