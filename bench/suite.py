@@ -174,15 +174,7 @@ def mlp_builder(T, H, F, variant):
         act = "swiglu" if variant == "swiglu" else "gelu"
         residual = variant != "plain"
         plain = ref.PreNormMLP(H, F, activation=act, residual=residual, dtype=dtype)
-        fc1_out = 2 * F if act == "swiglu" else F
-        body = [te.ops.LayerNorm(H, dtype=dtype), te.ops.Linear(H, fc1_out, dtype=dtype),
-                te.ops.SwiGLU() if act == "swiglu" else te.ops.GELU(),
-                te.ops.Linear(F, H, dtype=dtype)]
-        if residual:
-            body = ([te.ops.MakeExtraOutput().set_extra_output_channel(
-                        0, "residual", output_to_caller=False)] + body
-                    + [te.ops.AddExtraInput().set_extra_input_channel(0, "residual")])
-        ours = te.ops.Sequential(*body)
+        ours = ref.te_prenorm_mlp(H, F, activation=act, residual=residual, dtype=dtype)
         _copy_params(plain, list(ours.parameters()))
         return plain, ours, (torch.randn(T, H, dtype=dtype),)
     return build

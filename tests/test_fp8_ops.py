@@ -14,6 +14,7 @@ from torch._dynamo.utils import counters
 
 import transformer_engine_cpp as te
 from transformer_engine_cpp.ops import _quantized
+from transformer_engine_cpp.testing.reference import te_prenorm_mlp
 from test_fp8_quantize import ref_current, ref_dequant, ref_mx_dequant, ref_mxfp8
 from tolerances import COMPILED_VS_EAGER, tols
 
@@ -150,14 +151,7 @@ def test_delayed_scaling_eager_updates_scales_and_is_refused_under_compile():
 
 
 def mlp_block(hidden=64, ffn=128):
-    return te.ops.Sequential(
-        te.ops.MakeExtraOutput().set_extra_output_channel(0, "residual", output_to_caller=False),
-        te.ops.LayerNorm(hidden),
-        te.ops.Linear(hidden, ffn),
-        te.ops.GELU(),
-        te.ops.Linear(ffn, hidden),
-        te.ops.AddExtraInput().set_extra_input_channel(0, "residual"),
-    )
+    return te_prenorm_mlp(hidden, ffn)
 
 
 @pytest.mark.parametrize("recipe_name", list(RECIPES))

@@ -24,17 +24,10 @@ FP32 = tols(torch.float32)
 
 
 def mlp_block(hidden=32, ffn=64, act="gelu", dtype=torch.float32):
-    """Pre-norm residual MLP: x + fc2(act(fc1(LayerNorm(x)))), residual by channel."""
-    acts = {"gelu": lambda: te.ops.GELU(), "swiglu": lambda: te.ops.SwiGLU()}
-    fc2_in = ffn // 2 if act == "swiglu" else ffn
-    return te.ops.Sequential(
-        te.ops.MakeExtraOutput().set_extra_output_channel(0, "residual", output_to_caller=False),
-        te.ops.LayerNorm(hidden, dtype=dtype),
-        te.ops.Linear(hidden, ffn, dtype=dtype),
-        acts[act](),
-        te.ops.Linear(fc2_in, hidden, dtype=dtype),
-        te.ops.AddExtraInput().set_extra_input_channel(0, "residual"),
-    )
+    """Pre-norm residual MLP: x + fc2(act(fc1(LayerNorm(x)))), residual by channel; ``ffn`` is
+    fc1's output width (SwiGLU halves it)."""
+    return ref.te_prenorm_mlp(hidden, ffn // 2 if act == "swiglu" else ffn, activation=act,
+                              dtype=dtype)
 
 
 def randomize(model, seed=0):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import transformer_engine_cpp as te
-from transformer_engine_cpp.testing.reference import PreNormMLP
+from transformer_engine_cpp.testing.reference import PreNormMLP, te_prenorm_mlp
 
 
 def saved_activation_bytes(model, x) -> int:
@@ -28,14 +28,7 @@ def saved_activation_bytes(model, x) -> int:
 
 
 def ours_block(hidden, ffn):
-    return te.ops.Sequential(
-        te.ops.MakeExtraOutput().set_extra_output_channel(0, "residual", output_to_caller=False),
-        te.ops.LayerNorm(hidden),
-        te.ops.Linear(hidden, ffn),
-        te.ops.GELU(),
-        te.ops.Linear(ffn, hidden),
-        te.ops.AddExtraInput().set_extra_input_channel(0, "residual"),
-    )
+    return te_prenorm_mlp(hidden, ffn)
 
 
 def test_mlp_block_saves_exactly_what_backward_needs():

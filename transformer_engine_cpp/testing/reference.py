@@ -195,6 +195,24 @@ class PreNormMLP(torch.nn.Module):
         return x + y if self.residual else y
 
 
+def te_prenorm_mlp(hidden: int, ffn: int, *, activation: str = "gelu", residual: bool = True,
+                   dtype=None):
+    """The te.ops twin of PreNormMLP (same parameter order, so ``zip(plain.parameters(),
+    ours.parameters())`` pairs them): [MakeExtraOutput,] LayerNorm, Linear, GELU | SwiGLU,
+    Linear[, AddExtraInput], the residual carried by a channel."""
+    import transformer_engine_cpp as te  # noqa: PLC0415  (te imports nothing from testing)
+
+    fc1_out = 2 * ffn if activation == "swiglu" else ffn
+    act = {"gelu": te.ops.GELU, "swiglu": te.ops.SwiGLU}[activation]
+    body = [te.ops.LayerNorm(hidden, dtype=dtype), te.ops.Linear(hidden, fc1_out, dtype=dtype),
+            act(), te.ops.Linear(ffn, hidden, dtype=dtype)]
+    if residual:
+        body = ([te.ops.MakeExtraOutput().set_extra_output_channel(0, "residual",
+                                                                   output_to_caller=False)]
+                + body + [te.ops.AddExtraInput().set_extra_input_channel(0, "residual")])
+    return te.ops.Sequential(*body)
+
+
 class BiasActivation(torch.nn.Module):
     """act(x + bias): the plain twin of te.ops.Sequential(Bias, <activation>)."""
 
