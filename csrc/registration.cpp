@@ -32,7 +32,7 @@ constexpr std::array kOps = {
     "layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "rmsnorm_bwd_add",
     // linear
     "linear_fwd", "linear_bias_act_fwd", "linear_fwd_add", "linear_fwd_add_inplace",
-    "linear_dgrad", "linear_dgrad_add", "linear_wgrad",
+    "linear_dgrad", "linear_dgrad_add", "linear_wgrad", "linear_bwd",
     // scaled activations (per-row scales as an extra input)
     "scaled_swiglu_fwd", "scaled_swiglu_bwd", "scaled_clamped_qgeglu_fwd",
     "scaled_clamped_qgeglu_bwd", "scaled_situglu_fwd", "scaled_situglu_bwd",
@@ -136,6 +136,12 @@ TORCH_LIBRARY(te_cpp, m) {
         tags);
   // wgrad dW = alpha * dy^T x.
   m.def("linear_wgrad(Tensor dy, Tensor x, float alpha=1.0) -> Tensor", tags);
+  // The whole backward of a linear in one call: dx = alpha * dy W, dW = alpha * dy^T x, and
+  // with a bias dtype dbias = dy summed over the leading dims (BackwardLinearBias; not scaled
+  // by alpha); without one, dbias is an empty [0] tensor (fixed arity).
+  m.def("linear_bwd(Tensor dy, Tensor x, Tensor weight, float alpha=1.0, "
+        "ScalarType? bias_dtype=None) -> (Tensor dx, Tensor dweight, Tensor dbias)",
+        tags);
 
   // ---- Scaled activations: y = scales[..., None] * act(x), scales of shape x.shape[:-1] -----
   // The backward returns (dx, dscales) with dscales[r] = sum_j dy[r, j] * act(x)[r, j]; with

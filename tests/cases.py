@@ -515,6 +515,9 @@ def _samples_linear(dtype):
             (te_ops.linear_dgrad_add, (dy, w, dextra, 1.0)),
             (te_ops.linear_wgrad, (dy, x, 1.0)),
             (te_ops.linear_wgrad, (dy, x, 3.0)),
+            (te_ops.linear_bwd, (dy, x, w, 1.0, None)),
+            (te_ops.linear_bwd, (dy, x, w, 0.5, dtype)),
+            (te_ops.linear_bwd, (dy, x, w, 1.0, torch.float32)),
         ]
     # a transposed (non-contiguous) weight and input
     out.append((te_ops.linear_fwd, (_rand(13, 4, dtype=dtype).t(), _rand(13, 7, dtype=dtype).t())))
@@ -556,7 +559,8 @@ def _linear_cases():
                      lambda p, x: ref.linear(x, p["0.weight"])),
         _linear_case("Linear", lambda dtype: [lin(dtype)],
                      lambda p, x: ref.linear(x, p[W], p[B]),
-                     fused_forward=(F.ForwardLinearBiasActivation,)),
+                     fused_forward=(F.ForwardLinearBiasActivation,),
+                     fused_backward=(F.BackwardLinearBias,)),
         _linear_case("Linear(bias=False)", lambda dtype: [lin(dtype, False)],
                      lambda p, x: ref.linear(x, p[W])),
         # bias and activation in the GEMM's epilogue pass; dbias+dact fused in backward
@@ -577,11 +581,13 @@ def _linear_cases():
         # the GEMM accumulates into the residual
         _linear_case("Linear+AddExtraInput", lambda dtype: [lin(dtype), te.ops.AddExtraInput()],
                      lambda p, x, e: p.round(ref.linear(x, p[W]) + e) + p[B],
-                     num_extra_inputs=1, fused_forward=(F.ForwardLinearBiasAdd,)),
+                     num_extra_inputs=1, fused_forward=(F.ForwardLinearBiasAdd,),
+                     fused_backward=(F.BackwardLinearBias,)),
         _linear_case("Linear+AddExtraInput(in_place)",
                      lambda dtype: [lin(dtype), te.ops.AddExtraInput(in_place=True)],
                      lambda p, x, e: p.round(ref.linear(x, p[W]) + e) + p[B],
-                     num_extra_inputs=1, fused_forward=(F.ForwardLinearBiasAdd,)),
+                     num_extra_inputs=1, fused_forward=(F.ForwardLinearBiasAdd,),
+                     fused_backward=(F.BackwardLinearBias,)),
         _linear_case("BasicLinear+ConstantScale+AddExtraInput",
                      lambda dtype: [te.ops.BasicLinear(13, 7, dtype=dtype),
                                     te.ops.ConstantScale(-0.75), te.ops.AddExtraInput()],

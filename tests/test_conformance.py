@@ -114,11 +114,11 @@ def test_compiled_matches_eager(case):
     for fused in case.fused_backward:
         fused_ops = {"BackwardActivationBias": "dbias_d", "BackwardAddRMSNorm": "rmsnorm_bwd_add",
                      "BackwardLinearAdd": "linear_dgrad_add",
-                     "BackwardLinearScale": "linear_dgrad"}
+                     "BackwardLinearScale": "linear_bwd", "BackwardLinearBias": "linear_bwd"}
         assert f"torch.ops.te_cpp.{fused_ops[fused.__name__]}" in bw_code, bw_code
         unfused = {"BackwardActivationBias": "bias_bwd", "BackwardAddRMSNorm": "rmsnorm_bwd(",
                    "BackwardLinearAdd": "make_extra_output_bwd",
-                   "BackwardLinearScale": "constant_scale_bwd"}
+                   "BackwardLinearScale": "constant_scale_bwd", "BackwardLinearBias": "bias_bwd"}
         assert unfused[fused.__name__] not in bw_code, bw_code
 
 

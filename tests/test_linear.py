@@ -66,7 +66,7 @@ def test_mlp_block_eager_matches_reference_and_plans(act):
         assert fwd == ["MakeExtraOutput", "LayerNorm", "ForwardLinearBiasActivation",
                        "ForwardLinearBiasAdd"]
         assert bwd == ["MakeExtraOutput", "LayerNorm", "BasicLinear", "BackwardActivationBias",
-                       "BasicLinear", "Bias", "AddExtraInput"]
+                       "BackwardLinearBias", "AddExtraInput"]
     else:
         assert fwd == ["MakeExtraOutput", "LayerNorm", "ForwardLinearBiasActivation", "SwiGLU",
                        "ForwardLinearBiasAdd"]
@@ -94,7 +94,9 @@ def test_compiled_mlp_block_keeps_forward_and_backward_fusions(act):
     if act == "gelu":
         assert "te_cpp.linear_bias_act_fwd" in fw and "te_cpp.gelu_fwd" not in fw
         assert "te_cpp.dbias_dgelu" in bw and "te_cpp.gelu_bwd" not in bw
-    assert "te_cpp.linear_dgrad" in bw and "te_cpp.linear_wgrad" in bw
+    # backward: each linear's dgrad + wgrad (+ fc2's dbias) in one linear_bwd call
+    assert bw.count("te_cpp.linear_bwd") == 2 and "te_cpp.bias_bwd" not in bw
+    assert "te_cpp.linear_dgrad" not in bw and "te_cpp.linear_wgrad" not in bw
 
 
 @pytest.mark.slow
@@ -437,3 +439,118 @@ def test_linear_ops_called_directly_on_tensors_that_require_grad():
     dy = torch.randn(3, 4, requires_grad=True)
     torch.testing.assert_close(torch.ops.te_cpp.linear_dgrad(dy, w), dy.detach() @ w.detach(),
                                **FP32)
+
+
+# ---- linear_bwd and BackwardLinearBias -------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("alpha", [1.0, -0.5])
+def test_linear_bwd_is_dgrad_wgrad_and_bias_bwd_in_one_call(dtype, alpha):
+    """The same GEMMs and column sum as the three separate ops (the same bits), and the float64
+    products within the dtype's tolerance; without a bias dtype, dbias is an empty [0]."""
+    ops = torch.ops.te_cpp
+    dy, x = torch.randn(2, 3, 7, dtype=dtype), torch.randn(2, 3, 13, dtype=dtype)
+    w = torch.randn(7, 13, dtype=dtype)
+    dx, dw, db = ops.linear_bwd(dy, x, w, alpha, torch.float32)
+    torch.testing.assert_close(dx, ops.linear_dgrad(dy, w, alpha), rtol=0, atol=0)
+    torch.testing.assert_close(dw, ops.linear_wgrad(dy, x, alpha), rtol=0, atol=0)
+    torch.testing.assert_close(db, ops.bias_bwd(dy, torch.float32), rtol=0, atol=0)
+    d = lambda t: t.double()  # noqa: E731
+    torch.testing.assert_close(dx.double(), alpha * d(dy) @ d(w), **tols(dtype))
+    torch.testing.assert_close(dw.double(), alpha * d(dy).reshape(-1, 7).t() @ d(x).reshape(-1, 13),
+                               **tols(dtype))
+    torch.testing.assert_close(db.double(), d(dy).sum((0, 1)), **tols(torch.float32))
+    assert db.dtype == torch.float32 and dx.dtype == dw.dtype == dtype
+    *_, empty = ops.linear_bwd(dy, x, w, alpha)
+    assert empty.shape == (0,)
+
+
+def test_linear_bwd_bad_inputs():
+    ops = torch.ops.te_cpp
+    dy, x, w = torch.randn(3, 7), torch.randn(3, 13), torch.randn(7, 13)
+    with pytest.raises(RuntimeError, match=r"te_cpp\.linear_bwd: input's last dimension "
+                                           r"\(shape \[3, 12\]\) must equal in_features"):
+        ops.linear_bwd(dy, torch.randn(3, 12), w)
+    with pytest.raises(RuntimeError, match=r"te_cpp\.linear_bwd: grad_output's last dimension"):
+        ops.linear_bwd(torch.randn(3, 6), x, w)
+    with pytest.raises(RuntimeError, match=r"te_cpp\.linear_bwd: grad_output \(shape \[4, 7\]\) "
+                                           r"and input \(shape \[3, 13\]\) must share"):
+        ops.linear_bwd(torch.randn(4, 7), x, w)
+    with pytest.raises(RuntimeError, match=r"te_cpp\.linear_bwd: .*same dtype"):
+        ops.linear_bwd(dy, x.double(), w)
+    with pytest.raises(RuntimeError, match=r"te_cpp\.linear_bwd: bias dtype must be float32.*"
+                                           r"got Int"):
+        ops.linear_bwd(dy, x, w, 1.0, torch.int32)
+
+
+@pytest.mark.parametrize("frozen", ["nothing", "bias", "weight", "input"])
+def test_backward_linear_bias_with_frozen_tensors(frozen):
+    """Linear(bias=True)'s backward is one linear_bwd call when dx, dW and dbias are all needed;
+    with the bias frozen it runs the ops' own backwards, with the weight or input frozen the
+    GEMM it needs and bias_bwd. The gradients match float64 in every case."""
+    model = te.ops.Sequential(te.ops.Linear(13, 7))
+    assert [type(op) for op, _ in model._module_groups[0]._plans[
+        OperationFuser._plan_key(None, 0)].backward_ops] == [F.BackwardLinearBias]
+    lin = model[0]
+    if frozen == "bias":
+        lin.bias.requires_grad_(False)
+    if frozen == "weight":
+        lin.weight.requires_grad_(False)
+    x = torch.randn(2, 3, 13, requires_grad=frozen != "input")
+    dy = torch.randn(2, 3, 7)
+    model(x).backward(dy)
+    x64 = x.detach().double().requires_grad_()
+    w64 = lin.weight.detach().double().requires_grad_()
+    b64 = lin.bias.detach().double().requires_grad_()
+    ref.linear(x64, w64, b64).backward(dy.double())
+    for got, want, needed in ((x.grad, x64.grad, frozen != "input"),
+                              (lin.weight.grad, w64.grad, frozen != "weight"),
+                              (lin.bias.grad, b64.grad, frozen != "bias")):
+        if needed:
+            torch.testing.assert_close(got.double(), want, **FP32)
+        else:
+            assert got is None
+
+
+def test_backward_linear_bias_keeps_the_unfused_dtype_promotion():
+    """bf16 linear + fp32 bias: dy arrives in fp32 and the linear computes in bf16, so the fused
+    op runs the two backwards as unfused (dbias from the fp32 dy, dx in bf16)."""
+    model = te.ops.Sequential(te.ops.BasicLinear(8, 8, dtype=torch.bfloat16),
+                              te.ops.Bias(8, dtype=torch.float32))
+    x = torch.randn(3, 8, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(3, 8)
+    model(x).backward(dy)
+    assert [type(op) for op, _ in model._module_groups[0]._backward_ops] == [F.BackwardLinearBias]
+    assert x.grad.dtype == torch.bfloat16 and model[1].bias.grad.dtype == torch.float32
+    torch.testing.assert_close(model[1].bias.grad, dy.sum(0), **FP32)
+
+
+class _WrongGradCount(te.ops.BasicOperation):
+    """A user op whose backward returns no grad for its one parameter (a contract error)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.tensor(2.0))
+
+    def op_forward(self, ctx, input_, *, prev_op_grad_output_quantizer=None,
+                   next_op_input_quantizer=None):
+        return input_ * 2.0
+
+    def op_backward(self, ctx, grad_output):
+        return grad_output * 2.0, ()
+
+
+@pytest.mark.parametrize("extra", [False, True], ids=["eager-fast-path", "general-path"])
+def test_wrong_parameter_grad_count_is_a_clear_error(extra):
+    """Both eager pipeline Functions (the fast path, and the general one that extra tensors
+    take) name the op whose backward broke the contract."""
+    body = [te.ops.Linear(4, 4), _WrongGradCount()]
+    if extra:
+        body.append(te.ops.MakeExtraOutput())
+    model = te.ops.Sequential(*body)
+    out = model(torch.randn(2, 4, requires_grad=True))
+    y = out[0] if extra else out
+    with pytest.raises(RuntimeError, match=r"_WrongGradCount.* returned 0 parameter grads.*"
+                                           r"expected 1"):
+        y.sum().backward()

@@ -81,6 +81,25 @@ void LinearShapes::check_dextra(const char* op, const Tensor& dextra, const Tens
            shape_str(weight), ")");
 }
 
+void LinearShapes::check_bwd(const char* op, const Tensor& dy, const Tensor& x,
+                             const Tensor& weight, std::optional<at::ScalarType> bias_dtype) {
+  check_dgrad(op, dy, weight);
+  check_wgrad(op, dy, x);
+  TE_CHECK(x.sym_size(-1) == weight.sym_size(1), op, "input's last dimension (shape ",
+           shape_str(x), ") must equal in_features of the weight (shape ", shape_str(weight),
+           ")");
+  if (bias_dtype.has_value()) {
+    TE_CHECK(is_supported_float(*bias_dtype), op,
+             "bias dtype must be float32, float64, bfloat16 or float16, got ", *bias_dtype);
+  }
+}
+
+Tensor LinearShapes::allocate_dbias(const Tensor& dy, const Tensor& weight,
+                                    std::optional<at::ScalarType> bias_dtype) {
+  if (!bias_dtype.has_value()) return at::empty({0}, dy.options());
+  return at::empty_symint({weight.sym_size(0)}, dy.options().dtype(*bias_dtype));
+}
+
 namespace {
 
 Tensor linear_fwd_meta(const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias) {
@@ -126,6 +145,14 @@ Tensor linear_wgrad_meta(const Tensor& dy, const Tensor& x, double) {
   return LinearShapes::allocate_wgrad(dy, x);
 }
 
+std::tuple<Tensor, Tensor, Tensor> linear_bwd_meta(const Tensor& dy, const Tensor& x,
+                                                   const Tensor& weight, double,
+                                                   std::optional<at::ScalarType> bias_dtype) {
+  LinearShapes::check_bwd("linear_bwd", dy, x, weight, bias_dtype);
+  return {LinearShapes::allocate_dgrad(dy, weight), LinearShapes::allocate_wgrad(dy, x),
+          LinearShapes::allocate_dbias(dy, weight, bias_dtype)};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(te_cpp, Meta, m) {
@@ -136,6 +163,7 @@ TORCH_LIBRARY_IMPL(te_cpp, Meta, m) {
   m.impl("linear_dgrad", linear_dgrad_meta);
   m.impl("linear_dgrad_add", linear_dgrad_add_meta);
   m.impl("linear_wgrad", linear_wgrad_meta);
+  m.impl("linear_bwd", linear_bwd_meta);
 }
 
 }  // namespace te_cpp

@@ -27,6 +27,12 @@ struct LinearShapes {
   static void check_dextra(const char* op, const Tensor& dextra, const Tensor& dy,
                            const Tensor& weight);
   static Tensor allocate_wgrad(const Tensor& dy, const Tensor& x);
+  // linear_bwd: dy against both x and weight, and the bias dtype when dbias is asked for.
+  static void check_bwd(const char* op, const Tensor& dy, const Tensor& x, const Tensor& weight,
+                        std::optional<at::ScalarType> bias_dtype);
+  // dbias [out_features] in bias_dtype, or [0] (fixed arity) when no dbias is asked for.
+  static Tensor allocate_dbias(const Tensor& dy, const Tensor& weight,
+                               std::optional<at::ScalarType> bias_dtype);
 };
 
 // The unary activation named by a linear_bias_act_fwd call ("gelu", "relu", "silu", "qgelu",

@@ -64,6 +64,7 @@ class _BackwardStep:
     start: int
     stop: int
     requires_grad: bool  # whether the backward pass reaches any op of the group
+    size: int  # len(idxs)
     has_extra_inputs: bool
     has_extra_outputs: bool
     no_grad_extra_outputs: tuple  # ((),) * len(idxs)
@@ -84,6 +85,7 @@ class _FusionPlan:
     forward_steps: tuple
     quantized: bool  # a recipe is active: neighbours' quantizers are looked up per call
     backward_steps: tuple = ()  # in forward order (run reversed)
+    backward_steps_reversed: tuple = ()  # in the order the backward runs them
     # (requires_grad, input_requires_grad) per basic op; op 0's input flag is the input's
     ctx_flags: tuple = ()
     # the ops whose flags differ from OperationContext's defaults (both True):
@@ -118,7 +120,7 @@ def _backward_steps(backward_ops: tuple, basic_ops: list, first: int) -> tuple:
     return tuple(
         _BackwardStep(
             op=op, idxs=idxs, idx_set=frozenset(idxs), start=idxs[0], stop=idxs[-1] + 1,
-            requires_grad=idxs[-1] >= first,
+            requires_grad=idxs[-1] >= first, size=len(idxs),
             has_extra_inputs=any(basic_ops[i].num_extra_inputs for i in idxs),
             has_extra_outputs=any(basic_ops[i].num_extra_outputs for i in idxs),
             no_grad_extra_outputs=((),) * len(idxs),
@@ -519,10 +521,146 @@ def _apply_releasing_saved(apply, *args):
 
 
 # Eager calls skip autograd.Function.apply's Python wrapper (its setup_context and functorch
-# checks: this Function has no setup_context, and functorch transforms are checked per call):
-# the C++ apply, bound to the pipeline Function.
-_apply_eager = super(torch.autograd.Function, _OperationFuserAutogradFunction).apply
+# checks: these Functions have no setup_context, and functorch transforms are checked per
+# call): _apply_eager, below, is the C++ apply bound to the eager pipeline Function.
 _functorch_transforms_active = torch._C._are_functorch_transforms_active
+
+
+def _eager_forward(func_ctx, plan, fuser, arg_layout, *tensors):
+    """:func:`_pipeline_forward` for the eager fast path (:meth:`OperationFuser._call_eager`):
+    no extra tensors, no recipe, no kwargs, a gradient needed. The same steps, without the
+    bookkeeping those features need; :func:`_eager_backward` is its backward."""
+    x = tensors[arg_layout[0]]
+    ctxs = [_new_object(OperationContext) for _ in plan.ctx_flags]
+    for i, rg, irg in plan.ctx_flag_overrides:
+        ctx = ctxs[i]
+        ctx.requires_grad = rg
+        ctx.input_requires_grad = irg
+    if ctxs:
+        ctxs[0].input_requires_grad = x.requires_grad
+    no_kwargs = fuser._no_kwargs
+    for step in plan.forward_steps:
+        x, op_extra_outputs = step.op.fuser_forward(
+            ctxs[step.start:step.stop], x, basic_op_extra_inputs=step.no_extra_inputs,
+            prev_op_grad_output_quantizer=None, next_op_input_quantizer=None,
+            basic_op_kwargs=no_kwargs[step.start:step.stop])
+        if len(op_extra_outputs) != len(step.idxs) or any(op_extra_outputs):
+            _check_no_extra_outputs(step, op_extra_outputs)
+    to_save = []
+    for ctx in ctxs:
+        saved = ctx.to_save
+        if saved is not None:
+            start = len(to_save)
+            to_save += saved
+            ctx._saved_tensors_range = (start, len(to_save))
+            ctx.to_save = None
+        else:
+            ctx._saved_tensors_range = (0, 0)
+    func_ctx.save_for_backward(*to_save)
+    func_ctx.plan = plan
+    func_ctx.basic_op_ctxs = ctxs
+    func_ctx.arg_layout = arg_layout
+    func_ctx.num_tensors = len(tensors)
+    return x
+
+
+def _check_no_extra_outputs(step, op_extra_outputs) -> None:
+    """What :func:`_pipeline_forward` checks of a group without extra outputs."""
+    op_extra_outputs = list(op_extra_outputs)
+    if len(op_extra_outputs) != len(step.idxs):
+        raise RuntimeError(
+            f"{step.op.__class__.__name__}.fuser_forward returned extra outputs for "
+            f"{len(op_extra_outputs)} basic ops, expected {len(step.idxs)}"
+        )
+    if any(len(outs) for outs in op_extra_outputs if outs):
+        raise RuntimeError(
+            f"{step.op.__class__.__name__}.fuser_forward returned extra outputs for basic "
+            "ops that have none"
+        )
+
+
+def _eager_backward(func_ctx, grad_output):
+    """:func:`_pipeline_backward` for :func:`_eager_forward`'s graphs. The contexts are used
+    as the forward left them (copied only when the graph is kept for another backward)."""
+    plan = func_ctx.plan
+    saved = func_ctx.saved_tensors
+    ctxs = func_ctx.basic_op_ctxs
+    if _keep_graph():
+        boxes = None
+        copies = []
+        for ctx in ctxs:
+            new = _new_object(type(ctx))
+            new.__dict__.update(ctx.__dict__)
+            copies.append(new)
+        ctxs = copies
+    else:
+        boxes = getattr(func_ctx, "_saved_boxes", None)
+    for ctx in ctxs:
+        start, end = ctx._saved_tensors_range
+        ctx.saved_tensors = saved[start:end]
+    del saved
+    input_pos, param_pos, _ = func_ctx.arg_layout
+    grads: list[Optional[torch.Tensor]] = [None] * func_ctx.num_tensors
+    dx = grad_output
+    for step in plan.backward_steps_reversed:
+        if not step.requires_grad:
+            dx = None
+            break
+        step_ctxs = ctxs[step.start:step.stop]
+        dx, op_param_grads, _ = step.op.fuser_backward(
+            step_ctxs, dx, basic_op_grad_extra_outputs=step.no_grad_extra_outputs)
+        if len(op_param_grads) != step.size:
+            raise RuntimeError(
+                f"{step.op.__class__.__name__}.fuser_backward returned parameter grads for "
+                f"{len(op_param_grads)} basic ops, expected {step.size}"
+            )
+        for i, pgrads in zip(step.idxs, op_param_grads):
+            positions = param_pos[i]
+            if len(pgrads) != len(positions):
+                _check_param_grads(step.op, i, pgrads, positions)
+            for pos, g in zip(positions, pgrads):
+                if g is not None:
+                    prev = grads[pos]
+                    grads[pos] = g if prev is None else prev + g
+        if boxes is not None:  # large tensors: this step's saved tensors go now
+            for ctx in step_ctxs:
+                ctx.saved_tensors = None
+                start, end = ctx._saved_tensors_range
+                for j in range(start, end):
+                    boxes[j][0] = None
+    if dx is not None:
+        grads[input_pos] = dx if grads[input_pos] is None else grads[input_pos] + dx
+    return (None, None, None, *grads)
+
+
+def _check_param_grads(op, op_idx: int, pgrads, positions: tuple) -> None:
+    """A parameter-grad count that differs from the op's parameter count: allowed only as
+    all-None grads for an op without parameters (what :func:`_pipeline_backward` accepts)."""
+    pgrads = tuple(pgrads)
+    if not positions and not any(g is not None for g in pgrads):
+        return
+    raise RuntimeError(
+        f"{op.__class__.__name__}.fuser_backward returned {len(pgrads)} parameter grads for "
+        f"basic op {op_idx}, expected {len(positions)}"
+    )
+
+
+class _EagerPipelineFunction(torch.autograd.Function):
+    """The pipeline Function of the eager fast path: ``apply(plan, fuser, arg_layout,
+    *tensors)``. Never traced (torch.compile runs :class:`_OperationFuserAutogradFunction`)."""
+
+    forward = staticmethod(_eager_forward)
+
+    @staticmethod
+    def backward(func_ctx, grad_output):
+        if torch.is_grad_enabled():  # create_graph=True: once_differentiable's error graph
+            return _eager_backward_once_differentiable(func_ctx, grad_output)
+        return _eager_backward(func_ctx, grad_output)
+
+
+_eager_backward_once_differentiable = once_differentiable(_eager_backward)
+_apply_eager = super(torch.autograd.Function, _EagerPipelineFunction).apply
+_apply_general = super(torch.autograd.Function, _OperationFuserAutogradFunction).apply
 
 
 class OperationFuser:
@@ -637,13 +775,15 @@ class OperationFuser:
         bwd = self._fuse(list(joint), self.backward_fusion_functions, recipe)
         forward_ops = _map_to_basic_ops(fwd, self._basic_ops, "forward")
         backward_ops = _map_to_basic_ops(bwd, self._basic_ops, "backward")
+        backward_steps = _backward_steps(backward_ops, self._basic_ops, first)
         return _FusionPlan(
             forward_ops=forward_ops,
             backward_ops=backward_ops,
             first_op_requiring_backward=first,
             forward_steps=_forward_steps(forward_ops, self._basic_ops, self._routing),
             quantized=recipe is not None,
-            backward_steps=_backward_steps(backward_ops, self._basic_ops, first),
+            backward_steps=backward_steps,
+            backward_steps_reversed=backward_steps[::-1],
             ctx_flags=tuple((i >= first, i > first) for i in range(self._num_basic_ops)),
             ctx_flag_overrides=tuple((i, i >= first, i > first)
                                      for i in range(self._num_basic_ops)
@@ -765,9 +905,13 @@ class OperationFuser:
             return _pipeline_forward(None, plan, self, None, arg_layout, *tensors)
         if _functorch_transforms_active():  # Function.apply's own checks (and refusal)
             return _OperationFuserAutogradFunction.apply(plan, self, None, arg_layout, *tensors)
+        if self._has_extra_tensors:  # extra tensors: the general pipeline Function
+            apply, args = _apply_general, (plan, self, None, arg_layout)
+        else:
+            apply, args = _apply_eager, (plan, self, arg_layout)
         if input.numel() >= _RELEASE_MIN_NUMEL:
-            return _apply_releasing_saved(_apply_eager, plan, self, None, arg_layout, *tensors)
-        return _apply_eager(plan, self, None, arg_layout, *tensors)
+            return _apply_releasing_saved(apply, *args, *tensors)
+        return apply(*args, *tensors)
 
     def _arg_layout(self, input, extra_inputs):  # pylint: disable=redefined-builtin
         """The tensor arguments of the pipeline Function, de-duplicated by identity (input,

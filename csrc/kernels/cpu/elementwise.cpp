@@ -3,6 +3,7 @@
 #include <torch/library.h>
 
 #include "common/vec.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/reduce.h"
 #include "ops/elementwise.h"
 
@@ -63,22 +64,10 @@ Tensor bias_fwd_cpu(const Tensor& x_in, const Tensor& bias_in) {
   return out;
 }
 
-Tensor bias_bwd_cpu(const Tensor& dy_in, at::ScalarType bias_dtype) {
-  BiasBwd::check(dy_in, bias_dtype);
-  Tensor db = BiasBwd::allocate(dy_in, bias_dtype);
-  const Tensor dy = dy_in.contiguous();
-  const auto [rows, features] = rows_features(dy);
-  TE_DISPATCH_FLOAT(dy.scalar_type(), "bias_bwd", [&] {
-    using T = scalar_t;
-    using A = acc_t<T>;
-    const T* dyp = dy.const_data_ptr<T>();
-    TE_DISPATCH_FLOAT(bias_dtype, "bias_bwd", [&] {
-      cpu::blocked_column_sum<A>(rows, features, db.mutable_data_ptr<scalar_t>(),
-                            [&](int64_t r, A* acc) {
-                              cpu::accumulate_row<T>(acc, dyp + r * features, features);
-                            });
-    });
-  });
+Tensor bias_bwd_cpu(const Tensor& dy, at::ScalarType bias_dtype) {
+  BiasBwd::check(dy, bias_dtype);
+  Tensor db = BiasBwd::allocate(dy, bias_dtype);
+  cpu::bias_grad_into(db, dy);
   return db;
 }
 
@@ -153,6 +142,22 @@ void make_extra_output_bwd_inplace_cpu(const Tensor& dextra, const Tensor& dy) {
 }
 
 }  // namespace
+
+void cpu::bias_grad_into(const Tensor& db, const Tensor& dy_in) {
+  const Tensor dy = dy_in.contiguous();
+  const auto [rows, features] = rows_features(dy);
+  TE_DISPATCH_FLOAT(dy.scalar_type(), "bias_bwd", [&] {
+    using T = scalar_t;
+    using A = acc_t<T>;
+    const T* dyp = dy.const_data_ptr<T>();
+    TE_DISPATCH_FLOAT(db.scalar_type(), "bias_bwd", [&] {
+      cpu::blocked_column_sum<A>(rows, features, db.mutable_data_ptr<scalar_t>(),
+                                 [&](int64_t r, A* acc) {
+                                   cpu::accumulate_row<T>(acc, dyp + r * features, features);
+                                 });
+    });
+  });
+}
 
 TORCH_LIBRARY_IMPL(te_cpp, CPU, m) {
   m.impl("bias_fwd", bias_fwd_cpu);

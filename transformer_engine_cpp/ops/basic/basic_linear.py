@@ -22,6 +22,8 @@ _linear_fwd = torch.ops.te_cpp.linear_fwd.default
 _linear_dgrad = torch.ops.te_cpp.linear_dgrad.default
 _linear_dgrad_add = torch.ops.te_cpp.linear_dgrad_add.default
 _linear_wgrad = torch.ops.te_cpp.linear_wgrad.default
+_linear_bwd = torch.ops.te_cpp.linear_bwd.default
+_bias_bwd = torch.ops.te_cpp.bias_bwd.default
 
 
 def _positive_int(op: str, name: str, value) -> int:
@@ -228,29 +230,49 @@ class BasicLinear(BasicOperation):
         ``alpha`` serves BackwardLinearScale and ``grad_extra`` BackwardLinearAdd."""
         if getattr(ctx, "with_quantized_compute", False):
             return self._quantized_backward(ctx, grad_output, alpha=alpha, grad_extra=grad_extra)
+        dx, dw, _ = self._backward(ctx, grad_output, alpha, grad_extra, None)
+        return dx, (dw,)
+
+    def backward_grads_and_dbias(self, ctx: OperationContext, grad_output: torch.Tensor,
+                                 bias_dtype: torch.dtype):
+        """BackwardLinearBias (unquantized): ``(dx, (dW,), dbias)`` with dbias the sum of dy
+        over its leading dims in ``bias_dtype``, one op call when dx and dW are both needed."""
+        return self._backward(ctx, grad_output, 1.0, None, bias_dtype)
+
+    def _backward(self, ctx: OperationContext, grad_output: torch.Tensor, alpha: float,
+                  grad_extra: Optional[torch.Tensor], bias_dtype: Optional[torch.dtype]):
         grad_output = _quantized.as_high_precision(grad_output)
         x, w = ctx.saved_tensors
         dy = grad_output if grad_output.dtype == ctx.dtype else grad_output.to(ctx.dtype)
-        dx = None
-        if ctx.input_requires_grad:
-            if grad_extra is None:
-                dx = _linear_dgrad(dy, w, alpha)
-            else:
-                dx = _linear_dgrad_add(dy, w, grad_extra, alpha)
-            if dx.dtype != ctx.input_dtype and grad_extra is None:
+        dx = db = None
+        if ctx.input_requires_grad and ctx.weight_requires_grad and grad_extra is None:
+            # dgrad, wgrad (and dbias) in one op call
+            dx, dw, db = _linear_bwd(dy, x, w, alpha, bias_dtype)
+            if dx.dtype != ctx.input_dtype:
                 dx = dx.to(ctx.input_dtype)
-        elif grad_extra is not None:
-            dx = grad_extra
-        dw = None
-        if ctx.weight_requires_grad:
-            dw = _linear_wgrad(dy, x, alpha)
+        else:
+            if ctx.input_requires_grad:
+                if grad_extra is None:
+                    dx = _linear_dgrad(dy, w, alpha)
+                else:
+                    dx = _linear_dgrad_add(dy, w, grad_extra, alpha)
+                if dx.dtype != ctx.input_dtype and grad_extra is None:
+                    dx = dx.to(ctx.input_dtype)
+            elif grad_extra is not None:
+                dx = grad_extra
+            dw = _linear_wgrad(dy, x, alpha) if ctx.weight_requires_grad else None
+            if bias_dtype is not None:
+                db = _bias_bwd(dy, bias_dtype)
+        if bias_dtype is None:
+            db = None
+        if dw is not None:
             if self._accumulate_into_main_grad:
                 dw = self._accumulate_main_grad(dw)
             else:
                 weight_dtype = self._parameters["weight"].dtype
                 if dw.dtype != weight_dtype:
                     dw = dw.to(weight_dtype)
-        return dx, (dw,)
+        return dx, dw, db
 
     def _quantized_backward(self, ctx: OperationContext, grad_output: torch.Tensor, *,
                             alpha: float, grad_extra: Optional[torch.Tensor]):

@@ -8,7 +8,8 @@ from ..fuser import (
 )
 from .backward_activation_bias import BackwardActivationBias, fuse_backward_activation_bias
 from .backward_add_rmsnorm import BackwardAddRMSNorm, fuse_backward_add_rmsnorm
-from .backward_linear import (BackwardLinearAdd, BackwardLinearScale, fuse_backward_linear_add,
+from .backward_linear import (BackwardLinearAdd, BackwardLinearBias, BackwardLinearScale,
+                              fuse_backward_linear_add, fuse_backward_linear_bias,
                               fuse_backward_linear_scale)
 from .forward_bias_activation import ForwardBiasActivation, fuse_forward_bias_activation
 from .forward_linear import (ForwardLinearBiasActivation, ForwardLinearBiasAdd,
@@ -24,9 +25,12 @@ register_backward_fusion(fuse_backward_linear_add)
 register_backward_fusion(fuse_backward_linear_scale)
 register_backward_fusion(fuse_backward_activation_bias)
 register_backward_fusion(fuse_backward_add_rmsnorm)
+# last: a Bias already claimed by an activation (or a linear by a scale or add) stays there
+register_backward_fusion(fuse_backward_linear_bias)
 
 __all__ = [
-    "BackwardActivationBias", "BackwardAddRMSNorm", "BackwardLinearAdd", "BackwardLinearScale",
+    "BackwardActivationBias", "BackwardAddRMSNorm", "BackwardLinearAdd", "BackwardLinearBias",
+    "BackwardLinearScale",
     "ForwardBiasActivation",
     "ForwardLinearBiasActivation", "ForwardLinearBiasAdd", "ForwardLinearScaleAdd",
     "register_backward_fusion", "register_forward_backward_fusion", "register_forward_fusion",

@@ -36,7 +36,7 @@ class BackwardActivationBias(FusedOperation):
                 f"{sorted(c.__name__ for c in _DBIAS_DACT_OPS)}, got {type(activation).__name__}"
             )
         super().__init__((bias, activation))
-        self._dbias_dact = getattr(torch.ops.te_cpp, _DBIAS_DACT_OPS[type(activation)])
+        self._dbias_dact = getattr(torch.ops.te_cpp, _DBIAS_DACT_OPS[type(activation)]).default
 
     def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
         bias_op, act_op = self._ops

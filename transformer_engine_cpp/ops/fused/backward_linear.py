@@ -6,11 +6,18 @@
   functional add fuses the same way here.
 * BackwardLinearScale: ``[BasicLinear, ConstantScale]``: dx = s * dy W and dW = s * dy^T x with
   the scale as the GEMMs' alpha, instead of a separate scaling pass.
+* BackwardLinearBias: ``[BasicLinear, Bias]`` (``Linear(bias=True)`` and the other bias after a
+  linear that no activation claims): dgrad, wgrad and dbias in one op call
+  (``torch.ops.te_cpp.linear_bwd``), where the unfused ops make three. The anchor fuses the
+  bias gradient into its wgrad GEMM's epilogue for the same reason. Not applied under a
+  quantization recipe (the bias' dx is then handed to the linear quantized).
 """
 
 from __future__ import annotations
 
-from ..basic import BasicLinear, ConstantScale, MakeExtraOutput
+import torch
+
+from ..basic import BasicLinear, Bias, ConstantScale, MakeExtraOutput
 from ..op import FusedOperation
 from ._window import fuse_windows
 
@@ -40,6 +47,29 @@ class BackwardLinearScale(FusedOperation):
         return dx, [grads, ()], [(), ()]
 
 
+class BackwardLinearBias(FusedOperation):
+    """Backward-only fusion of BasicLinear and the Bias after it."""
+
+    def __init__(self, *, linear: BasicLinear, bias: Bias) -> None:
+        super().__init__((linear, bias))
+
+    def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
+        linear, bias = self._ops
+        linear_ctx, bias_ctx = basic_op_ctxs
+        if (bias_ctx.bias_requires_grad and not getattr(linear_ctx, "with_quantized_compute", False)
+                and isinstance(grad_output, torch.Tensor)
+                and grad_output.dtype == getattr(bias_ctx, "input_dtype", grad_output.dtype)
+                == linear_ctx.dtype):
+            dx, dw, db = linear.backward_grads_and_dbias(linear_ctx, grad_output,
+                                                         bias_ctx.bias_dtype)
+            return dx, [(dw,), (db,)], [(), ()]
+        # bias frozen, or a dtype change between the two (autocast, promotion): the ops' own
+        # backwards, exactly as unfused
+        dx, bias_grads = bias.op_backward(bias_ctx, grad_output)
+        dx, linear_grads = linear.op_backward(linear_ctx, dx)
+        return dx, [linear_grads, bias_grads], [(), ()]
+
+
 def fuse_backward_linear_add(ops: list, *, recipe=None) -> list:
     def match(ops, i):
         if (i + 1 < len(ops) and type(ops[i]) is MakeExtraOutput
@@ -55,6 +85,21 @@ def fuse_backward_linear_scale(ops: list, *, recipe=None) -> list:
         if (i + 1 < len(ops) and type(ops[i]) is BasicLinear
                 and ops[i].tensor_parallel_mode != "column" and type(ops[i + 1]) is ConstantScale):
             return BackwardLinearScale(linear=ops[i], scale=ops[i + 1]), 2
+        return None
+
+    return fuse_windows(ops, match)
+
+
+def fuse_backward_linear_bias(ops: list, *, recipe=None) -> list:
+    """Replace each ``[BasicLinear, Bias]`` window (exact classes) with BackwardLinearBias;
+    registered after the activation and linear fusions, so those keep their ops."""
+    if recipe is not None:
+        return ops
+
+    def match(ops, i):
+        if (i + 1 < len(ops) and type(ops[i]) is BasicLinear
+                and ops[i].tensor_parallel_mode != "column" and type(ops[i + 1]) is Bias):
+            return BackwardLinearBias(linear=ops[i], bias=ops[i + 1]), 2
         return None
 
     return fuse_windows(ops, match)
