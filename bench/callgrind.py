@@ -92,6 +92,9 @@ def _cases(include_compile: bool):
        lambda: torch.mm(dy, w))
     op("linear_wgrad | mm(dy.t(), x)", lambda: ops.linear_wgrad.default(dy, x, 1.0),
        lambda: torch.mm(dy.t(), x))
+    op("linear_bwd(+dbias) | mm, mm(dy.t(), x), sum(0)",
+       lambda: ops.linear_bwd.default(dy, x, w, 1.0, torch.float32),
+       lambda: (torch.mm(dy, w), torch.mm(dy.t(), x), dy.sum(0)))
     op("gelu_fwd | F.gelu(tanh)", lambda: gelu_default(x),
        lambda: F.gelu(x, approximate="tanh"))
     op("gelu_bwd | aten.gelu_backward", lambda: ops.gelu_bwd.default(dy, x),

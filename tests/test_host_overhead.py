@@ -65,6 +65,8 @@ def test_repeated_calls_do_no_fusion_work(monkeypatch):
         for step in steps.values():
             step()
     assert counts == {"fuse": 0, "build": 0, "layout": 0, "general": 0}
+    # and the eager pipeline Function (no extra-tensor bookkeeping) ran it
+    assert type(ours(x).grad_fn).__name__ == "_EagerPipelineFunctionBackward"
     # a replaced parameter is picked up (layout rebuilt once, then cached again)
     with torch.no_grad():
         ours[1].bias = torch.nn.Parameter(ours[1].bias.detach().clone())
@@ -92,7 +94,7 @@ def _python_calls(fn) -> int:
     return n
 
 
-@pytest.mark.parametrize("mode,budget", [("fwd+bwd", 2.7), ("fwd", 2.3), ("no_grad", 1.8)])
+@pytest.mark.parametrize("mode,budget", [("fwd+bwd", 2.4), ("fwd", 2.15), ("no_grad", 1.8)])
 def test_python_calls_per_step_within_budget(mode, budget):
     """Python function calls of one Sequential step (LayerNorm, Linear, GELU, Linear at 8x256),
     relative to plain nn.Sequential's in the same process. A regression guard for the per-call
