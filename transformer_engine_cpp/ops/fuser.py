@@ -215,6 +215,22 @@ class _Routing:
 _new_object = object.__new__
 
 
+def _save_op_contexts(func_ctx, ctxs) -> None:
+    """Save every op context's tensors through the pipeline Function, one flat list; each
+    context records its range in it (read back as ``saved_tensors`` in backward)."""
+    to_save = []
+    for ctx in ctxs:
+        saved = ctx.to_save
+        if saved is not None:
+            start = len(to_save)
+            to_save.extend(saved)
+            ctx._saved_tensors_range = (start, len(to_save))
+            ctx.to_save = None
+        else:
+            ctx._saved_tensors_range = (0, 0)
+    func_ctx.save_for_backward(*to_save)
+
+
 def _pipeline_forward(func_ctx, plan, fuser, basic_op_kwargs, arg_layout, *tensors):
     """The forward plan. ``func_ctx`` is None when nothing needs a gradient (no autograd)."""
     basic_ops = fuser._basic_ops
@@ -312,17 +328,7 @@ def _pipeline_forward(func_ctx, plan, fuser, basic_op_kwargs, arg_layout, *tenso
         public_outputs = None
 
     if func_ctx is not None:
-        to_save = []
-        for ctx in ctxs:
-            saved = ctx.to_save
-            if saved is not None:
-                start = len(to_save)
-                to_save.extend(saved)
-                ctx._saved_tensors_range = (start, len(to_save))
-                ctx.to_save = None
-            else:
-                ctx._saved_tensors_range = (0, 0)
-        func_ctx.save_for_backward(*to_save)
+        _save_op_contexts(func_ctx, ctxs)
         func_ctx.plan = plan
         func_ctx.fuser = fuser
         func_ctx.basic_op_ctxs = ctxs
@@ -546,17 +552,7 @@ def _eager_forward(func_ctx, plan, fuser, arg_layout, *tensors):
             basic_op_kwargs=no_kwargs[step.start:step.stop])
         if len(op_extra_outputs) != len(step.idxs) or any(op_extra_outputs):
             _check_no_extra_outputs(step, op_extra_outputs)
-    to_save = []
-    for ctx in ctxs:
-        saved = ctx.to_save
-        if saved is not None:
-            start = len(to_save)
-            to_save += saved
-            ctx._saved_tensors_range = (start, len(to_save))
-            ctx.to_save = None
-        else:
-            ctx._saved_tensors_range = (0, 0)
-    func_ctx.save_for_backward(*to_save)
+    _save_op_contexts(func_ctx, ctxs)
     func_ctx.plan = plan
     func_ctx.basic_op_ctxs = ctxs
     func_ctx.arg_layout = arg_layout
