@@ -215,6 +215,14 @@ class _Routing:
 _new_object = object.__new__
 
 
+def _copy_context(ctx: OperationContext) -> OperationContext:
+    """An eager shallow copy of an op context, by its ``__dict__`` (cheaper than copy.copy's
+    generic reduce protocol)."""
+    new = _new_object(type(ctx))
+    new.__dict__.update(ctx.__dict__)
+    return new
+
+
 def _save_op_contexts(func_ctx, ctxs) -> None:
     """Save every op context's tensors through the pipeline Function, one flat list; each
     context records its range in it (read back as ``saved_tensors`` in backward)."""
@@ -359,12 +367,7 @@ def _pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
     # Eager copies their __dict__ (copy.copy's generic reduce protocol costs more).
     compiling = torch.compiler.is_compiling()
     for ctx in func_ctx.basic_op_ctxs:
-        if compiling:
-            ctx = copy.copy(ctx)
-        else:
-            new = _new_object(type(ctx))
-            new.__dict__.update(ctx.__dict__)
-            ctx = new
+        ctx = copy.copy(ctx) if compiling else _copy_context(ctx)
         start, end = ctx._saved_tensors_range
         ctx.saved_tensors = saved[start:end]
         ctxs.append(ctx)
@@ -395,12 +398,7 @@ def _pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
                 [tuple(grad_extra_outputs[i]) for i in idxs] if step.has_extra_outputs
                 else step.no_grad_extra_outputs),
         )
-        op_param_grads = list(op_param_grads)
-        if len(op_param_grads) != len(idxs):
-            raise RuntimeError(
-                f"{op.__class__.__name__}.fuser_backward returned parameter grads for "
-                f"{len(op_param_grads)} basic ops, expected {len(idxs)}"
-            )
+        _add_param_grads(step, op_param_grads, param_pos, grads)
         if step.has_extra_inputs:
             op_extra_input_grads = list(op_extra_input_grads)
             if len(op_extra_input_grads) != len(idxs):
@@ -408,25 +406,6 @@ def _pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
                     f"{op.__class__.__name__}.fuser_backward returned extra-input grads for "
                     f"{len(op_extra_input_grads)} basic ops, expected {len(idxs)}"
                 )
-        for i, pgrads in zip(idxs, op_param_grads):
-            positions = param_pos[i]
-            if not positions:
-                if pgrads and any(g is not None for g in pgrads):
-                    raise RuntimeError(
-                        f"{basic_ops[i].__class__.__name__} returned {len(tuple(pgrads))} "
-                        "parameter grads, expected 0"
-                    )
-                continue
-            pgrads = tuple(pgrads)
-            if len(pgrads) != len(positions):
-                raise RuntimeError(
-                    f"{basic_ops[i].__class__.__name__} returned {len(pgrads)} parameter "
-                    f"grads, expected {len(positions)}"
-                )
-            for pos, g in zip(positions, pgrads):
-                if g is not None:
-                    prev = grads[pos]
-                    grads[pos] = g if prev is None else prev + g
         if step.has_extra_inputs:
             idx_set = step.idx_set
             for i, egrads in zip(idxs, op_extra_input_grads):
@@ -583,12 +562,7 @@ def _eager_backward(func_ctx, grad_output):
     ctxs = func_ctx.basic_op_ctxs
     if _keep_graph():
         boxes = None
-        copies = []
-        for ctx in ctxs:
-            new = _new_object(type(ctx))
-            new.__dict__.update(ctx.__dict__)
-            copies.append(new)
-        ctxs = copies
+        ctxs = [_copy_context(ctx) for ctx in ctxs]
     else:
         boxes = getattr(func_ctx, "_saved_boxes", None)
     for ctx in ctxs:
@@ -605,19 +579,7 @@ def _eager_backward(func_ctx, grad_output):
         step_ctxs = ctxs[step.start:step.stop]
         dx, op_param_grads, _ = step.op.fuser_backward(
             step_ctxs, dx, basic_op_grad_extra_outputs=step.no_grad_extra_outputs)
-        if len(op_param_grads) != step.size:
-            raise RuntimeError(
-                f"{step.op.__class__.__name__}.fuser_backward returned parameter grads for "
-                f"{len(op_param_grads)} basic ops, expected {step.size}"
-            )
-        for i, pgrads in zip(step.idxs, op_param_grads):
-            positions = param_pos[i]
-            if len(pgrads) != len(positions):
-                _check_param_grads(step.op, i, pgrads, positions)
-            for pos, g in zip(positions, pgrads):
-                if g is not None:
-                    prev = grads[pos]
-                    grads[pos] = g if prev is None else prev + g
+        _add_param_grads(step, op_param_grads, param_pos, grads)
         if boxes is not None:  # large tensors: this step's saved tensors go now
             for ctx in step_ctxs:
                 ctx.saved_tensors = None
@@ -629,16 +591,33 @@ def _eager_backward(func_ctx, grad_output):
     return (None, None, None, *grads)
 
 
-def _check_param_grads(op, op_idx: int, pgrads, positions: tuple) -> None:
-    """A parameter-grad count that differs from the op's parameter count: allowed only as
-    all-None grads for an op without parameters (what :func:`_pipeline_backward` accepts)."""
-    pgrads = tuple(pgrads)
-    if not positions and not any(g is not None for g in pgrads):
-        return
-    raise RuntimeError(
-        f"{op.__class__.__name__}.fuser_backward returned {len(pgrads)} parameter grads for "
-        f"basic op {op_idx}, expected {len(positions)}"
-    )
+def _add_param_grads(step, op_param_grads, param_pos: tuple, grads: list) -> None:
+    """Check what one backward step returned for parameters (a sequence per basic op of the
+    group, one grad per parameter; an op without parameters may return all-None grads) and add
+    the grads into ``grads`` at their argument positions. Both pipeline backwards use it."""
+    if not isinstance(op_param_grads, (tuple, list)):
+        op_param_grads = tuple(op_param_grads)
+    if len(op_param_grads) != step.size:
+        raise RuntimeError(
+            f"{step.op.__class__.__name__}.fuser_backward returned parameter grads for "
+            f"{len(op_param_grads)} basic ops, expected {step.size}"
+        )
+    for i, pgrads in zip(step.idxs, op_param_grads):
+        positions = param_pos[i]
+        if not isinstance(pgrads, (tuple, list)):
+            pgrads = () if pgrads is None else tuple(pgrads)
+        if len(pgrads) != len(positions):
+            if not positions and not any(g is not None for g in pgrads):
+                continue
+            basic_op = step.op._ops[i - step.start] if step.op.is_fused_op else step.op
+            raise RuntimeError(
+                f"{basic_op.__class__.__name__} returned {len(pgrads)} parameter grads, "
+                f"expected {len(positions)}"
+            )
+        for pos, g in zip(positions, pgrads):
+            if g is not None:
+                prev = grads[pos]
+                grads[pos] = g if prev is None else prev + g
 
 
 class _EagerPipelineFunction(torch.autograd.Function):
