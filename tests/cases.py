@@ -707,6 +707,11 @@ OP_CASES: list[OpCase] = [
     *_linear_cases(),
 ]
 
+# the in-place residual placements (their own module: they are generated, not listed)
+from inplace_cases import INPLACE_CASES  # noqa: E402  pylint: disable=wrong-import-position
+
+OP_CASES += INPLACE_CASES
+
 CASE_IDS = [c.id for c in OP_CASES]
 
 

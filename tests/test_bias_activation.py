@@ -10,7 +10,7 @@ import torch
 import transformer_engine_cpp as te
 from transformer_engine_cpp.ops.fuser import OperationFuser
 from transformer_engine_cpp.ops.fused import (BackwardActivationBias, ForwardBiasActivation,
-                                              fuse_forward_bias_activation)
+                                              extend_forward_bias_activation)
 from transformer_engine_cpp.testing import reference as ref
 
 from test_memory import saved_activation_bytes
@@ -33,8 +33,9 @@ def _run(act_cls, x_dtype, bias_dtype, *, seed=0, shape=(3, 5, 37)):
 
 
 def _without_forward_fusion():
-    OperationFuser.forward_fusion_functions = [
-        f for f in OperationFuser.forward_fusion_functions if f is not fuse_forward_bias_activation]
+    OperationFuser.extension_forward_fusion_functions = tuple(
+        f for f in OperationFuser.extension_forward_fusion_functions
+        if f is not extend_forward_bias_activation)
     OperationFuser._fusion_registry_version += 1
 
 
@@ -62,6 +63,7 @@ def test_unfused_backward_recomputes_the_activation_input(act_cls, fusion_regist
     """With no backward fusion, the activation's own backward reads (input, bias) from the
     fused forward's context: same results as the fully unfused path."""
     OperationFuser.backward_fusion_functions = []
+    OperationFuser.extension_backward_fusion_functions = ()
     OperationFuser._fusion_registry_version += 1
     fused = _run(act_cls, torch.bfloat16, torch.bfloat16)
     assert fused[3] == ([ForwardBiasActivation], [te.ops.Bias, act_cls])
@@ -128,7 +130,7 @@ def test_not_fused_under_a_quantization_recipe_or_with_cached_fp8_input():
     seq(torch.randn(2, 32, requires_grad=True))
     assert not any(op.is_fused_op for op, _ in seq._module_groups[0]._forward_ops)
     ops = [te.ops.Bias(4), te.ops.GELU()]
-    assert fuse_forward_bias_activation(ops, recipe=te.recipe.Float8CurrentScaling()) == ops
+    assert extend_forward_bias_activation(ops, recipe=te.recipe.Float8CurrentScaling()) == ops
 
 
 def test_saves_the_input_and_bias_not_the_activation_input():

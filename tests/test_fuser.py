@@ -414,9 +414,16 @@ def test_prepend_puts_a_fusion_first(fusion_registry):
     te.ops.register_backward_fusion(spy)
     te.ops.register_backward_fusion(spy, prepend=True)
     te.ops.Sequential(te.ops.Bias(3), te.ops.GELU())(torch.randn(2, 3, requires_grad=True))
-    # one plan per "first op needing backward" (0, 1, 2): the prepended spy sees the basic ops,
-    # the appended one sees the built-in fusion's result
-    assert seen == [["Bias", "GELU"], ["BackwardActivationBias"]] * 3
+    # one plan per "first op needing backward" (0, 1, 2): both spies see the basic ops, as
+    # TransformerEngine shows them without a recipe (BackwardActivationBias without a recipe
+    # is our extension, applied after every registered fusion)
+    assert seen == [["Bias", "GELU"], ["Bias", "GELU"]] * 3
+    seen.clear()
+    with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+        te.ops.Sequential(te.ops.Bias(16), te.ops.GELU())(torch.randn(16, 16, requires_grad=True))
+    # under a recipe TransformerEngine fuses them before the appended spy (the construction's
+    # unquantized plans come first)
+    assert seen[-2:] == [["Bias", "GELU"], ["BackwardActivationBias"]]
     assert OperationFuser.backward_fusion_functions[0] is spy
     with pytest.raises(TypeError, match="must be callable"):
         te.ops.register_forward_fusion(3)

@@ -355,6 +355,8 @@ def test_fused_path_matches_unfused_path(case, fusion_registry):
                fused_seq._module_groups[0]._forward_ops + fused_seq._module_groups[0]._backward_ops)
     for name in ("forward_fusion_functions", "backward_fusion_functions"):
         setattr(OperationFuser, name, [])
+    for name in ("extension_forward_fusion_functions", "extension_backward_fusion_functions"):
+        setattr(OperationFuser, name, ())
     OperationFuser._fusion_registry_version += 1
     unfused_seq, unfused = run()
     assert not any(op.is_fused_op for op, _ in

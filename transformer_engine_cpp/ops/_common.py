@@ -76,3 +76,23 @@ def autocast_dtype(t: torch.Tensor, default: Optional[torch.dtype]) -> Optional[
     if t.is_cpu:
         return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else default
     return compute_dtype(t.device.type, default)
+
+
+def storage_address(t) -> Optional[int]:
+    """The address of a plain tensor's storage, or None (not a tensor, or a wrapper subclass
+    without storage of its own)."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def shares_storage(a, b) -> bool:
+    """Whether two tensors with elements live in the same storage (an in-place write into one
+    may change the other)."""
+    if a is None or b is None or a.numel() == 0 or b.numel() == 0:
+        return False
+    ptr = storage_address(a)
+    return ptr is not None and ptr == storage_address(b)

@@ -22,6 +22,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..quantization.autocast import FP8GlobalStateManager
+from ._common import shares_storage, storage_address
 from .op import BasicOperation, FusibleOperation, OperationContext
 
 FusionFunction = Callable[..., list]
@@ -52,6 +53,15 @@ class _ForwardStep:
     # whether any op in the group has extra inputs (else no_extra_inputs is passed)
     has_extra_inputs: bool
     no_extra_inputs: tuple  # ((),) * len(idxs)
+    # (position in the group, slot) of the extra inputs the group overwrites in eager mode
+    in_place_writes: tuple = ()
+    # per extra output (op, slot) produced before this group: whether it is read after this
+    # group (returned to the caller, or consumed by a later group)
+    outputs_read_after: tuple = ()
+    # per basic op of the group with extra inputs: (index, per slot: True/False for a channel,
+    # whose producer is at or after the first op needing backward; None for a public input,
+    # whose own requires_grad decides)
+    extra_inputs_requires_grad: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +78,9 @@ class _BackwardStep:
     has_extra_inputs: bool
     has_extra_outputs: bool
     no_grad_extra_outputs: tuple  # ((),) * len(idxs)
+    # (position in the group, slot) of the grads of extra outputs the group may accumulate
+    # into in place (eager mode)
+    in_place_grad_slots: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +106,7 @@ class _FusionPlan:
     ctx_flag_overrides: tuple = ()
 
 
-def _forward_steps(forward_ops: tuple, basic_ops: list, routing: "_Routing") -> tuple:
+def _forward_steps(forward_ops: tuple, basic_ops: list, routing: "_Routing", first: int) -> tuple:
     n = len(basic_ops)
     steps = []
     for op, idxs in forward_ops:
@@ -104,6 +117,15 @@ def _forward_steps(forward_ops: tuple, basic_ops: list, routing: "_Routing") -> 
             for slot, src in enumerate(routing.extra_input_sources[i])
             if src[0] == "channel" and src[1] not in idx_set
         )
+        writes = tuple((k, slot) for k, i in enumerate(idxs)
+                       for slot in basic_ops[i].in_place_extra_inputs())
+        read_after = ()
+        if writes:
+            stop = idxs[-1] + 1
+            read_after = tuple(
+                (i, slot) for i in range(idxs[0]) for slot in range(basic_ops[i].num_extra_outputs)
+                if (i, slot) in routing.public_output_index
+                or any(c_op >= stop for c_op, _ in routing.consumers.get((i, slot), ())))
         steps.append(_ForwardStep(
             op=op, idxs=idxs, idx_set=idx_set, channel_fills=fills,
             prev_idx=idxs[0] - 1 if idxs[0] > 0 else None,
@@ -112,6 +134,12 @@ def _forward_steps(forward_ops: tuple, basic_ops: list, routing: "_Routing") -> 
             start=idxs[0], stop=idxs[-1] + 1,
             has_extra_inputs=any(basic_ops[i].num_extra_inputs for i in idxs),
             no_extra_inputs=((),) * len(idxs),
+            in_place_writes=writes,
+            outputs_read_after=read_after,
+            extra_inputs_requires_grad=tuple(
+                (i, tuple(None if src[0] == "public" else src[1] >= first
+                          for src in routing.extra_input_sources[i]))
+                for i in idxs if basic_ops[i].num_extra_inputs),
         ))
     return tuple(steps)
 
@@ -124,6 +152,8 @@ def _backward_steps(backward_ops: tuple, basic_ops: list, first: int) -> tuple:
             has_extra_inputs=any(basic_ops[i].num_extra_inputs for i in idxs),
             has_extra_outputs=any(basic_ops[i].num_extra_outputs for i in idxs),
             no_grad_extra_outputs=((),) * len(idxs),
+            in_place_grad_slots=tuple((k, slot) for k, i in enumerate(idxs)
+                                      for slot in basic_ops[i].in_place_grad_extra_outputs()),
         )
         for op, idxs in backward_ops
     )
@@ -227,15 +257,20 @@ def _save_op_contexts(func_ctx, ctxs) -> None:
     """Save every op context's tensors through the pipeline Function, one flat list; each
     context records its range in it (read back as ``saved_tensors`` in backward)."""
     to_save = []
+    packed = 0  # tensors (not None slots) saved so far: one saved-tensor pack each
     for ctx in ctxs:
         saved = ctx.to_save
         if saved is not None:
             start = len(to_save)
             to_save.extend(saved)
             ctx._saved_tensors_range = (start, len(to_save))
+            first_packed = packed
+            packed += sum(t is not None for t in saved)
+            ctx._packed_range = (first_packed, packed)
             ctx.to_save = None
         else:
             ctx._saved_tensors_range = (0, 0)
+            ctx._packed_range = (0, 0)
     func_ctx.save_for_backward(*to_save)
 
 
@@ -276,8 +311,17 @@ def _pipeline_forward(func_ctx, plan, fuser, basic_op_kwargs, arg_layout, *tenso
             for i, slot, p_op, p_slot in step.channel_fills:
                 extra_inputs[i][slot] = extra_outputs[p_op][p_slot]
             op_extra_inputs = [tuple(extra_inputs[i]) for i in idxs]
+            for i, flags in step.extra_inputs_requires_grad:
+                ctxs[i].extra_inputs_requires_grad = tuple(
+                    (func_ctx is not None and t is not None and t.requires_grad)
+                    if rg is None else rg
+                    for rg, t in zip(flags, extra_inputs[i]))
         else:
             op_extra_inputs = step.no_extra_inputs
+        if step.in_place_writes and not torch.compiler.is_compiling():
+            for k, slot in step.in_place_writes:
+                _protect_from_write(op_extra_inputs[k][slot], ctxs[:step.start],
+                                    extra_outputs, step.outputs_read_after)
         prev_q = next_q = None
         if plan.quantized:
             if step.prev_idx is not None:
@@ -331,7 +375,8 @@ def _pipeline_forward(func_ctx, plan, fuser, basic_op_kwargs, arg_layout, *tenso
             extra_outputs[i] = outs
 
     if has_extras:
-        public_outputs = [extra_outputs[i][slot] for i, slot in routing.public_extra_outputs]
+        public_outputs = _distinct_outputs(
+            x, [extra_outputs[i][slot] for i, slot in routing.public_extra_outputs])
     else:
         public_outputs = None
 
@@ -346,6 +391,38 @@ def _pipeline_forward(func_ctx, plan, fuser, basic_op_kwargs, arg_layout, *tenso
     if public_outputs:
         return (x, *public_outputs)
     return x
+
+
+def _protect_from_write(target, ctxs, extra_outputs, outputs_read_after) -> None:
+    """Eager in-place writes (AddExtraInput(in_place=True) and its fusions) overwrite
+    ``target``. Whatever still needs its current values gets a copy first: tensors that earlier
+    ops saved for backward (autograd's version check cannot see a write made before they are
+    saved), and earlier extra outputs that are returned or consumed after the write. The write
+    itself still lands in the caller's buffer."""
+    if storage_address(target) is None or target.numel() == 0:
+        return
+    for ctx in ctxs:
+        saved = ctx.to_save
+        if saved and any(shares_storage(t, target) for t in saved):
+            ctx.to_save = tuple(t.clone() if shares_storage(t, target) else t for t in saved)
+    for i, slot in outputs_read_after:
+        outs = extra_outputs[i]
+        if outs is not None and shares_storage(outs[slot], target):
+            extra_outputs[i] = outs[:slot] + (outs[slot].clone(),) + outs[slot + 1:]
+
+
+def _distinct_outputs(x: torch.Tensor, outputs: list) -> list:
+    """The public extra outputs, each a distinct tensor object: one that is the main output or
+    an earlier extra output (MakeExtraOutput returns its input) is returned as a view of it.
+    A Function that returns one tensor twice cannot be traced (Dynamo loses the second)."""
+    seen = {id(x)}
+    result = []
+    for t in outputs:
+        if id(t) in seen:
+            t = t.view_as(t)
+        seen.add(id(t))
+        result.append(t)
+    return result
 
 
 def _pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
@@ -383,6 +460,12 @@ def _pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
             grad_extra_outputs[i][slot] = g
 
     grads: list[Optional[torch.Tensor]] = [None] * func_ctx.num_tensors
+    # Grads an in-place accumulation must not write into (eager): the caller's, those returned
+    # as extra-input grads, and any routed to more than one extra output. Ids of live tensors.
+    shared = None
+    if has_extras and not compiling:
+        shared = {id(grad_output), *map(id, grad_public_outputs)}
+        routed: set = set()
 
     dx = grad_output
     for step in reversed(plan.backward_steps):
@@ -391,6 +474,13 @@ def _pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
             break
         op, idxs = step.op, step.idxs
         step_ctxs = ctxs[step.start:step.stop]
+        if step.in_place_grad_slots and shared is not None:
+            for k, slot in step.in_place_grad_slots:
+                g = grad_extra_outputs[idxs[k]][slot]
+                writable = list(step_ctxs[k].writable_grad_extra_outputs
+                                or (False,) * basic_ops[idxs[k]].num_extra_outputs)
+                writable[slot] = g is not None and g is not dx and id(g) not in shared
+                step_ctxs[k].writable_grad_extra_outputs = tuple(writable)
         dx, op_param_grads, op_extra_input_grads = op.fuser_backward(
             step_ctxs,
             dx,
@@ -417,15 +507,19 @@ def _pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
                     if src[0] == "public":
                         pos = extra_pos[src[1]]
                         grads[pos] = g if grads[pos] is None else grads[pos] + g
+                        if shared is not None:
+                            shared.add(id(g))
                     elif src[1] not in idx_set:
                         prev = grad_extra_outputs[src[1]][src[2]]
                         grad_extra_outputs[src[1]][src[2]] = g if prev is None else prev + g
+                        if shared is not None:
+                            if id(g) in routed:
+                                shared.add(id(g))
+                            routed.add(id(g))
         for ctx in step_ctxs:
             ctx.saved_tensors = None
             if boxes is not None:
-                start, end = ctx._saved_tensors_range
-                for j in range(start, end):
-                    boxes[j][0] = None
+                _release_boxes(boxes, ctx)
 
     if plan.quantized and not compiling:
         for op in basic_ops:  # delayed scaling (eager only): the backward scales' update
@@ -468,6 +562,15 @@ _RELEASE_MIN_NUMEL = 1 << 16
 _keep_graph = torch._C._autograd._get_current_graph_task_keep_graph
 _top_saved_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 _saved_hooks_enabled = torch._C._autograd._saved_tensors_hooks_is_enabled
+
+
+def _release_boxes(boxes: list, ctx: OperationContext) -> None:
+    """Empty the boxes of one op context's saved tensors. Boxes exist only for the tensors
+    actually packed: ``None`` slots of save_for_backward get none, so a context's boxes are
+    numbered by its ``_packed_range``, not by its slots."""
+    start, end = ctx._packed_range
+    for j in range(start, end):
+        boxes[j][0] = None
 
 
 def _apply_releasing_saved(apply, *args):
@@ -583,9 +686,7 @@ def _eager_backward(func_ctx, grad_output):
         if boxes is not None:  # large tensors: this step's saved tensors go now
             for ctx in step_ctxs:
                 ctx.saved_tensors = None
-                start, end = ctx._saved_tensors_range
-                for j in range(start, end):
-                    boxes[j][0] = None
+                _release_boxes(boxes, ctx)
     if dx is not None:
         grads[input_pos] = dx if grads[input_pos] is None else grads[input_pos] + dx
     return (None, None, None, *grads)
@@ -649,8 +750,12 @@ class OperationFuser:
     forward_backward_fusion_functions: list[FusionFunction] = []
     forward_fusion_functions: list[FusionFunction] = []
     backward_fusion_functions: list[FusionFunction] = []
+    # Our extensions (ops/fused/__init__.py): applied after every registered function, so
+    # registered ones see the ops TransformerEngine would show them. Not user-extensible.
+    extension_forward_fusion_functions: tuple = ()
+    extension_backward_fusion_functions: tuple = ()
     # Bumped by every registration: part of the plan key, so existing fusers re-plan with
-    # fusions registered after they were built (the anchor keeps their stale plans).
+    # fusions registered after they were built.
     _fusion_registry_version: int = 0
 
     def __init__(self, ops: list[FusibleOperation]) -> None:
@@ -746,8 +851,10 @@ class OperationFuser:
                 op.pre_first_fuser_forward()
             self._first_fuse_done = True
         joint = self._fuse(list(self._basic_ops), self.forward_backward_fusion_functions, recipe)
-        fwd = self._fuse(list(joint), self.forward_fusion_functions, recipe)
-        bwd = self._fuse(list(joint), self.backward_fusion_functions, recipe)
+        fwd = self._fuse(list(joint), [*self.forward_fusion_functions,
+                                       *self.extension_forward_fusion_functions], recipe)
+        bwd = self._fuse(list(joint), [*self.backward_fusion_functions,
+                                       *self.extension_backward_fusion_functions], recipe)
         forward_ops = _map_to_basic_ops(fwd, self._basic_ops, "forward")
         backward_ops = _map_to_basic_ops(bwd, self._basic_ops, "backward")
         backward_steps = _backward_steps(backward_ops, self._basic_ops, first)
@@ -755,7 +862,7 @@ class OperationFuser:
             forward_ops=forward_ops,
             backward_ops=backward_ops,
             first_op_requiring_backward=first,
-            forward_steps=_forward_steps(forward_ops, self._basic_ops, self._routing),
+            forward_steps=_forward_steps(forward_ops, self._basic_ops, self._routing, first),
             quantized=recipe is not None,
             backward_steps=backward_steps,
             backward_steps_reversed=backward_steps[::-1],

@@ -28,10 +28,20 @@ class OperationContext:
     to_save: Optional[tuple] = None
     saved_tensors: Optional[tuple] = None
     _saved_tensors_range: Optional[tuple[int, int]] = None
+    #: the same range counting only the tensors (not the None slots), set by the fuser
+    _packed_range: Optional[tuple[int, int]] = None
     #: whether the backward pass reaches this op (it is at or after the first op needing grad)
     requires_grad: bool = True
     #: whether this op's main input needs a gradient (set by the fuser)
     input_requires_grad: bool = True
+    #: per extra input, whether it needs a gradient (set by the fuser: a public extra input
+    #: by its requires_grad, one fed by a channel when its producer is at or after the first
+    #: op needing backward, as TransformerEngine marks extra outputs)
+    extra_inputs_requires_grad: tuple = ()
+    #: per extra output, whether its grad may be overwritten in backward (set by the fuser in
+    #: eager mode for ops whose in_place_grad_extra_outputs() names the slot: only a grad
+    #: that nothing else holds, neither the caller nor another destination, is writable)
+    writable_grad_extra_outputs: tuple = ()
 
     def save_for_backward(self, *tensors: Optional[torch.Tensor]) -> None:
         """Mark tensors (or ``None``) to be available as ``saved_tensors`` in backward."""
@@ -126,6 +136,18 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
     @property
     def is_fused_op(self) -> bool:
         return False
+
+    def in_place_extra_inputs(self) -> tuple:
+        """The extra-input slots this op overwrites in eager forward (``in_place=True``). Before
+        such a write the fuser copies whatever still needs the old values (tensors saved by
+        earlier ops, extra outputs read later)."""
+        return ()
+
+    def in_place_grad_extra_outputs(self) -> tuple:
+        """The extra-output slots whose grad this op may accumulate into in eager backward; the
+        fuser says per call which of those grads are writable
+        (``OperationContext.writable_grad_extra_outputs``)."""
+        return ()
 
     def materialize_meta_parameters(self, *, requires_grad: bool) -> None:  # pylint: disable=unused-argument
         """A ``pre_fuser_forward`` for deferred initialisation: parameters still on the meta
@@ -375,7 +397,9 @@ class FusedOperation(FusibleOperation):
 
     A forward-only (backward-only) fused op must leave the per-op contexts exactly as the
     unfused forward (backward) passes of its basic ops expect, so the other pass can run
-    unfused. It holds no state of its own.
+    unfused. A backward runs when any of its basic ops is reached; it must skip the work of
+    members whose context has ``requires_grad=False`` (before the first op needing backward).
+    It holds no state of its own.
     """
 
     def __init__(self, basic_ops: Iterable[BasicOperation]) -> None:

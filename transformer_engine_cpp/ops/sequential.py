@@ -97,14 +97,25 @@ class Sequential(torch.nn.Module):
             del self._modules[key]
         self._regroup(previous)
 
+    def _next_key(self) -> str:
+        """The key of a module added at the end: one past the largest integer key, so that a
+        key freed by ``del`` is never reused for a module that still exists under it."""
+        idx = 0
+        for key in self._modules:
+            try:
+                idx = max(idx, int(key) + 1)
+            except ValueError:
+                pass
+        return str(idx)
+
     def append(self, module: torch.nn.Module) -> "Sequential":
-        self.add_module(str(len(self)), module)
+        self.add_module(self._next_key(), module)
         return self
 
     def extend(self, modules) -> "Sequential":
         previous = self._snapshot()
         for module in modules:
-            super().add_module(str(len(self)), module)
+            super().add_module(self._next_key(), module)
         self._regroup(previous)
         return self
 
@@ -115,11 +126,12 @@ class Sequential(torch.nn.Module):
         if idx < 0:
             idx += n
         previous = self._snapshot()
-        modules = list(self._modules.items())
-        modules.insert(idx, (str(idx), module))
-        self._modules = OrderedDict()
-        for i, (_, m) in enumerate(modules):
-            super().add_module(str(i), m)
+        # the keys keep their order; the modules from idx on move one key along, and the last
+        # one takes a new key (as TransformerEngine's Sequential.insert)
+        keys = list(self._modules)[idx:] + [self._next_key()]
+        for i in reversed(range(1, len(keys))):
+            self._modules[keys[i]] = self._modules[keys[i - 1]]
+        super().add_module(keys[0], module)
         self._regroup(previous)
         return self
 

@@ -196,10 +196,11 @@ class PreNormMLP(torch.nn.Module):
 
 
 def te_prenorm_mlp(hidden: int, ffn: int, *, activation: str = "gelu", residual: bool = True,
-                   dtype=None):
+                   dtype=None, in_place: bool = False):
     """The te.ops twin of PreNormMLP (same parameter order, so ``zip(plain.parameters(),
     ours.parameters())`` pairs them): [MakeExtraOutput,] LayerNorm, Linear, GELU | SwiGLU,
-    Linear[, AddExtraInput], the residual carried by a channel."""
+    Linear[, AddExtraInput], the residual carried by a channel (``in_place``: the two
+    residual ops' flag)."""
     import transformer_engine_cpp as te  # noqa: PLC0415  (te imports nothing from testing)
 
     fc1_out = 2 * ffn if activation == "swiglu" else ffn
@@ -207,9 +208,10 @@ def te_prenorm_mlp(hidden: int, ffn: int, *, activation: str = "gelu", residual:
     body = [te.ops.LayerNorm(hidden, dtype=dtype), te.ops.Linear(hidden, fc1_out, dtype=dtype),
             act(), te.ops.Linear(ffn, hidden, dtype=dtype)]
     if residual:
-        body = ([te.ops.MakeExtraOutput().set_extra_output_channel(0, "residual",
-                                                                   output_to_caller=False)]
-                + body + [te.ops.AddExtraInput().set_extra_input_channel(0, "residual")])
+        fork = te.ops.MakeExtraOutput(in_place=in_place)
+        join = te.ops.AddExtraInput(in_place=in_place)
+        body = ([fork.set_extra_output_channel(0, "residual", output_to_caller=False)]
+                + body + [join.set_extra_input_channel(0, "residual")])
     return te.ops.Sequential(*body)
 
 

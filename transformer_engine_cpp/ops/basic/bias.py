@@ -69,7 +69,6 @@ class Bias(BasicOperation):
         next_op_input_quantizer=None,
         **kwargs,
     ) -> torch.Tensor:
-        self.fill_ctx(ctx)
         ctx.input_dtype = input_.dtype
         # the previous op's grad-output quantizer: dx is handed back already quantized
         ctx.grad_input_quantizer = prev_op_grad_output_quantizer
@@ -78,24 +77,28 @@ class Bias(BasicOperation):
             return _bias_fwd(input_, self._parameters["bias"])
         return _bias_fwd(input_.to(dtype), self.bias_in(dtype))
 
-    def fill_ctx(self, ctx: OperationContext) -> None:
-        """Records what the backward needs (also used by the forward fusions)."""
-        bias = self._parameters["bias"]  # (nn.Module.__getattr__ is slow on this path)
-        ctx.bias_dtype = bias.dtype
-        ctx.bias_requires_grad = ctx.requires_grad and bias.requires_grad
+    def bias_grad_required(self, ctx: OperationContext) -> bool:
+        """Whether the backward computes dbias: the op is reached and the bias is trained."""
+        return ctx.requires_grad and self._parameters["bias"].requires_grad
+
+    def bias_grad(self, grad_output: torch.Tensor) -> torch.Tensor:
+        """dbias: dy summed over its leading dims, in the bias' dtype."""
+        return _bias_bwd(grad_output, self._parameters["bias"].dtype)
+
+    def input_grad(self, ctx: OperationContext, grad_output: torch.Tensor):
+        """dx = dy, a pass-through, never routed through a custom op: only cast back to the
+        input's dtype where autocast or promotion changed it and the forward recorded it, and
+        handed back quantized where the forward recorded the previous op's grad quantizer."""
+        dx = grad_output
+        input_dtype = getattr(ctx, "input_dtype", None)
+        if input_dtype is not None and dx.dtype != input_dtype:
+            dx = dx.to(input_dtype)
+        return _quantized.emit(dx, getattr(ctx, "grad_input_quantizer", None))
 
     def bias_in(self, dtype: torch.dtype) -> torch.Tensor:
         bias = self._parameters["bias"]
         return bias if bias.dtype == dtype else bias.to(dtype)
 
     def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
-        db = None
-        if ctx.bias_requires_grad:
-            db = _bias_bwd(grad_output, ctx.bias_dtype)
-        # dx = dy: a pass-through, never routed through a custom op (only cast back to the
-        # input's dtype where autocast or promotion changed it)
-        dx = grad_output
-        input_dtype = getattr(ctx, "input_dtype", dx.dtype)  # fused forwards may not set it
-        if dx.dtype != input_dtype:
-            dx = dx.to(input_dtype)
-        return _quantized.emit(dx, getattr(ctx, "grad_input_quantizer", None)), (db,)
+        db = self.bias_grad(grad_output) if self.bias_grad_required(ctx) else None
+        return self.input_grad(ctx, grad_output), (db,)

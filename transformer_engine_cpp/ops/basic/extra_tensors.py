@@ -37,6 +37,9 @@ class AddExtraInput(BasicOperation):
         super().__init__()
         self._in_place = _check_in_place("AddExtraInput", in_place)
 
+    def in_place_extra_inputs(self) -> tuple:
+        return (0,) if self._in_place else ()
+
     def op_forward(self, *args, **kwargs):
         raise RuntimeError("AddExtraInput runs through fuser_forward")
 
@@ -82,6 +85,9 @@ class MakeExtraOutput(BasicOperation):
         super().__init__()
         self._in_place = _check_in_place("MakeExtraOutput", in_place)
 
+    def in_place_grad_extra_outputs(self) -> tuple:
+        return (0,) if self._in_place else ()
+
     def op_forward(self, *args, **kwargs):
         raise RuntimeError("MakeExtraOutput runs through fuser_forward")
 
@@ -96,7 +102,9 @@ class MakeExtraOutput(BasicOperation):
         grad_extra = basic_op_grad_extra_outputs[0][0]
         if grad_extra is None:
             return grad_output, [()], [()]
-        if (self._in_place and not is_compiling() and grad_extra is not grad_output
+        writable = basic_op_ctxs[0].writable_grad_extra_outputs
+        if (self._in_place and not is_compiling() and writable and writable[0]
+                and grad_extra is not grad_output
                 and grad_extra.is_contiguous() and grad_extra.shape == grad_output.shape):
             torch.ops.te_cpp.make_extra_output_bwd_inplace.default(grad_extra, grad_output)
             torch.autograd.graph.increment_version(grad_extra)

@@ -64,8 +64,9 @@ class _ScaledActivation(BasicOperation):
         scales = basic_op_extra_inputs[0][0]
         ctx = basic_op_ctxs[0]
         if ctx.requires_grad:
-            # Decided here, in forward, from the extra input itself (compile rule 13).
-            ctx.scales_requires_grad = scales.requires_grad
+            # decided in forward by the fuser (a channel's tensor made inside the pipeline
+            # does not carry requires_grad)
+            ctx.scales_requires_grad = ctx.extra_inputs_requires_grad[0]
             ctx.save_for_backward(input_, scales)
         return self._fwd_op(input_, scales, *self._op_args()), [()]
 

@@ -41,29 +41,38 @@ class BackwardActivationBias(FusedOperation):
     def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
         bias_op, act_op = self._ops
         bias_ctx, act_ctx = basic_op_ctxs
-        if not bias_ctx.bias_requires_grad:
-            # Nothing to fuse: the activation's own backward, and dbias is not needed.
+        if not bias_op.bias_grad_required(bias_ctx):
+            # Nothing to fuse: the two ops' own backwards (dbias is not needed).
             dx, _ = act_op.op_backward(act_ctx, grad_output)
+            dx, _ = bias_op.op_backward(bias_ctx, dx)
             return dx, [(None,), ()], [(), ()]
         # x is z, or (after ForwardBiasActivation) the bias' input, z = x + bias recomputed
         x, bias = act_op.saved_operands(act_ctx)
-        dx, db = self._dbias_dact(grad_output, x, bias_ctx.bias_dtype, bias)
-        input_dtype = getattr(bias_ctx, "input_dtype", dx.dtype)  # as Bias.op_backward
-        if dx.dtype != input_dtype:
-            dx = dx.to(input_dtype)
-        # dbias + dact, then dx quantized for the op before the bias (its grad-output quantizer)
-        dx = _quantized.emit(dx, getattr(bias_ctx, "grad_input_quantizer", None))
-        return dx, [(db,), ()], [(), ()]
+        dx, db = self._dbias_dact(grad_output, x, bias_op.bias.dtype, bias)
+        # dx as the Bias' own backward hands it on (dtype, the previous op's quantizer)
+        return bias_op.input_grad(bias_ctx, dx), [(db,), ()], [(), ()]
 
 
-def fuse_backward_activation_bias(ops: list, *, recipe=None) -> list:
-    """Replace each ``[Bias, act]`` window (act in the table above) with the fused op."""
-    if recipe is not None and getattr(recipe, "backward_override", None) is not None:
-        return ops
-
+def _fuse(ops: list) -> list:
     def match(ops, i):
         if i + 1 < len(ops) and type(ops[i]) is Bias and type(ops[i + 1]) in _DBIAS_DACT_OPS:
             return BackwardActivationBias(bias=ops[i], activation=ops[i + 1]), 2
         return None
 
     return fuse_windows(ops, match)
+
+
+def fuse_backward_activation_bias(ops: list, *, recipe=None) -> list:
+    """Replace each ``[Bias, act]`` window (act in the table above) with the fused op, where
+    TransformerEngine does: under a quantization recipe without ``backward_override``."""
+    if recipe is None or getattr(recipe, "backward_override", None) is not None:
+        return ops
+    return _fuse(ops)
+
+
+def extend_backward_activation_bias(ops: list, *, recipe=None) -> list:
+    """The same fusion without a recipe (no TransformerEngine counterpart): an extension,
+    applied after the registered fusions."""
+    if recipe is not None:
+        return ops
+    return _fuse(ops)

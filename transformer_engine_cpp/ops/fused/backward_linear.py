@@ -56,12 +56,17 @@ class BackwardLinearBias(FusedOperation):
     def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
         linear, bias = self._ops
         linear_ctx, bias_ctx = basic_op_ctxs
-        if (bias_ctx.bias_requires_grad and not getattr(linear_ctx, "with_quantized_compute", False)
+        if not linear_ctx.requires_grad:
+            # the backward stops at the bias (bias-only training): the linear is not reached
+            dx, bias_grads = bias.op_backward(bias_ctx, grad_output)
+            return dx, [(None,), bias_grads], [(), ()]
+        if (bias.bias_grad_required(bias_ctx)
+                and not getattr(linear_ctx, "with_quantized_compute", False)
                 and isinstance(grad_output, torch.Tensor)
                 and grad_output.dtype == getattr(bias_ctx, "input_dtype", grad_output.dtype)
                 == linear_ctx.dtype):
             dx, dw, db = linear.backward_grads_and_dbias(linear_ctx, grad_output,
-                                                         bias_ctx.bias_dtype)
+                                                         bias.bias.dtype)
             return dx, [(dw,), (db,)], [(), ()]
         # bias frozen, or a dtype change between the two (autocast, promotion): the ops' own
         # backwards, exactly as unfused
@@ -70,14 +75,25 @@ class BackwardLinearBias(FusedOperation):
         return dx, [linear_grads, bias_grads], [(), ()]
 
 
-def fuse_backward_linear_add(ops: list, *, recipe=None) -> list:
+def _fuse_linear_add(ops: list, in_place: bool) -> list:
     def match(ops, i):
         if (i + 1 < len(ops) and type(ops[i]) is MakeExtraOutput
+                and ops[i]._in_place == in_place
                 and type(ops[i + 1]) is BasicLinear and ops[i + 1].tensor_parallel_mode != "column"):
             return BackwardLinearAdd(backward_add=ops[i], linear=ops[i + 1]), 2
         return None
 
     return fuse_windows(ops, match)
+
+
+def fuse_backward_linear_add(ops: list, *, recipe=None) -> list:
+    """``[MakeExtraOutput(in_place=True), BasicLinear]``, as TransformerEngine."""
+    return _fuse_linear_add(ops, True)
+
+
+def extend_backward_linear_add(ops: list, *, recipe=None) -> list:
+    """The same with ``in_place=False`` (an extension, applied after the registered fusions)."""
+    return _fuse_linear_add(ops, False)
 
 
 def fuse_backward_linear_scale(ops: list, *, recipe=None) -> list:
@@ -90,9 +106,10 @@ def fuse_backward_linear_scale(ops: list, *, recipe=None) -> list:
     return fuse_windows(ops, match)
 
 
-def fuse_backward_linear_bias(ops: list, *, recipe=None) -> list:
-    """Replace each ``[BasicLinear, Bias]`` window (exact classes) with BackwardLinearBias;
-    registered after the activation and linear fusions, so those keep their ops."""
+def extend_backward_linear_bias(ops: list, *, recipe=None) -> list:
+    """Replace each ``[BasicLinear, Bias]`` window (exact classes) with BackwardLinearBias (an
+    extension: applied after the registered fusions and the activation-bias extension, so
+    those keep their ops)."""
     if recipe is not None:
         return ops
 

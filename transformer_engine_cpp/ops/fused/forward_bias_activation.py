@@ -45,7 +45,6 @@ class ForwardBiasActivation(FusedOperation):
         bias_op, act_op = self._ops
         bias_ctx, act_ctx = basic_op_ctxs
         # the Bias' context as its own forward fills it
-        bias_op.fill_ctx(bias_ctx)
         bias_ctx.input_dtype = input_.dtype
         bias_ctx.grad_input_quantizer = prev_op_grad_output_quantizer
         dtype = compute_dtype(input_.device.type, None)
@@ -59,8 +58,9 @@ class ForwardBiasActivation(FusedOperation):
         return _quantized.emit(y, next_op_input_quantizer), [(), ()]
 
 
-def fuse_forward_bias_activation(ops: list, *, recipe=None) -> list:
-    """Replace each ``[Bias, act]`` window (act in the table above) with the fused op."""
+def extend_forward_bias_activation(ops: list, *, recipe=None) -> list:
+    """Replace each ``[Bias, act]`` window (act in the table above) with the fused op (an
+    extension, applied after the registered fusions and the linear extensions)."""
     if recipe is not None:  # as the linear forward fusions: quantized pipelines run unfused
         return ops
 

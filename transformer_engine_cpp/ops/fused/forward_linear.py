@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from .._common import autocast_dtype, is_compiling
+from .._common import autocast_dtype, is_compiling, shares_storage
 from ..basic import (GELU, QGELU, AddExtraInput, BasicLinear, Bias, ConstantScale, ReLU, SiLU,
                      SReLU)
 from ..op import FusedOperation
@@ -47,7 +47,6 @@ def _linear_prologue(fused, basic_op_ctxs, input_, basic_op_kwargs, has_bias: bo
     b = None
     if has_bias:
         bias = fused._ops[1]
-        bias.fill_ctx(basic_op_ctxs[1])
         basic_op_ctxs[1].grad_input_quantizer = None  # the linear before it is in the fusion
         b = bias.bias_in(linear_ctx.dtype)
     linear.save_ctx(linear_ctx, x, w)
@@ -122,8 +121,11 @@ class ForwardLinearBiasAdd(FusedOperation):
                                      basic_op_extra_inputs=basic_op_extra_inputs[-1:],
                                      basic_op_kwargs=basic_op_kwargs[-1:])[0], \
                 [()] * len(self._ops)
-        x, w, b = _linear_prologue(self, basic_op_ctxs, input_, basic_op_kwargs, self._has_bias)
         extra = basic_op_extra_inputs[-1][0]
+        if self._in_place and not is_compiling() and shares_storage(input_, extra):
+            # the GEMM must not read (nor the linear save) the buffer it accumulates into
+            input_ = input_.clone()
+        x, w, b = _linear_prologue(self, basic_op_ctxs, input_, basic_op_kwargs, self._has_bias)
         # the scale is read per call (a ConstantScale's value may change after planning)
         alpha = self._ops[-2].scale if self._has_scale else 1.0
         if self._in_place and not is_compiling():
@@ -151,51 +153,101 @@ def _linear_ok(op) -> bool:
     return type(op) is BasicLinear and op.tensor_parallel_mode != "row"
 
 
-def fuse_forward_linear_bias_add(ops: list, *, recipe=None) -> list:
-    if recipe is not None:  # quantized GEMMs run through BasicLinear's FP8 path, unfused
-        return ops
-
+def _fuse_linear_bias_add(ops: list, in_place: bool) -> list:
     def match(ops, i):
         if not _linear_ok(ops[i]):
             return None
         j = i + 1
         bias = ops[j] if j < len(ops) and type(ops[j]) is Bias else None
         j += bias is not None
-        if j < len(ops) and type(ops[j]) is AddExtraInput:
+        if j < len(ops) and type(ops[j]) is AddExtraInput and ops[j]._in_place == in_place:
             return ForwardLinearBiasAdd(linear=ops[i], bias=bias, add=ops[j]), j - i + 1
         return None
 
     return fuse_windows(ops, match)
 
 
+def fuse_forward_linear_bias_add(ops: list, *, recipe=None) -> list:
+    """``[BasicLinear, Bias?, AddExtraInput(in_place=True)]``, as TransformerEngine."""
+    if recipe is not None:  # quantized GEMMs run through BasicLinear's FP8 path, unfused
+        return ops
+    return _fuse_linear_bias_add(ops, True)
+
+
+def extend_forward_linear_bias_add(ops: list, *, recipe=None) -> list:
+    """The same with the functional add (an extension)."""
+    if recipe is not None:
+        return ops
+    return _fuse_linear_bias_add(ops, False)
+
+
 def fuse_forward_linear_bias_activation(ops: list, *, recipe=None) -> list:
+    """``[BasicLinear, Bias]`` with an fp16/bf16 weight, as TransformerEngine (which fuses no
+    activation into the GEMM)."""
     if recipe is not None:  # quantized GEMMs run through BasicLinear's FP8 path, unfused
         return ops
 
     def match(ops, i):
-        if not _linear_ok(ops[i]):
+        if (i + 1 < len(ops) and _linear_ok(ops[i]) and type(ops[i + 1]) is Bias
+                and ops[i]._parameters["weight"].dtype in (torch.float16, torch.bfloat16)):
+            return ForwardLinearBiasActivation(linear=ops[i], bias=ops[i + 1]), 2
+        return None
+
+    return fuse_windows(ops, match)
+
+
+def _epilogue_activation(op) -> bool:
+    return type(op) in EPILOGUE_ACTIVATIONS and not op.cache_quantized_input
+
+
+def extend_forward_linear_bias_activation(ops: list, *, recipe=None) -> list:
+    """The extension: ``[BasicLinear, Bias?, act?]`` in any float dtype, with the activations
+    of EPILOGUE_ACTIVATIONS in the epilogue; a ``[BasicLinear, Bias]`` already fused without
+    activation takes the activation after it."""
+    if recipe is not None:
+        return ops
+
+    def match(ops, i):
+        op = ops[i]
+        if type(op) is ForwardLinearBiasActivation and op._activation is None:
+            if i + 1 < len(ops) and _epilogue_activation(ops[i + 1]):
+                linear, bias = op._ops
+                return ForwardLinearBiasActivation(linear=linear, bias=bias,
+                                                   activation=ops[i + 1]), 2
+            return None
+        if not _linear_ok(op):
             return None
         j = i + 1
         bias = ops[j] if j < len(ops) and type(ops[j]) is Bias else None
         j += bias is not None
-        act = ops[j] if (j < len(ops) and type(ops[j]) in EPILOGUE_ACTIVATIONS
-                         and not ops[j].cache_quantized_input) else None
+        act = ops[j] if j < len(ops) and _epilogue_activation(ops[j]) else None
         j += act is not None
         if bias is None and act is None:
             return None
-        return ForwardLinearBiasActivation(linear=ops[i], bias=bias, activation=act), j - i
+        return ForwardLinearBiasActivation(linear=op, bias=bias, activation=act), j - i
+
+    return fuse_windows(ops, match)
+
+
+def _fuse_linear_scale_add(ops: list, in_place: bool) -> list:
+    def match(ops, i):
+        if (i + 2 < len(ops) and _linear_ok(ops[i]) and type(ops[i + 1]) is ConstantScale
+                and type(ops[i + 2]) is AddExtraInput and ops[i + 2]._in_place == in_place):
+            return ForwardLinearScaleAdd(linear=ops[i], scale=ops[i + 1], add=ops[i + 2]), 3
+        return None
 
     return fuse_windows(ops, match)
 
 
 def fuse_forward_linear_scale_add(ops: list, *, recipe=None) -> list:
+    """``[BasicLinear, ConstantScale, AddExtraInput(in_place=True)]``, as TransformerEngine."""
     if recipe is not None:  # quantized GEMMs run through BasicLinear's FP8 path, unfused
         return ops
+    return _fuse_linear_scale_add(ops, True)
 
-    def match(ops, i):
-        if (i + 2 < len(ops) and _linear_ok(ops[i]) and type(ops[i + 1]) is ConstantScale
-                and type(ops[i + 2]) is AddExtraInput):
-            return ForwardLinearScaleAdd(linear=ops[i], scale=ops[i + 1], add=ops[i + 2]), 3
-        return None
 
-    return fuse_windows(ops, match)
+def extend_forward_linear_scale_add(ops: list, *, recipe=None) -> list:
+    """The same with the functional add (an extension)."""
+    if recipe is not None:
+        return ops
+    return _fuse_linear_scale_add(ops, False)
