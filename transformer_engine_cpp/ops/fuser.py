@@ -265,7 +265,9 @@ def _save_op_contexts(func_ctx, ctxs) -> None:
             to_save.extend(saved)
             ctx._saved_tensors_range = (start, len(to_save))
             first_packed = packed
-            packed += sum(t is not None for t in saved)
+            for t in saved:
+                if t is not None:
+                    packed += 1
             ctx._packed_range = (first_packed, packed)
             ctx.to_save = None
         else:
