@@ -43,9 +43,9 @@ def test_in_place_residual_around_layernorm_gives_the_reference_grads():
     torch.testing.assert_close(x.grad.double(), x64.grad, **FP32)
 
 
-def _prenorm_mlp_grads(in_place, x, dy, recipe=None):
+def _prenorm_mlp_grads(in_place, x, dy, recipe=None, ffn=128):
     torch.manual_seed(0)
-    block = ref.te_prenorm_mlp(64, 128, in_place=in_place)
+    block = ref.te_prenorm_mlp(x.shape[-1], ffn, in_place=in_place)
     with torch.no_grad():
         for p in block.parameters():
             p.normal_(0, 0.2)
@@ -58,12 +58,14 @@ def _prenorm_mlp_grads(in_place, x, dy, recipe=None):
 
 @pytest.mark.parametrize("recipe", [None, te.recipe.Float8CurrentScaling()],
                          ids=["no_recipe", "current_scaling"])
-def test_in_place_prenorm_mlp_equals_the_functional_block(recipe):
+@pytest.mark.parametrize("shape", [(256, 64, 128), (2048, 512, 1024)], ids=["small", "large"])
+def test_in_place_prenorm_mlp_equals_the_functional_block(recipe, shape):
     """The pre-norm MLP block with in-place residual ops gives exactly the functional block's
-    output and gradients (a 256x64 step: the saved tensors are released step by step)."""
-    x, dy = _leaf(256, 64, seed=1), torch.randn(256, 64)
-    y0, dx0, dp0 = _prenorm_mlp_grads(False, x, dy, recipe)
-    y1, dx1, dp1 = _prenorm_mlp_grads(True, x, dy, recipe)
+    output and gradients (from 256x64 up: the saved tensors are released step by step)."""
+    rows, hidden, ffn = shape
+    x, dy = _leaf(rows, hidden, seed=1), torch.randn(rows, hidden)
+    y0, dx0, dp0 = _prenorm_mlp_grads(False, x, dy, recipe, ffn)
+    y1, dx1, dp1 = _prenorm_mlp_grads(True, x, dy, recipe, ffn)
     torch.testing.assert_close(y1, y0, rtol=0, atol=0)
     torch.testing.assert_close(dx1, dx0, rtol=0, atol=0)
     for a, b in zip(dp1, dp0):
