@@ -14,6 +14,7 @@ bare storage (``Float8TensorStorage`` / ``MXFP8TensorStorage``) when ``internal`
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -89,9 +90,10 @@ class Float8CurrentScalingQuantizer(Quantizer):
                  amax_epsilon: float = 0.0):
         super().__init__(rowwise=rowwise, columnwise=columnwise)
         self._format = format_of(fp8_dtype)
-        if amax_epsilon < 0:
-            raise ValueError(f"Float8CurrentScalingQuantizer: amax_epsilon must be >= 0, got "
-                             f"{amax_epsilon!r}")
+        if (isinstance(amax_epsilon, bool) or not isinstance(amax_epsilon, (int, float))
+                or not math.isfinite(amax_epsilon) or amax_epsilon < 0):
+            raise ValueError(f"Float8CurrentScalingQuantizer: amax_epsilon must be a finite "
+                             f"float >= 0, got {amax_epsilon!r}")
         self.dtype = fp8_dtype
         self.force_pow_2_scales = bool(force_pow_2_scales)
         self.amax_epsilon = float(amax_epsilon)
