@@ -186,6 +186,26 @@ class Float8Tensor(Float8TensorStorage, QuantizedTensor):
             self._data.copy_(fresh._data)
             self._scale_inv.copy_(fresh._scale_inv)
 
+    def update_quantizer(self, quantizer) -> None:
+        """Re-quantize later in-place updates with ``quantizer`` (an op binds its quantized
+        weight to its own weight quantizer, so delayed scaling records the weight's amax in
+        the op's history and its updated scale applies to the next update). An amax already
+        recorded by a previous delayed-scaling quantizer (at initialisation) is carried over."""
+        from .quantizer import Float8CurrentScalingQuantizer, Float8Quantizer  # noqa: PLC0415
+
+        if (not isinstance(quantizer, (Float8CurrentScalingQuantizer, Float8Quantizer))
+                or quantizer.dtype != self._fp8_dtype):
+            raise ValueError(f"Float8Tensor.update_quantizer: expected a per-tensor FP8 "
+                             f"quantizer of {self._fp8_dtype}, got {quantizer!r}")
+        old = self._quantizer
+        if old is quantizer:
+            return
+        old_amax, new_amax = getattr(old, "amax", None), getattr(quantizer, "amax", None)
+        if old_amax is not None and new_amax is not None:
+            with torch.no_grad():
+                new_amax.copy_(torch.maximum(new_amax, old_amax.reshape(new_amax.shape)))
+        self._quantizer = quantizer
+
     def _with_data(self, data: torch.Tensor, scale_inv: Optional[torch.Tensor] = None):
         with _wrapper_mode(self):
             return Float8Tensor(data, self._scale_inv if scale_inv is None else scale_inv,
