@@ -172,6 +172,9 @@ def test_detach_and_alias_inside_inference_mode(make):
         d2 = inner.detach()
     assert type(d) is type(t) and torch.equal(d.dequantize(), t.dequantize())
     assert type(d2) is type(inner) and torch.equal(d2.dequantize(), inner.dequantize())
+    # as for plain tensors: a detached inference tensor stays one, a normal one stays normal
+    d3 = inner.detach()
+    assert not d.is_inference() and d2.is_inference() and d3.is_inference()
 
 
 def test_delayed_scaling_state_built_in_inference_mode_is_trainable():
@@ -393,3 +396,10 @@ def test_quantized_weight_under_delayed_scaling_gets_new_scales():
     # the scale follows the weight's amax down once 1000 leaves the 2-step history
     assert torch.equal(op._fp8_metas["forward"].scale[1], _delayed_scale(125.0))
 
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_fp8_quantize_op_refuses_non_finite_amax_epsilon(value):
+    with pytest.raises(ValueError, match=r"te_cpp.fp8_quantize: amax_epsilon must be >= 0 and "
+                                         r"finite, got " + ("nan" if value != value else "inf")):
+        torch.ops.te_cpp.fp8_quantize(torch.randn(4, 32), 0, False, value)

@@ -30,10 +30,11 @@ def _op_name(op) -> str:
 
 
 def _wrapper_mode(src: torch.Tensor):
-    """A view-like result (detach, alias, view) of a normal tensor must be a normal tensor
-    even inside torch.inference_mode: autograd links its version counter to the source's."""
-    if torch.is_inference_mode_enabled() and not src.is_inference():
-        return torch.inference_mode(False)
+    """A view-like result (detach, alias, view) is an inference tensor exactly when its source
+    is, inside torch.inference_mode or not (autograd links a normal result's version counter
+    to the source's), as for plain tensors."""
+    if torch.is_inference_mode_enabled() != src.is_inference():
+        return torch.inference_mode(src.is_inference())
     return contextlib.nullcontext()
 
 
