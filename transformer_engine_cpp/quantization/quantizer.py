@@ -169,7 +169,11 @@ def check_mxfp8_shape(who: str, shape, *, rowwise: bool, columnwise: bool) -> No
             f"32 consecutive elements), got shape {shape}")
     rows = math.prod(shape[:-1])
     if columnwise and (cols % 32 or rows % 32):
+        hint = ("use set_usage(columnwise=False) for a rowwise-only tensor"
+                if who == "MXFP8Quantizer" else
+                "the columnwise copy feeds the backward GEMMs, so with MXFP8BlockScaling both "
+                "dims of a GEMM operand must be multiples of 32")
         raise ValueError(
             f"{who}: columnwise usage needs the number of rows (product of the leading dims, "
             f"{rows}) and the last dimension of an MXFP8 tensor to be multiples of 32, got "
-            f"shape {shape}; use set_usage(columnwise=False) for a rowwise-only tensor")
+            f"shape {shape}; {hint}")
