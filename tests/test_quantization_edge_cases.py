@@ -5,6 +5,7 @@ and the errors of bad shapes and bad recipe fields."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -14,6 +15,10 @@ from transformer_engine_cpp import recipe
 from transformer_engine_cpp.quantization import FP8GlobalStateManager, RecipeState
 
 E4M3 = torch.float8_e4m3fn
+
+
+def re_value(value):
+    return re.escape(repr(value))
 
 
 def _f8(shape=(64, 64), dtype=torch.float16, scale=100.0, seed=0):
@@ -267,11 +272,6 @@ def test_mxfp8_quantize_in_ops_names_the_op_and_user_shape():
 def test_qparams_amax_epsilon_refused(value):
     with pytest.raises(ValueError, match=r"QParams: amax_epsilon .*" + re_value(value)):
         recipe.QParams(amax_epsilon=value)
-
-
-def re_value(value):
-    import re
-    return re.escape(repr(value))
 
 
 def test_qparams_power_2_scale_must_be_bool():
