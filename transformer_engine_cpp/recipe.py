@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import os
 from typing import Callable, Optional, Union
 
@@ -53,10 +54,22 @@ class QParams:
     amax_epsilon: float = 0.0
 
     def __post_init__(self):
-        if not isinstance(self.power_2_scale, bool):
-            raise ValueError(f"QParams: power_2_scale must be a bool, got {self.power_2_scale!r}")
-        if not isinstance(self.amax_epsilon, (int, float)) or self.amax_epsilon < 0:
-            raise ValueError(f"QParams: amax_epsilon must be a float >= 0, got {self.amax_epsilon!r}")
+        _check_bool("QParams", "power_2_scale", self.power_2_scale)
+        eps = self.amax_epsilon
+        if (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps)
+                or eps < 0):
+            raise ValueError(f"QParams: amax_epsilon must be a finite float >= 0, got {eps!r}")
+
+
+def _check_bool(recipe: str, name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{recipe}: {name} must be a bool, got {value!r}")
+
+
+def _check_bools(recipe) -> None:
+    for f in dataclasses.fields(recipe):
+        if f.type in ("bool", bool):
+            _check_bool(type(recipe).__name__, f.name, getattr(recipe, f.name))
 
 
 def _default_backward_override():
@@ -140,6 +153,11 @@ class DelayedScaling(Recipe):
                 or self.amax_compute_algo in ("max", "most_recent")):
             raise ValueError("DelayedScaling: amax_compute_algo must be 'max', 'most_recent' or a "
                              f"callable, got {self.amax_compute_algo!r}")
+        if not (self.scaling_factor_compute_algo is None
+                or callable(self.scaling_factor_compute_algo)):
+            raise ValueError("DelayedScaling: scaling_factor_compute_algo must be None or a "
+                             f"callable, got {self.scaling_factor_compute_algo!r}")
+        _check_bools(self)
         _check_backward_override("DelayedScaling", self.backward_override)
         if self.backward_override is not None:
             raise ValueError("DelayedScaling: backward_override is not supported with delayed "
@@ -172,6 +190,7 @@ class Float8CurrentScaling(Recipe):
                 setattr(self, name, QParams(power_2_scale=self.use_power_2_scales))
             elif not isinstance(value, QParams):
                 raise ValueError(f"Float8CurrentScaling: {name} must be a QParams, got {value!r}")
+        _check_bools(self)
         _check_backward_override("Float8CurrentScaling", self.backward_override)
 
 
@@ -190,6 +209,7 @@ class MXFP8BlockScaling(Recipe):
         _check_format("MXFP8BlockScaling", self.fp8_format)
         if not isinstance(self.margin, int) or isinstance(self.margin, bool) or self.margin < 0:
             raise ValueError(f"MXFP8BlockScaling: margin must be an int >= 0, got {self.margin!r}")
+        _check_bools(self)
         if self.enable_2d_quantization:
             raise ValueError("MXFP8BlockScaling: enable_2d_quantization=True is not supported on "
                              "this backend")

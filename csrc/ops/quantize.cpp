@@ -2,6 +2,7 @@
 #include "ops/quantize.h"
 
 #include <ATen/ops/empty.h>
+#include <cmath>
 #include <torch/library.h>
 
 namespace te_cpp {
@@ -26,7 +27,9 @@ void Fp8Quantize::check_scale(const char* op, const Tensor& x, const Tensor& sca
 }
 
 void Fp8Quantize::check_epsilon(const char* op, double amax_epsilon) {
-  TE_CHECK_VALUE(amax_epsilon >= 0.0, op, "amax_epsilon must be >= 0, got ", amax_epsilon);
+  // NaN fails the comparison; inf would floor every amax to inf, i.e. scale 1 silently
+  TE_CHECK_VALUE(std::isfinite(amax_epsilon) && amax_epsilon >= 0.0, op,
+                 "amax_epsilon must be >= 0 and finite, got ", amax_epsilon);
 }
 
 std::tuple<Tensor, Tensor, Tensor> Fp8Quantize::allocate(const Tensor& x) {

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from ..quantization.quantizer import (Float8CurrentScalingQuantizer, Float8Quantizer,
-                                      MXFP8Quantizer)
+                                      MXFP8Quantizer, check_mxfp8_shape)
 
 te_ops = torch.ops.te_cpp
 
@@ -72,8 +72,9 @@ class QuantizedOperand:
 
 
 def quantize(quantizer, t: torch.Tensor, *, rowwise: bool = True,
-             columnwise: bool = False) -> QuantizedOperand:
-    """Quantize ``t`` with ``quantizer``'s configuration into plain buffers."""
+             columnwise: bool = False, op: Optional[str] = None) -> QuantizedOperand:
+    """Quantize ``t`` with ``quantizer``'s configuration into plain buffers. ``op`` names the
+    calling op in errors."""
     if isinstance(quantizer, Float8CurrentScalingQuantizer):
         data, scale_inv, _ = te_ops.fp8_quantize(t, quantizer._format,
                                                  quantizer.force_pow_2_scales,
@@ -88,6 +89,8 @@ def quantize(quantizer, t: torch.Tensor, *, rowwise: bool = True,
         return QuantizedOperand("fp8", quantizer._format, tuple(t.shape), data, scale_inv,
                                 dtype=t.dtype)
     if isinstance(quantizer, MXFP8Quantizer):
+        check_mxfp8_shape(op or "MXFP8BlockScaling", t.shape, rowwise=rowwise,
+                          columnwise=columnwise)
         row = te_ops.mxfp8_quantize(t, quantizer._format) if rowwise else (None, None)
         col = (None, None)
         if columnwise:

@@ -29,7 +29,7 @@ def get_default_fp8_recipe() -> _recipe.Recipe:
 
 
 class FP8GlobalStateManager:
-    """Process-wide FP8 state read by ops (not wired into the ops yet, see docs/fp8.md)."""
+    """Process-wide FP8 state read by the fuser and the ops (docs/fp8.md)."""
 
     FP8_ENABLED = False
     FP8_CALIBRATION = False
@@ -142,8 +142,8 @@ def fp8_autocast(enabled: bool = True, calibrating: bool = False,
 @contextlib.contextmanager
 def quantized_model_init(enabled: bool = True, recipe: Optional[_recipe.Recipe] = None,
                          preserve_high_precision_init_val: bool = False):
-    """Create parameters in its body as quantized tensors (the flag is read by ops; not wired
-    into the ops yet)."""
+    """Create parameters in its body as quantized tensors (``BasicLinear`` reads the flag at
+    construction)."""
     _check_recipe("quantized_model_init", recipe)
     M = FP8GlobalStateManager
     saved = (M.FP8_PARAMETERS, M.FP8_MODEL_INIT_RECIPE,

@@ -14,6 +14,7 @@ bare storage (``Float8TensorStorage`` / ``MXFP8TensorStorage``) when ``internal`
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -89,9 +90,10 @@ class Float8CurrentScalingQuantizer(Quantizer):
                  amax_epsilon: float = 0.0):
         super().__init__(rowwise=rowwise, columnwise=columnwise)
         self._format = format_of(fp8_dtype)
-        if amax_epsilon < 0:
-            raise ValueError(f"Float8CurrentScalingQuantizer: amax_epsilon must be >= 0, got "
-                             f"{amax_epsilon!r}")
+        if (isinstance(amax_epsilon, bool) or not isinstance(amax_epsilon, (int, float))
+                or not math.isfinite(amax_epsilon) or amax_epsilon < 0):
+            raise ValueError(f"Float8CurrentScalingQuantizer: amax_epsilon must be a finite "
+                             f"float >= 0, got {amax_epsilon!r}")
         self.dtype = fp8_dtype
         self.force_pow_2_scales = bool(force_pow_2_scales)
         self.amax_epsilon = float(amax_epsilon)
@@ -139,21 +141,39 @@ class MXFP8Quantizer(Quantizer):
     def quantize_impl(self, tensor):
         if not (self.rowwise_usage or self.columnwise_usage):
             raise ValueError("MXFP8Quantizer: neither rowwise nor columnwise usage is set")
+        check_mxfp8_shape("MXFP8Quantizer", tensor.shape, rowwise=self.rowwise_usage,
+                          columnwise=self.columnwise_usage)
         row_data = row_scale = col_data = col_scale = None
         if self.rowwise_usage:
             row_data, row_scale = te_ops.mxfp8_quantize(tensor, self._format)
         if self.columnwise_usage:
-            if tensor.dim() < 1:
-                raise ValueError("MXFP8Quantizer: a 0-d tensor cannot be quantized")
             cols = tensor.shape[-1]
-            rows = tensor.numel() // cols if cols else 0
-            if rows % 32:
-                raise ValueError(
-                    f"MXFP8Quantizer: columnwise usage needs the number of rows (product of the "
-                    f"leading dims) to be a multiple of 32, got shape {tuple(tensor.shape)}; "
-                    "use set_usage(columnwise=False) for a rowwise-only tensor")
             col_data, col_scale = te_ops.mxfp8_quantize(
                 tensor.reshape(-1, cols).t().contiguous(), self._format)
         cls = MXFP8TensorStorage if self.internal else MXFP8Tensor
         return cls(row_data, row_scale, col_data, col_scale, self.dtype, tensor.dtype,
                    tensor.shape, self)
+
+
+def check_mxfp8_shape(who: str, shape, *, rowwise: bool, columnwise: bool) -> None:
+    """MXFP8 blocks are 32 elements: along the last dim for the rowwise copy, down the
+    columns of the 2-D view (rows = product of the leading dims) for the columnwise copy.
+    Checked on the caller's shape, before the columnwise copy is transposed."""
+    shape = tuple(shape)
+    if len(shape) == 0:
+        raise ValueError(f"{who}: a 0-d tensor cannot be MXFP8-quantized")
+    cols = shape[-1]
+    if rowwise and cols % 32:
+        raise ValueError(
+            f"{who}: MXFP8 needs the last dimension to be a multiple of 32 (one E8M0 scale per "
+            f"32 consecutive elements), got shape {shape}")
+    rows = math.prod(shape[:-1])
+    if columnwise and (cols % 32 or rows % 32):
+        hint = ("use set_usage(columnwise=False) for a rowwise-only tensor"
+                if who == "MXFP8Quantizer" else
+                "the columnwise copy feeds the backward GEMMs, so with MXFP8BlockScaling both "
+                "dims of a GEMM operand must be multiples of 32")
+        raise ValueError(
+            f"{who}: columnwise usage needs the number of rows (product of the leading dims, "
+            f"{rows}) and the last dimension of an MXFP8 tensor to be multiples of 32, got "
+            f"shape {shape}; {hint}")

@@ -73,9 +73,12 @@ class DelayedScalingRecipeState(RecipeState):
 
     def __init__(self, recipe, *, mode, num_quantizers, device=None):
         super().__init__(recipe, mode=mode, num_quantizers=num_quantizers, device=device)
-        self.scale = torch.ones(num_quantizers, dtype=torch.float32, device=self.device)
-        self.amax_history = torch.zeros(recipe.amax_history_len, num_quantizers,
-                                        dtype=torch.float32, device=self.device)
+        # normal tensors even when first built inside torch.inference_mode: training updates
+        # them in place later
+        with torch.inference_mode(False):
+            self.scale = torch.ones(num_quantizers, dtype=torch.float32, device=self.device)
+            self.amax_history = torch.zeros(recipe.amax_history_len, num_quantizers,
+                                            dtype=torch.float32, device=self.device)
 
     def make_quantizers(self) -> list:
         return [Float8Quantizer(self.scale[i:i + 1], self.amax_history[0, i:i + 1], self.dtype)

@@ -8,6 +8,8 @@ handle runs on the dequantized tensor (``__torch_dispatch__`` fallback).
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from typing import Optional
 
 import torch
@@ -20,6 +22,20 @@ aten = torch.ops.aten
 
 __all__ = ["QuantizedTensorStorage", "QuantizedTensor", "Float8TensorStorage", "Float8Tensor",
            "MXFP8TensorStorage", "MXFP8Tensor"]
+
+
+def _op_name(op) -> str:
+    return "an in-place op" if op is None else op._schema.name.split("::")[-1] + (
+        f".{op._overloadname}" if op._overloadname != "default" else "")
+
+
+def _wrapper_mode(src: torch.Tensor):
+    """A view-like result (detach, alias, view) is an inference tensor exactly when its source
+    is, inside torch.inference_mode or not (autograd links a normal result's version counter
+    to the source's), as for plain tensors."""
+    if torch.is_inference_mode_enabled() != src.is_inference():
+        return torch.inference_mode(src.is_inference())
+    return contextlib.nullcontext()
 
 
 class QuantizedTensorStorage:
@@ -76,20 +92,29 @@ class QuantizedTensor(torch.Tensor):
         def unwrap(t):
             return t._dequantize_impl(t.dtype) if isinstance(t, QuantizedTensor) else t
 
-        out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
-        target = args[0] if args else None
-        if (isinstance(target, QuantizedTensor) and func._schema.arguments
-                and func._schema.arguments[0].is_out is False
-                and func._schema.arguments[0].alias_info is not None
-                and func._schema.arguments[0].alias_info.is_write):
-            # an in-place op (an optimizer step, copy_, zero_, ...) on a quantized tensor:
-            # computed in high precision, then re-quantized into the tensor's own buffers
-            target._requantize_from(out)
-            return target
-        return out
+        if not func._schema.is_mutable:
+            return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+        # An in-place or out= op (an optimizer step, copy_, zero_, a custom op's Tensor(a!)):
+        # run on dequantized copies, then re-quantize each written quantized argument into its
+        # own buffers (TE's rule). The result is the op's, with those copies mapped back.
+        new_args = tree_map(unwrap, args)
+        new_kwargs = tree_map(unwrap, kwargs)
+        out = func(*new_args, **new_kwargs)
+        written = {}
+        schema = func._schema.arguments
+        pairs = list(zip(args, new_args, schema))
+        pairs += [(kwargs[a.name], new_kwargs[a.name], a) for a in schema if a.name in kwargs]
+        for orig, copy, arg in pairs:
+            if (isinstance(orig, QuantizedTensor) and arg.alias_info is not None
+                    and arg.alias_info.is_write):
+                orig._requantize_from(copy, op=func)
+                written[id(copy)] = orig
+        return tree_map(lambda t: written.get(id(t), t), out)
 
-    def _requantize_from(self, values: torch.Tensor) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError(f"{type(self).__name__} cannot be updated in place")
+    def _requantize_from(self, values: torch.Tensor, op=None) -> None:
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot be updated in place ({_op_name(op)} on a tensor of "
+            f"shape {tuple(self.shape)}); dequantize() it first")
 
 
 class Float8TensorStorage(QuantizedTensorStorage):
@@ -149,19 +174,43 @@ class Float8Tensor(Float8TensorStorage, QuantizedTensor):
     def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         return QuantizedTensor.dequantize(self, dtype=dtype)
 
-    def _requantize_from(self, values: torch.Tensor) -> None:
+    def _requantize_from(self, values: torch.Tensor, op=None) -> None:
         """Re-quantize ``values`` into this tensor's buffers (current scaling from its own
-        quantizer, or the quantizer's fixed scale for delayed scaling)."""
+        quantizer, or the quantizer's scale for delayed scaling)."""
         if self._quantizer is None:
-            raise RuntimeError("Float8Tensor without a quantizer cannot be updated in place")
+            raise RuntimeError(
+                f"Float8Tensor: {_op_name(op)} writes into a Float8Tensor of shape "
+                f"{tuple(self.shape)} that has no quantizer to re-quantize the result; build it "
+                "with a quantizer or dequantize() it first")
         fresh = self._quantizer.quantize_impl(values.to(self.dtype))
         with torch.no_grad():
             self._data.copy_(fresh._data)
             self._scale_inv.copy_(fresh._scale_inv)
 
+    def update_quantizer(self, quantizer) -> None:
+        """Re-quantize later in-place updates with ``quantizer`` (an op binds its quantized
+        weight to its own weight quantizer, so delayed scaling records the weight's amax in
+        the op's history and its updated scale applies to the next update). An amax already
+        recorded by a previous delayed-scaling quantizer (at initialisation) is carried over."""
+        from .quantizer import Float8CurrentScalingQuantizer, Float8Quantizer  # noqa: PLC0415
+
+        if (not isinstance(quantizer, (Float8CurrentScalingQuantizer, Float8Quantizer))
+                or quantizer.dtype != self._fp8_dtype):
+            raise ValueError(f"Float8Tensor.update_quantizer: expected a per-tensor FP8 "
+                             f"quantizer of {self._fp8_dtype}, got {quantizer!r}")
+        old = self._quantizer
+        if old is quantizer:
+            return
+        old_amax, new_amax = getattr(old, "amax", None), getattr(quantizer, "amax", None)
+        if old_amax is not None and new_amax is not None:
+            with torch.no_grad():
+                new_amax.copy_(torch.maximum(new_amax, old_amax.reshape(new_amax.shape)))
+        self._quantizer = quantizer
+
     def _with_data(self, data: torch.Tensor, scale_inv: Optional[torch.Tensor] = None):
-        return Float8Tensor(data, self._scale_inv if scale_inv is None else scale_inv,
-                            self._fp8_dtype, self.dtype, self._quantizer)
+        with _wrapper_mode(self):
+            return Float8Tensor(data, self._scale_inv if scale_inv is None else scale_inv,
+                                self._fp8_dtype, self.dtype, self._quantizer)
 
     # torch.compile support: the subclass flattens to its two buffers.
     def __tensor_flatten__(self):
@@ -189,12 +238,30 @@ def _f8_unsafe_view(t, size):
     return t._with_data(aten._unsafe_view.default(t._data, size))
 
 
+def _called_by_module_apply(depth: int = 8) -> bool:
+    """Whether this conversion runs inside ``nn.Module._apply`` (``model.half()``,
+    ``model.to(dtype)``, ...)."""
+    code = torch.nn.Module._apply.__code__
+    f = sys._getframe(2)
+    for _ in range(depth):
+        if f is None:
+            return False
+        if f.f_code is code:
+            return True
+        f = f.f_back
+    return False
+
+
 def _f8_to_copy(t, *, dtype=None, layout=None, device=None, pin_memory=None,
                 non_blocking=False, memory_format=None):
-    """.to(dtype) keeps the FP8 buffers and changes the nominal dtype (as the anchor); another
-    device or a non-floating dtype dequantizes."""
+    """A dtype conversion dequantizes to the nominal dtype first and then casts (TE's rule),
+    giving a plain tensor equal to ``dequantize().to(dtype)``. A module cast
+    (``nn.Module._apply``) of a quantized parameter instead keeps the FP8 buffers and changes
+    the nominal dtype, so ``model.half()`` keeps quantized weights. Another device
+    dequantizes."""
     same_device = device is None or torch.device(device) == t._data.device
-    if same_device and (dtype is None or dtype.is_floating_point):
+    if same_device and (dtype is None or dtype == t.dtype or (
+            dtype.is_floating_point and _called_by_module_apply())):
         return Float8Tensor(t._data.clone(), t._scale_inv.clone(), t._fp8_dtype,
                             t.dtype if dtype is None else dtype, t._quantizer)
     return t._dequantize_impl(t.dtype).to(dtype=dtype, device=device)
@@ -285,8 +352,10 @@ class MXFP8Tensor(MXFP8TensorStorage, QuantizedTensor):
 
 
 def _mx_detach(t):
-    return MXFP8Tensor(t._rowwise_data, t._rowwise_scale_inv, t._columnwise_data,
-                       t._columnwise_scale_inv, t._fp8_dtype, t.dtype, t.shape, t._quantizer)
+    with _wrapper_mode(t):
+        return MXFP8Tensor(t._rowwise_data, t._rowwise_scale_inv, t._columnwise_data,
+                           t._columnwise_scale_inv, t._fp8_dtype, t.dtype, t.shape,
+                           t._quantizer)
 
 
 MXFP8Tensor._HANDLED = {aten.detach.default: _mx_detach, aten.alias.default: _mx_detach}
