@@ -57,7 +57,8 @@ def test_dtype_conversion_equals_dequantize_then_cast(make, nominal, conv):
         assert out is t
         return
     expected = t.dequantize().to(out.dtype)
-    assert type(out) is torch.Tensor  # a plain tensor, as TE's default dispatch gives
+    # a plain tensor, as TransformerEngine's default dispatch gives
+    assert type(out) is torch.Tensor
     assert torch.equal(out, expected), (out - expected).abs().max()
 
 
@@ -93,8 +94,8 @@ def _fq(x):
 
 def test_add_extra_input_in_place_into_float8_extra_input():
     """AddExtraInput(in_place=True) writes the sum into the extra input's buffers: a
-    Float8Tensor extra input is dequantized, added to and re-quantized in place (TE's rule for
-    in-place ops on a quantized tensor)."""
+    Float8Tensor extra input is dequantized, added to and re-quantized in place
+    (TransformerEngine's rule for in-place ops on a quantized tensor)."""
     g = torch.Generator().manual_seed(1)
     x = torch.randn(4, 32, generator=g)
     extra = te.Float8CurrentScalingQuantizer(E4M3)(torch.randn(4, 32, generator=g))
@@ -357,20 +358,12 @@ def test_update_quantizer_checks_and_carries_the_recorded_amax():
         w.update_quantizer(te.MXFP8Quantizer(E4M3))
 
 
-def _basic_linear_binds_its_weight_quantizer() -> bool:
-    from transformer_engine_cpp.ops.basic.basic_linear import BasicLinear
-    return "reset_recipe_state" in BasicLinear.__dict__
-
-
-@pytest.mark.xfail(not _basic_linear_binds_its_weight_quantizer(), strict=True,
-                   reason="needs BasicLinear.reset_recipe_state to bind the quantized weight to "
-                          "the op's weight quantizer (change requested in basic_linear.py)")
 def test_quantized_weight_under_delayed_scaling_gets_new_scales():
     """te.quantized_model_init(DelayedScaling): the weight is re-quantized by its updates with
     the op's weight quantizer, so the weight's amax enters the op's history and the scale of
-    the next update is 448 / amax (TE: BasicLinear points weight._quantizer at its forward
-    quantizer 1). Master-weight loop: the high-precision master is copied into the FP8 weight
-    after each step."""
+    the next update is 448 / amax (TransformerEngine: BasicLinear points weight._quantizer at
+    its forward quantizer 1). Master-weight loop: the high-precision master is copied into the
+    FP8 weight after each step."""
     r = recipe.DelayedScaling(amax_history_len=2)
     with te.quantized_model_init(recipe=r):
         op = te.ops.BasicLinear(32, 32)
@@ -405,16 +398,6 @@ def test_fp8_quantize_op_refuses_non_finite_amax_epsilon(value):
         torch.ops.te_cpp.fp8_quantize(torch.randn(4, 32), 0, False, value)
 
 
-def _basic_linear_names_itself_in_mxfp8_errors() -> bool:
-    import inspect
-
-    from transformer_engine_cpp.ops.basic.basic_linear import BasicLinear
-    return "op=type(self).__name__" in inspect.getsource(BasicLinear)
-
-
-@pytest.mark.xfail(not _basic_linear_names_itself_in_mxfp8_errors(), strict=True,
-                   reason="needs BasicLinear to pass op= to _quantized.quantize (change requested "
-                          "in basic_linear.py)")
 def test_mxfp8_shape_error_in_basic_linear_names_the_op():
     op = te.ops.BasicLinear(64, 64)
     with pytest.raises(ValueError, match=r"^BasicLinear: columnwise .*\(40, 64\)"):

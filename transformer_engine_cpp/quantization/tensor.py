@@ -96,7 +96,8 @@ class QuantizedTensor(torch.Tensor):
             return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
         # An in-place or out= op (an optimizer step, copy_, zero_, a custom op's Tensor(a!)):
         # run on dequantized copies, then re-quantize each written quantized argument into its
-        # own buffers (TE's rule). The result is the op's, with those copies mapped back.
+        # own buffers (TransformerEngine's rule). The result is the op's, with those copies
+        # mapped back.
         new_args = tree_map(unwrap, args)
         new_kwargs = tree_map(unwrap, kwargs)
         out = func(*new_args, **new_kwargs)
@@ -254,10 +255,10 @@ def _called_by_module_apply(depth: int = 8) -> bool:
 
 def _f8_to_copy(t, *, dtype=None, layout=None, device=None, pin_memory=None,
                 non_blocking=False, memory_format=None):
-    """A dtype conversion dequantizes to the nominal dtype first and then casts (TE's rule),
-    giving a plain tensor equal to ``dequantize().to(dtype)``. A module cast
-    (``nn.Module._apply``) of a quantized parameter instead keeps the FP8 buffers and changes
-    the nominal dtype, so ``model.half()`` keeps quantized weights. Another device
+    """A dtype conversion dequantizes to the nominal dtype first and then casts
+    (TransformerEngine's rule), giving a plain tensor equal to ``dequantize().to(dtype)``. A
+    module cast (``nn.Module._apply``) of a quantized parameter instead keeps the FP8 buffers
+    and changes the nominal dtype, so ``model.half()`` keeps quantized weights. Another device
     dequantizes."""
     same_device = device is None or torch.device(device) == t._data.device
     if same_device and (dtype is None or dtype == t.dtype or (

@@ -270,8 +270,9 @@ def fp8_quantize_current_scaling(x: torch.Tensor):
 
 def mxfp8_quantize_reference(x: torch.Tensor):
     """MXFP8 (E4M3) as te_cpp.mxfp8_quantize computes it: per block of 32 along the last dim,
-    the NaN-ignoring block amax, TE's E8M0 exponent (rounded up), data = x * 2^(127 - e)
-    saturated and cast. Returns (data as uint8, E8M0 scales as uint8 [..., n / 32])."""
+    the NaN-ignoring block amax, TransformerEngine's E8M0 exponent (rounded up), data = x *
+    2^(127 - e) saturated and cast. Returns (data as uint8, E8M0 scales as uint8 [..., n /
+    32])."""
     xf = x.float().reshape(-1, 32)
     amax = torch.where(torch.isnan(xf), torch.zeros((), dtype=xf.dtype), xf.abs()).amax(dim=1)
     v = amax * torch.tensor(1.0 / E4M3_MAX, dtype=torch.float32)

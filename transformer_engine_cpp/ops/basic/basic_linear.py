@@ -11,6 +11,7 @@ from .._common import (autocast_dtype, canonicalize_device, canonicalize_dtype,
                        init_parameter, materialize_device)
 from ...quantization import FP8GlobalStateManager, RecipeState
 from ...quantization._formats import format_of
+from ...quantization.quantizer import Float8CurrentScalingQuantizer, Float8Quantizer
 from ...quantization.tensor import Float8Tensor, QuantizedTensor
 from .. import _quantized
 from ..op import BasicOperation, OperationContext
@@ -138,6 +139,17 @@ class BasicLinear(BasicOperation):
         """Forward: input (0) and weight (1); backward: grad_output (0)."""
         return 2 if mode == "forward" else 1
 
+    def reset_recipe_state(self, *, recipe) -> None:
+        """A quantized weight re-quantizes its in-place updates with this op's weight
+        quantizer (as TransformerEngine's pre_forward), so under delayed scaling the weight's
+        amax goes into this op's history and the updated scale applies to the next update."""
+        super().reset_recipe_state(recipe=recipe)
+        w = self._parameters.get("weight")
+        q = self.get_quantizer("forward", 1)
+        if isinstance(w, Float8Tensor) and isinstance(q, (Float8Quantizer,
+                                                          Float8CurrentScalingQuantizer)):
+            w.update_quantizer(q)
+
     def compile_unsupported_reason(self) -> Optional[str]:
         if self._accumulate_into_main_grad:
             return ("accumulate_into_main_grad adds into weight.main_grad in place, a mutation "
@@ -207,12 +219,14 @@ class BasicLinear(BasicOperation):
         if ctx.input_was_quantized:  # the previous op emitted it quantized: no second cast
             xq = x
         else:
-            xq = _quantized.quantize(ctx.input_quantizer, x, columnwise=ctx.weight_requires_grad)
+            xq = _quantized.quantize(ctx.input_quantizer, x, columnwise=ctx.weight_requires_grad,
+                                     op=type(self).__name__)
         if isinstance(w, Float8Tensor):  # a quantized weight: its own buffers, no second cast
             wq = _quantized.QuantizedOperand("fp8", format_of(w._fp8_dtype), tuple(w.shape),
                                              w._data, w._scale_inv, dtype=w.dtype)
         else:
-            wq = _quantized.quantize(ctx.weight_quantizer, w, columnwise=need_dgrad)
+            wq = _quantized.quantize(ctx.weight_quantizer, w, columnwise=need_dgrad,
+                                     op=type(self).__name__)
         y = _linear_fwd(xq.rowwise(), wq.rowwise())
         if ctx.requires_grad:
             saved_x = xq.tensors() if ctx.weight_requires_grad else (None,) * 4
@@ -284,7 +298,8 @@ class BasicLinear(BasicOperation):
         else:
             dyq = _quantized.quantize(ctx.grad_output_quantizer, grad_output,
                                       rowwise=ctx.input_requires_grad,
-                                      columnwise=ctx.weight_requires_grad)
+                                      columnwise=ctx.weight_requires_grad,
+                                      op=type(self).__name__)
         dx = None
         if ctx.input_requires_grad:
             w = _quantized.QuantizedOperand.rebuild(saved[4:], w_meta).columnwise()
