@@ -118,3 +118,75 @@ def test_constructor_sizes_at_the_limit_are_accepted():
     assert te.ops.Reshape(3)._shape == (3,)
     assert te.ops.Reshape((2**31, -1))._shape == (2**31, -1)
     assert te.ops.LayerNorm(2**20, device="meta").weight.shape == (2**20,)
+
+
+# ---- item 15: in-place ops and overlapping buffers -------------------------------------------
+
+RESIDUAL_INPLACE = [
+    ("add_extra_input_fwd_inplace", "extra_input", "input"),
+    ("make_extra_output_bwd_inplace", "grad_extra_output", "grad_output"),
+]
+
+
+@pytest.mark.parametrize("op,out_name,in_name", RESIDUAL_INPLACE, ids=[r[0] for r in RESIDUAL_INPLACE])
+def test_residual_inplace_partial_overlap_is_refused(op, out_name, in_name):
+    n = 37  # vector body and tail
+    buf = torch.arange(3 * n + 5, dtype=torch.float32)
+    for shift in (1, n):
+        before = buf.clone()
+        out, other = buf[:2 * n].view(2, n), buf[shift:shift + 2 * n].view(2, n)
+        with pytest.raises(RuntimeError, match=rf"te_cpp\.{op}: {in_name} .* partially overlaps "
+                                               rf"{out_name}"):
+            getattr(ops, op)(out, other)
+        assert torch.equal(buf, before)  # refused before anything was written
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize("op,out_name,in_name", RESIDUAL_INPLACE, ids=[r[0] for r in RESIDUAL_INPLACE])
+def test_residual_inplace_internal_overlap_is_refused(op, out_name, in_name, device):
+    out = torch.zeros(1, 5, device=device).expand(3, 5)
+    with pytest.raises(RuntimeError, match=rf"te_cpp\.{op}: {out_name} is written in place but "
+                                           r"several of its elements share one memory location"):
+        getattr(ops, op)(out, torch.ones(3, 5, device=device))
+
+
+@pytest.mark.parametrize("op,out_name,in_name", RESIDUAL_INPLACE, ids=[r[0] for r in RESIDUAL_INPLACE])
+def test_residual_inplace_full_alias_and_disjoint_views_are_allowed(op, out_name, in_name):
+    x = torch.randn(3, 37)
+    expected = x + x
+    getattr(ops, op)(x, x)  # as x.add_(x)
+    assert torch.equal(x, expected)
+    buf = torch.randn(2, 3, 37)
+    expected = buf[0] + buf[1]
+    getattr(ops, op)(buf[0], buf[1])  # two views of one buffer that do not overlap
+    assert torch.equal(buf[0], expected)
+    # a strided buffer (updated through a copy) overlapping its input is deterministic too
+    buf = torch.randn(3, 74)
+    out, other = buf[:, ::2], buf[:, :37]
+    expected = out + other
+    getattr(ops, op)(out, other)
+    assert torch.equal(buf[:, ::2], expected)
+
+
+def test_linear_fwd_add_inplace_overlap_is_refused():
+    op = "linear_fwd_add_inplace"
+    w = torch.randn(4, 4)
+    b = torch.randn(4)
+    buf = torch.randn(12)
+    x = buf[:8].view(2, 4)
+    cases = [
+        (buf[4:12].view(2, 4), x, w, b, r"input .* partially overlaps extra_input"),
+        (x, x, w, b, r"input is the same memory as extra_input"),
+        (w[:2], torch.randn(2, 4), w, b, r"weight .* partially overlaps extra_input"),
+        (buf[:4].view(1, 4), torch.randn(1, 4), w, buf[:4], r"bias .* partially overlaps"),
+        (buf[:4], torch.randn(4), w, buf[:4], r"bias is the same memory as extra_input"),
+        (buf[2:10].view(2, 4), torch.randn(2, 4), w, buf[:4], r"bias .* partially overlaps"),
+    ]
+    for extra, xx, ww, bb, match in cases:
+        with pytest.raises(RuntimeError, match=rf"te_cpp\.{op}: {match}"):
+            ops.linear_fwd_add_inplace(extra, xx, ww, bb, 1.0)
+    for device in ("cpu", "meta"):
+        extra = torch.zeros(1, 4, device=device).expand(2, 4)
+        with pytest.raises(RuntimeError, match=rf"te_cpp\.{op}: "):
+            ops.linear_fwd_add_inplace(extra, torch.randn(2, 4, device=device),
+                                       w.to(device), b.to(device), 1.0)
