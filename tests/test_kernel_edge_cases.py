@@ -190,3 +190,172 @@ def test_linear_fwd_add_inplace_overlap_is_refused():
         with pytest.raises(RuntimeError, match=rf"te_cpp\.{op}: "):
             ops.linear_fwd_add_inplace(extra, torch.randn(2, 4, device=device),
                                        w.to(device), b.to(device), 1.0)
+
+
+# ---- item 16: NaN / inf semantics -------------------------------------------------------------
+
+SPECIAL = [0.0, -0.0, 1.0, -1.0, 0.5, -3.0, 20.0, -20.0, 89.0, -89.0, 1e20, -1e20, 1e38, -1e38,
+           3e38, -3e38, math.inf, -math.inf, math.nan]
+SPECIAL_DY = [1.0, -2.0, 0.0, math.nan, math.inf, -math.inf]
+
+
+def _autograd(f, inputs, dy):
+    ins = [t.clone().requires_grad_(True) for t in inputs]
+    return torch.autograd.grad(f(*ins), ins, dy)
+
+
+def _check_nan_semantics(name, ours, want, where, nan_for_inf=False):
+    """ours against PyTorch fp32 autograd of the reference formula: where PyTorch gives NaN we
+    must not give +-inf, and where it gives a number we must not give NaN (with nan_for_inf,
+    NaN is allowed where PyTorch gives +-inf: LayerNorm's dx row with a non-finite sum)."""
+    ours, want = ours.flatten(), want.flatten()
+    number = torch.isfinite(want) if nan_for_inf else ~torch.isnan(want)
+    for mask, what in ((torch.isnan(want) & torch.isinf(ours), "inf where PyTorch gives NaN"),
+                       (number & torch.isnan(ours), "NaN where PyTorch gives a number")):
+        if mask.any():
+            i = mask.nonzero().flatten()[:6].tolist()
+            raise AssertionError(f"{name}: {int(mask.sum())} values {what}, e.g. "
+                                 f"{[(where(k), ours[k].item(), want[k].item()) for k in i]}")
+
+
+UNARY = {"gelu": ref.gelu, "relu": ref.relu, "silu": ref.silu, "qgelu": ref.qgelu,
+         "srelu": ref.srelu}
+
+
+@pytest.mark.parametrize("stem", list(UNARY))
+def test_unary_activation_nan_semantics(stem):
+    grid = list(itertools.product(SPECIAL, SPECIAL_DY))  # 114 elements: vector body and tail
+    x = torch.tensor([g[0] for g in grid])
+    dy = torch.tensor([g[1] for g in grid])
+    where = lambda k: (x[k].item(), dy[k].item())  # noqa: E731
+    f = UNARY[stem]
+    _check_nan_semantics(f"{stem}_fwd", getattr(ops, f"{stem}_fwd")(x), f(x), where)
+    (want,) = _autograd(f, [x], dy)
+    _check_nan_semantics(f"{stem}_bwd", getattr(ops, f"{stem}_bwd")(dy, x), want, where)
+    one_by_one = torch.cat([getattr(ops, f"{stem}_bwd")(dy[k:k + 1], x[k:k + 1])
+                            for k in range(len(x))])  # the tail path only
+    assert torch.equal(one_by_one.nan_to_num(7.0), getattr(ops, f"{stem}_bwd")(dy, x).nan_to_num(7.0))
+    dx, _ = getattr(ops, f"dbias_d{stem}")(dy[None], x[None], torch.float32)
+    _check_nan_semantics(f"dbias_d{stem}", dx, want, where)
+    if stem == "srelu":
+        dx, _ = ops.scaled_srelu_bwd(dy[None], x[None], torch.ones(1), True)
+        _check_nan_semantics("scaled_srelu_bwd", dx, want, where)
+
+
+GATED_REF = {
+    "glu": (ref.glu, ()), "geglu": (ref.geglu, ()), "qgeglu": (ref.qgeglu, ()),
+    "reglu": (ref.reglu, ()), "sreglu": (ref.sreglu, ()), "swiglu": (ref.swiglu, ()),
+    "clamped_swiglu": (lambda x: ref.clamped_swiglu(x, 7.0, 1.702, 1.0), (7.0, 1.702, 1.0)),
+    "situglu": (lambda x: ref.situglu(x, 4.0, 25.0), (4.0, 25.0)),
+    "scaled_swiglu": (lambda x, s: ref.scaled_swiglu(x, s), ()),
+    "scaled_clamped_qgeglu": (lambda x, s: ref.scaled_clamped_qgeglu(x, s, 7.0, 1.702, 1.0),
+                              (7.0, 1.702, 1.0)),
+    "scaled_situglu": (lambda x, s: ref.scaled_situglu(x, s, 4.0, 25.0), (4.0, 25.0)),
+}
+
+
+@pytest.mark.parametrize("stem", list(GATED_REF))
+def test_gated_activation_nan_semantics(stem):
+    f, params = GATED_REF[stem]
+    scaled = stem.startswith("scaled_")
+    grid = list(itertools.product(SPECIAL, SPECIAL, SPECIAL_DY))
+    a = torch.tensor([g[0] for g in grid])
+    b = torch.tensor([g[1] for g in grid])
+    dy = torch.tensor([g[2] for g in grid])
+    n = len(grid)
+    where = lambda k: ("a" if k < n else "b", a[k % n].item(), b[k % n].item(), dy[k % n].item())  # noqa: E731
+    for x, d in ((torch.cat([a, b])[None], dy[None]),  # one long row: vector body and tail
+                 (torch.stack([a, b], 1), dy[:, None])):  # rows of 2: the tail path only
+        s = torch.full(x.shape[:-1], 0.75)
+        fwd_args = (x, s) if scaled else (x,)
+        fn = (lambda x: f(x, s)) if scaled else f
+        y = getattr(ops, f"{stem}_fwd")(*fwd_args, *params, 0)
+        _check_nan_semantics(f"{stem}_fwd", y, fn(x), where)
+        (want,) = _autograd(fn, [x], d)
+        if scaled:
+            dx, _ = getattr(ops, f"{stem}_bwd")(d, x, s, True, *params, 0)
+        else:
+            dx = getattr(ops, f"{stem}_bwd")(d, x, *params, 0)
+        if x.shape[-1] == 2:  # back to the [a..., b...] order of `where`
+            dx, want = dx.T, want.T
+        _check_nan_semantics(f"{stem}_bwd", dx, want, where)
+
+
+def test_relu_family_backward_is_zero_where_inactive_whatever_dy():
+    """threshold_backward / clamp_backward semantics: 0 where the input is inactive even when dy
+    is NaN or inf; a NaN input passes dy through ReLU, as torch.relu's backward does."""
+    n = 37
+    for d in (math.nan, math.inf, -math.inf):
+        x = -torch.rand(n) * 5  # all <= 0
+        x[::5] = 0.0
+        dy = torch.full((n,), d)
+        for stem in ("relu", "srelu"):
+            assert torch.equal(getattr(ops, f"{stem}_bwd")(dy, x), torch.zeros(n)), stem
+            assert torch.equal(getattr(ops, f"dbias_d{stem}")(dy, x, torch.float32)[0],
+                               torch.zeros(n)), stem
+        dx, _ = ops.scaled_srelu_bwd(dy[None], x[None], torch.ones(1), False)
+        assert torch.equal(dx[0], torch.zeros(n))
+        b = torch.randn(n)
+        for stem in ("reglu", "sreglu"):
+            dx = getattr(ops, f"{stem}_bwd")(dy[None], torch.cat([x, b])[None], 0)
+            assert torch.equal(dx[0, :n], torch.zeros(n)), stem
+        # ClampedSwiGLU: a above the limit, b outside [-limit, limit]
+        xa, xb = 7.5 + torch.rand(n), torch.where(torch.arange(n) % 2 == 0, 8.0, -8.0)
+        dx = ops.clamped_swiglu_bwd(dy[None], torch.cat([xa, xb])[None], 7.0, 1.702, 1.0, 0)
+        assert torch.equal(dx[0], torch.zeros(2 * n))
+    x = torch.full((n,), math.nan)
+    dy = torch.randn(n)
+    assert torch.equal(ops.relu_bwd(dy, x), dy)
+    (want,) = _autograd(ref.relu, [x], dy)
+    assert torch.equal(want, dy)
+
+
+@pytest.mark.parametrize("n", [19, 37])
+def test_norm_backward_nan_semantics(n):
+    """LayerNorm / RMSNorm / L2Normalization with one special value in x or dy, in the vector
+    body or the tail: where PyTorch gives NaN we give no +-inf, and no NaN where it does not."""
+    torch.manual_seed(0)
+    rows = []
+    for p in (0, n // 2, n - 2):
+        for v, d, same in itertools.product(SPECIAL, SPECIAL_DY, (True, False)):
+            x = torch.randn(n)
+            dy = torch.randn(n)
+            x[p] = v
+            dy[p if same else (p + 3) % n] = d
+            rows.append((x, dy))
+    x = torch.stack([r[0] for r in rows])
+    dy = torch.stack([r[1] for r in rows])
+    w = torch.rand(n) + 0.5
+    b = torch.randn(n)
+    where = lambda k: (k // n, x.flatten()[k].item(), dy.flatten()[k].item())  # noqa: E731
+
+    y, mu, rs = ops.layernorm_fwd(x, w, b, 1e-5, False)
+    _check_nan_semantics("layernorm_fwd", y, torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5),
+                         where)
+    want = _autograd(lambda x: torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5), [x], dy)[0]
+    _check_nan_semantics("layernorm_bwd", ops.layernorm_bwd(dy, x, mu, rs, w, False)[0], want,
+                         where, nan_for_inf=True)
+
+    y, rs = ops.rmsnorm_fwd(x, w, 1e-5, False)
+    _check_nan_semantics("rmsnorm_fwd", y, ref.rms_norm(x, w, 1e-5), where)
+    want = _autograd(lambda x: ref.rms_norm(x, w, 1e-5), [x], dy)[0]
+    _check_nan_semantics("rmsnorm_bwd", ops.rmsnorm_bwd(dy, x, rs, w, False)[0], want, where)
+
+    y, rn = ops.l2normalization_fwd(x, 1e-6)
+    _check_nan_semantics("l2normalization_fwd", y, ref.l2normalization(x, 1e-6), where)
+    want = _autograd(lambda x: ref.l2normalization(x, 1e-6), [x], dy)[0]
+    _check_nan_semantics("l2normalization_bwd", ops.l2normalization_bwd(dy, x, rn), want, where)
+
+
+def test_layernorm_backward_row_with_inf_dy_is_nan():
+    """An inf in a row's dy makes that row's dx NaN (PyTorch's inf - inf), other rows exact."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 37)
+    dy = torch.randn(3, 37)
+    dy[1, 5] = math.inf
+    w = torch.rand(37) + 0.5
+    _, mu, rs = ops.layernorm_fwd(x, w, torch.zeros(37), 1e-5, False)
+    dx = ops.layernorm_bwd(dy, x, mu, rs, w, False)[0]
+    assert torch.isnan(dx[1]).all()
+    clean = ops.layernorm_bwd(dy[[0, 2]], x[[0, 2]], mu[[0, 2]], rs[[0, 2]], w, False)[0]
+    assert torch.equal(dx[[0, 2]], clean)
