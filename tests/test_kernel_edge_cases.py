@@ -359,3 +359,36 @@ def test_layernorm_backward_row_with_inf_dy_is_nan():
     assert torch.isnan(dx[1]).all()
     clean = ops.layernorm_bwd(dy[[0, 2]], x[[0, 2]], mu[[0, 2]], rs[[0, 2]], w, False)[0]
     assert torch.equal(dx[[0, 2]], clean)
+
+
+# ---- item 17: L2Normalization backward on rows of tiny norm -----------------------------------
+
+@pytest.mark.parametrize("eps", [1e-6, 1e-12, 0.0])
+def test_l2normalization_backward_tiny_norms(eps):
+    """dx against a float64 reference, on rows of norm 1e-20 .. 1e-3 and normal rows: the fp32
+    error (per row, relative to the row's largest gradient) is at most about what fp32 PyTorch
+    autograd of the reference achieves, and finite where the float64 result is."""
+    torch.manual_seed(0)
+    n = 37
+    # eps = 0: x^2 of norms below ~1e-18 is subnormal in fp32, so rs itself is inexact there
+    lowest = -18 if eps == 0.0 else -20
+    norms = [10.0 ** e for e in range(lowest, -2)] + [1.0, 30.0]
+    x64 = torch.randn(len(norms), 16, n, dtype=torch.float64)
+    x64 = x64 / x64.norm(dim=-1, keepdim=True) * torch.tensor(norms, dtype=torch.float64)[:, None, None]
+    x = x64.float().reshape(-1, n)
+    dy = torch.randn(x.shape)
+    x64, dy64 = x.double(), dy.double()
+    (g64,) = _autograd(lambda x: ref.l2normalization(x, eps), [x64], dy64)
+    (g_torch,) = _autograd(lambda x: ref.l2normalization(x, eps), [x], dy)
+    _, rn = ops.l2normalization_fwd(x, eps)
+    g_ours = ops.l2normalization_bwd(dy, x, rn)
+    scale = g64.abs().amax(-1, keepdim=True)
+    err_torch = ((g_torch.double() - g64).abs() / scale).amax(-1)
+    err_ours = ((g_ours.double() - g64).abs() / scale).amax(-1)
+    assert torch.isfinite(g_ours).all(), "non-finite dx where the float64 result is finite"
+    ulp = 2.0**-23
+    bound = torch.where(torch.isfinite(err_torch), 2 * err_torch, torch.zeros_like(err_torch)) + 8 * ulp
+    bad = err_ours > bound
+    assert not bad.any(), (
+        f"rows {bad.nonzero().flatten()[:5].tolist()}: ours {err_ours[bad][:5].tolist()}, "
+        f"torch {err_torch[bad][:5].tolist()}")
