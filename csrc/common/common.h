@@ -5,6 +5,7 @@
 #pragma once
 
 #include <ATen/Dispatch.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/SymInt.h>
 #include <c10/util/SmallVector.h>
@@ -60,6 +61,26 @@ inline void check_same_dtype(const char* op, const char* name_a, const Tensor& a
                              const char* name_b, const Tensor& b) {
   TE_CHECK(a.scalar_type() == b.scalar_type(), op, name_a, " and ", name_b,
            " must have the same dtype, got ", a.scalar_type(), " and ", b.scalar_type());
+}
+
+// An in-place op writes `out` while reading `in`, so, as PyTorch's in-place ops: `out` must not
+// have elements sharing memory (an expanded / stride-0 view), and `in` must not partially overlap
+// it (the result would depend on the order of the writes). Full aliasing (`in` is `out`,
+// element for element) is allowed only for elementwise ops (allow_full). Meta tensors have no
+// addresses: only the internal-overlap check (strides) applies to them.
+inline void check_inplace_overlap(const char* op, const char* out_name, const Tensor& out,
+                                  const char* in_name, const Tensor& in, bool allow_full) {
+  TE_CHECK(at::has_internal_overlap(out) != at::MemOverlap::Yes, op, out_name,
+           " is written in place but several of its elements share one memory location "
+           "(shape ", shape_str(out), ", strides ", out.sym_strides(),
+           "); clone() it first");
+  if (out.is_meta() || in.is_meta() || !in.defined()) return;
+  const at::MemOverlapStatus s = at::get_overlap_status(out, in);
+  TE_CHECK(s != at::MemOverlapStatus::Partial, op, in_name, " (shape ", shape_str(in),
+           ") partially overlaps ", out_name, " (shape ", shape_str(out),
+           "), which is written in place; clone() it first");
+  TE_CHECK(allow_full || s != at::MemOverlapStatus::Full, op, in_name, " is the same memory as ",
+           out_name, ", which is written in place; clone() it first");
 }
 
 // Sizes as SymInts with the last dimension replaced (used by shape-changing ops).

@@ -5,6 +5,8 @@
 #include <c10/core/ScalarType.h>
 #include <torch/library.h>
 
+#include <c10/util/safe_numerics.h>
+
 #include <cmath>
 
 namespace te_cpp {
@@ -62,10 +64,21 @@ const char* scaled_act_op_name(Act a, ActOp kind) {
 
 namespace {
 
+// The gated block width: 2 * glu_interleave_size (2 for halves), which must fit in int64.
+int64_t gated_block(const char* op, int64_t interleave) {
+  TE_CHECK_VALUE(interleave >= 0, op, "glu_interleave_size must be >= 0, got ", interleave);
+  int64_t block = 2;
+  if (interleave > 0) {
+    TE_CHECK_VALUE(!c10::mul_overflows(interleave, int64_t{2}, &block), op,
+                   "glu_interleave_size ", interleave,
+                   " is too large: 2 * glu_interleave_size overflows int64");
+  }
+  return block;
+}
+
 void check_config(const char* op, const ActConfig& cfg) {
   if (!is_gated(cfg.act)) return;
-  TE_CHECK_VALUE(cfg.interleave >= 0, op, "glu_interleave_size must be >= 0, got ",
-                 cfg.interleave);
+  gated_block(op, cfg.interleave);
   if (cfg.act == Act::CLAMPED_SWIGLU) {
     TE_CHECK_VALUE(std::isfinite(cfg.p0) && cfg.p0 > 0, op, "limit must be finite and > 0, got ",
                    cfg.p0);
@@ -83,7 +96,7 @@ void check_config(const char* op, const ActConfig& cfg) {
 void check_gated_width(const char* op, const Tensor& x, const ActConfig& cfg) {
   if (!is_gated(cfg.act)) return;
   const c10::SymInt& n = x.sym_size(-1);
-  const int64_t block = cfg.interleave > 0 ? 2 * cfg.interleave : 2;
+  const int64_t block = gated_block(op, cfg.interleave);
   TE_CHECK((n % block) == 0, op, "the last dimension of the input (shape ", shape_str(x),
            ") must be divisible by ", block,
            cfg.interleave > 0 ? " (2 * glu_interleave_size)" : " (gated activations split it "
@@ -112,9 +125,10 @@ void ActivationBwd::check(const char* op, const Tensor& dy, const Tensor& x,
   check_float(op, "grad_output", dy);
   check_same_device(op, "grad_output", dy, "input", x);
   if (is_gated(cfg.act)) {
-    TE_CHECK(dy.dim() == x.dim() && dy.sym_sizes().slice(0, x.dim() - 1) ==
+    // x's last dim is even (checked above): compare with its half, as 2 * dy's could overflow
+  TE_CHECK(dy.dim() == x.dim() && dy.sym_sizes().slice(0, x.dim() - 1) ==
                                          x.sym_sizes().slice(0, x.dim() - 1) &&
-                 dy.sym_size(-1) * 2 == x.sym_size(-1),
+                 dy.sym_size(-1) == x.sym_size(-1) / 2,
              op, "grad_output shape ", shape_str(dy),
              " does not match the gated output shape of input ", shape_str(x));
   } else {

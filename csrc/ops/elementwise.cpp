@@ -50,6 +50,12 @@ void ResidualAdd::check(const char* op, const char* name_a, const Tensor& a, con
   check_same_shape(op, name_a, a, name_b, b);
 }
 
+void ResidualAdd::check_inplace(const char* op, const char* name_buf, const Tensor& buffer,
+                                const char* name_other, const Tensor& other) {
+  check(op, name_buf, buffer, name_other, other);
+  check_inplace_overlap(op, name_buf, buffer, name_other, other, /*allow_full=*/true);
+}
+
 Tensor ResidualAdd::allocate(const Tensor& a, const Tensor& b) {
   return at::empty_symint(a.sym_sizes(),
                           a.options().dtype(c10::promoteTypes(a.scalar_type(), b.scalar_type())));
@@ -83,7 +89,7 @@ Tensor add_extra_input_fwd_meta(const Tensor& x, const Tensor& extra) {
 }
 
 void add_extra_input_fwd_inplace_meta(const Tensor& extra, const Tensor& x) {
-  ResidualAdd::check("add_extra_input_fwd_inplace", "extra_input", extra, "input", x);
+  ResidualAdd::check_inplace("add_extra_input_fwd_inplace", "extra_input", extra, "input", x);
 }
 
 Tensor make_extra_output_bwd_meta(const Tensor& dy, const Tensor& dextra) {
@@ -92,8 +98,8 @@ Tensor make_extra_output_bwd_meta(const Tensor& dy, const Tensor& dextra) {
 }
 
 void make_extra_output_bwd_inplace_meta(const Tensor& dextra, const Tensor& dy) {
-  ResidualAdd::check("make_extra_output_bwd_inplace", "grad_extra_output", dextra,
-                     "grad_output", dy);
+  ResidualAdd::check_inplace("make_extra_output_bwd_inplace", "grad_extra_output", dextra,
+                             "grad_output", dy);
 }
 
 }  // namespace

@@ -30,10 +30,13 @@ struct ConstantScale {
 };
 
 // Residual add: functional (`a + b`, fresh output in the promoted dtype) and in place
-// (`buffer += other`, in the buffer's dtype). Shapes must match exactly.
+// (`buffer += other`, in the buffer's dtype). Shapes must match exactly. In place, `other` may be
+// `buffer` itself but not partially overlap it, and `buffer` must not be an expanded view.
 struct ResidualAdd {
   static void check(const char* op, const char* name_a, const Tensor& a, const char* name_b,
                     const Tensor& b);
+  static void check_inplace(const char* op, const char* name_buf, const Tensor& buffer,
+                            const char* name_other, const Tensor& other);
   static Tensor allocate(const Tensor& a, const Tensor& b);
 };
 

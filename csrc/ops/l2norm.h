@@ -3,7 +3,9 @@
 // The forward returns (y, rsqrt_norm): rsqrt_norm holds one value per row (shape
 // x.shape[:-1]) in the accumulation type (fp32 for fp32/bf16/fp16 inputs, fp64 for fp64). The
 // backward takes the forward's input and rsqrt_norm:
-//   dx = r * dy - r^3 * (dy . x) * x,   r = rsqrt_norm of the row.
+//   dx = r * (dy - (dy . y) * y),   y = x * r,   r = rsqrt_norm of the row
+// (algebraically r dy - r^3 (dy . x) x, but without r^3, which overflows fp32 for rows of
+// norm below ~1e-13 and loses accuracy before that).
 #pragma once
 
 #include <tuple>

@@ -71,6 +71,18 @@ void LinearShapes::check_extra(const char* op, const Tensor& extra, const Tensor
            shape_str(x), ", weight ", shape_str(weight), ")");
 }
 
+void LinearShapes::check_extra_inplace(const char* op, const Tensor& extra, const Tensor& x,
+                                       const Tensor& weight, const std::optional<Tensor>& bias) {
+  check_extra(op, extra, x, weight);
+  TE_CHECK(extra.is_contiguous(), op, "the extra input written in place must be contiguous, "
+           "got strides ", extra.sym_strides(), " for shape ", shape_str(extra));
+  check_inplace_overlap(op, "extra_input", extra, "input", x, /*allow_full=*/false);
+  check_inplace_overlap(op, "extra_input", extra, "weight", weight, /*allow_full=*/false);
+  if (bias.has_value()) {
+    check_inplace_overlap(op, "extra_input", extra, "bias", *bias, /*allow_full=*/false);
+  }
+}
+
 void LinearShapes::check_dextra(const char* op, const Tensor& dextra, const Tensor& dy,
                                 const Tensor& weight) {
   check_float(op, "grad_extra_output", dextra);
@@ -125,7 +137,7 @@ Tensor linear_fwd_add_meta(const Tensor& x, const Tensor& weight,
 void linear_fwd_add_inplace_meta(const Tensor& extra, const Tensor& x, const Tensor& weight,
                                  const std::optional<Tensor>& bias, double) {
   LinearShapes::check_fwd("linear_fwd_add_inplace", x, weight, bias);
-  LinearShapes::check_extra("linear_fwd_add_inplace", extra, x, weight);
+  LinearShapes::check_extra_inplace("linear_fwd_add_inplace", extra, x, weight, bias);
 }
 
 Tensor linear_dgrad_meta(const Tensor& dy, const Tensor& weight, double) {

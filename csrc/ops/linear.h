@@ -26,6 +26,11 @@ struct LinearShapes {
                           const Tensor& weight);
   static void check_dextra(const char* op, const Tensor& dextra, const Tensor& dy,
                            const Tensor& weight);
+  // linear_fwd_add_inplace: check_extra, and extra (written in place) contiguous, with no
+  // elements sharing memory, and overlapping none of x, weight, bias (a GEMM reads them while
+  // extra is written).
+  static void check_extra_inplace(const char* op, const Tensor& extra, const Tensor& x,
+                                  const Tensor& weight, const std::optional<Tensor>& bias);
   static Tensor allocate_wgrad(const Tensor& dy, const Tensor& x);
   // linear_bwd: dy against both x and weight, and the bias dtype when dbias is asked for.
   static void check_bwd(const char* op, const Tensor& dy, const Tensor& x, const Tensor& weight,

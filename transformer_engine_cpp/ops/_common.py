@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Optional
+import math
+import numbers
+from typing import Iterable, Optional
 
 import torch
 
@@ -30,6 +32,59 @@ def check_float_dtype(op_name: str, dtype: torch.dtype) -> None:
         raise ValueError(
             f"{op_name}: unsupported dtype {dtype} (expected float32, float64, bfloat16 or float16)"
         )
+
+
+# Sizes reach the custom ops as int64 (schema `int`, tensor sizes): larger values would wrap.
+INT64_MAX = 2**63 - 1
+
+
+def check_size(op: str, name: str, value, *, optional: bool = False,
+               maximum: int = INT64_MAX, limit_reason: str = "it must fit in int64") -> Optional[int]:
+    """A positive int size argument of a constructor (``None`` too when ``optional``), at most
+    ``maximum``: the value as an int, or a ValueError naming the op, the argument and the value
+    (bools and non-integers included, as the constructors have always reported them)."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        kind = "a positive int or None" if optional else "a positive int"
+        raise ValueError(f"{op}: {name} must be {kind}, got {value!r}")
+    if value > maximum:
+        raise ValueError(f"{op}: {name} must be at most {maximum} ({limit_reason}), got {value!r}")
+    return int(value)
+
+
+def check_numel(op: str, name: str, shape: Iterable[int], dtype: Optional[torch.dtype]) -> None:
+    """A tensor ``name`` of ``shape`` (positive ints) and ``dtype`` (None: torch's default)
+    must be addressable: its byte size must fit in int64, as torch requires of a storage.
+    Otherwise a ValueError naming the op, the tensor, its shape and dtype."""
+    shape = tuple(int(d) for d in shape)
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    if math.prod(shape) * dtype.itemsize > INT64_MAX:
+        raise ValueError(f"{op}: {name} of shape {shape} ({dtype}) would need "
+                         f"{math.prod(shape)} elements, more than an int64-indexed tensor holds")
+
+
+def check_shape(op: str, name: str, shape, *, allow_infer: bool = False) -> tuple[int, ...]:
+    """A shape argument: a sequence of ints (an int alone is a 1-D shape), each at least 1, or
+    -1 once when ``allow_infer``, with a product that fits in int64. TypeError for a non-int
+    entry or a non-sequence, ValueError for a bad value; both name the op and the value."""
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+        shape = (shape,)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(f"{op}: {name} must be a sequence of ints, got {shape!r}") from None
+    if not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in dims):
+        raise TypeError(f"{op}: {name} must be a sequence of ints, got {dims!r}")
+    dims = tuple(int(d) for d in dims)
+    lowest = -1 if allow_infer else 0
+    if any(d < lowest for d in dims) or (allow_infer and dims.count(-1) > 1):
+        raise ValueError(f"{op}: invalid {name} {dims!r} "
+                         f"({'at most one -1, no other negatives' if allow_infer else 'negative'})")
+    known = math.prod(d for d in dims if d != -1)
+    if known > INT64_MAX or any(d > INT64_MAX for d in dims):
+        raise ValueError(f"{op}: {name} {dims!r} has more than {INT64_MAX} (int64) elements")
+    return dims
 
 
 def is_compiling() -> bool:

@@ -8,6 +8,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ._common import canonicalize_dtype, check_numel, check_size
 from .basic import BasicLinear, Bias
 from .op import FusedOperation
 
@@ -36,6 +37,10 @@ class Linear(FusedOperation):
     ) -> None:
         if not isinstance(bias, bool):
             raise TypeError(f"Linear: bias must be a bool, got {type(bias).__name__}")
+        in_features = check_size("Linear", "in_features", in_features)
+        out_features = check_size("Linear", "out_features", out_features)
+        if dtype is None or isinstance(dtype, torch.dtype):
+            check_numel("Linear", "weight", (out_features, in_features), canonicalize_dtype(dtype))
         linear = BasicLinear(
             in_features, out_features, device=device, dtype=dtype,
             tensor_parallel_mode=tensor_parallel_mode, tensor_parallel_group=tensor_parallel_group,

@@ -93,9 +93,9 @@ Tensor bwd_impl(const Tensor& dy_in, const Tensor& x_in, const ActConfig& cfg) {
     if constexpr (!is_gated(K)) {
       at::parallel_for(0, x.numel(), kParallelGrainElems, [&](int64_t i0, int64_t i1) {
         for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
-          Vec f, df;
-          act.both(load_acc<T>(xp + i0 + i, k), f, df);
-          store_acc<T>(dxp + i0 + i, load_acc<T>(dyp + i0 + i, k) * df, k);
+          Vec f, gx;
+          act.grad(load_acc<T>(xp + i0 + i, k), load_acc<T>(dyp + i0 + i, k), f, gx);
+          store_acc<T>(dxp + i0 + i, gx, k);
         });
       });
     } else {
@@ -109,12 +109,14 @@ Tensor bwd_impl(const Tensor& dy_in, const Tensor& x_in, const ActConfig& cfg) {
             const int64_t b_off = a_off + g.len;
             const T* dyr = dyp + r * (n / 2) + s * g.len;
             for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
-              Vec fa, dfa, fb, dfb;
-              act.both(load_acc<T>(xp + a_off + i, k), fa, dfa);
-              lin.both(load_acc<T>(xp + b_off + i, k), fb, dfb);
+              // da = act'(a) applied to dy * lin(b); db = lin'(b) applied to dy * act(a)
+              Vec fa, ga, fb, dfb;
+              const Vec b = load_acc<T>(xp + b_off + i, k);
+              lin.both(b, fb, dfb);
               const Vec d = load_acc<T>(dyr + i, k);
-              store_acc<T>(dxp + a_off + i, d * dfa * fb, k);
-              store_acc<T>(dxp + b_off + i, d * fa * dfb, k);
+              act.grad(load_acc<T>(xp + a_off + i, k), d * fb, fa, ga);
+              store_acc<T>(dxp + a_off + i, ga, k);
+              store_acc<T>(dxp + b_off + i, lin.grad(b, d * fa, dfb), k);
             });
           }
         }
@@ -225,9 +227,8 @@ std::tuple<Tensor, Tensor> dbias_dact_impl(const Tensor& dy_in, const Tensor& x_
         const int64_t off = r * n + i;
         Vec z = load_acc<T>(xp + off, k);
         if constexpr (kBias) z = round_to<T>(z + load_acc<T>(bp + i, k));
-        Vec f, df;
-        act.both(z, f, df);
-        const Vec d = load_acc<T>(dyp + off, k) * df;
+        Vec f, d;
+        act.grad(z, load_acc<T>(dyp + off, k), f, d);
         store_acc<T>(dxp + off, d, k);
         return d;
       };
@@ -343,17 +344,19 @@ std::tuple<Tensor, Tensor> scaled_bwd_impl(const Tensor& dy_in, const Tensor& x_
             // lanes of the tail add exactly 0 (the activations are finite at 0).
             const Vec d = load_acc<T>(dyr + i, k);
             const Vec gs = d * sv;
-            Vec fa, dfa;
-            act.both(load_acc<T>(xp + a_off + i, k), fa, dfa);
+            Vec fa, ga;
             if constexpr (is_gated(K)) {
               const int64_t b_off = a_off + g.len;
               Vec fb, dfb;
-              lin.both(load_acc<T>(xp + b_off + i, k), fb, dfb);
-              store_acc<T>(dxp + a_off + i, gs * dfa * fb, k);
-              store_acc<T>(dxp + b_off + i, gs * fa * dfb, k);
+              const Vec b = load_acc<T>(xp + b_off + i, k);
+              lin.both(b, fb, dfb);
+              act.grad(load_acc<T>(xp + a_off + i, k), gs * fb, fa, ga);
+              store_acc<T>(dxp + a_off + i, ga, k);
+              store_acc<T>(dxp + b_off + i, lin.grad(b, gs * fa, dfb), k);
               if (dsp != nullptr) acc += d * (fa * fb);
             } else {
-              store_acc<T>(dxp + a_off + i, gs * dfa, k);
+              act.grad(load_acc<T>(xp + a_off + i, k), gs, fa, ga);
+              store_acc<T>(dxp + a_off + i, ga, k);
               if (dsp != nullptr) acc += d * fa;
             }
           });

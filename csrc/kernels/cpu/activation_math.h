@@ -1,10 +1,19 @@
 // The activation functions and their derivatives, written once over at::vec::Vectorized<A>
 // (A = float, or double for fp64 inputs). Each functor holds its constants as vectors, built
 // once per kernel call.
-//   f(x)            value
-//   both(x, f, df)  value and derivative (shares the transcendental work)
-// Gated activations pair an "act" functor (applied to the first half, a) with a "lin" functor
-// (applied to the second half, b): y = act(a) * lin(b).
+//   f(x)                value
+// "act" functors (unary activations, and the first half a of a gated one):
+//   grad(x, g, f, gx)   value f(x) and the input gradient gx = g * f'(x), for an incoming
+//                       gradient g (dy, or dy * lin(b) for a gated activation)
+// "lin" functors (the second half b of a gated activation, y = act(a) * lin(b)):
+//   both(x, f, df)      value and derivative; grad(x, g, df) the input gradient for g.
+//
+// NaN/inf semantics are PyTorch autograd's on the reference formulas
+// (transformer_engine_cpp/testing/reference.py): g enters the product terms first, as autograd
+// multiplies it in (so g = inf meeting a zero factor gives NaN, never a finite or infinite
+// value PyTorch does not give), and piecewise derivatives (ReLU, clamps) select, as
+// threshold_backward / clamp_backward do: 0 where the input is outside the active range even if
+// g is NaN or inf. The vector body and the row tails run the same code.
 #pragma once
 
 #include <ATen/cpu/vec/vec.h>
@@ -71,6 +80,7 @@ struct Identity {
     f = x;
     df = V<A>(A(1));
   }
+  V<A> grad(const V<A>&, const V<A>& g, const V<A>&) const { return g; }
 };
 
 // tanh approximation: 0.5 x (1 + tanh(k0 (x + k1 x^3))), computed as x sigmoid(2u) with
@@ -88,38 +98,48 @@ struct Gelu {
     // 2u = x (c1 + c2 x^2)
     return x * sigmoid<A, false>(x * at::vec::fmadd(x * x, c2, c1));
   }
-  void both(const V<A>& x, V<A>& f, V<A>& df) const {
+  // g * f'(x), as PyTorch's tanh-GELU backward (g times the derivative)
+  void grad(const V<A>& x, const V<A>& g, V<A>& f, V<A>& gx) const {
     const V<A> x2 = x * x;
     const V<A> s = sigmoid<A, false>(x * at::vec::fmadd(x2, c2, c1));
     f = x * s;
-    df = at::vec::fmadd(f * (one - s), at::vec::fmadd(x2, c2x3, c1), s);
+    gx = g * at::vec::fmadd(f * (one - s), at::vec::fmadd(x2, c2x3, c1), s);
   }
 };
 
 // max(x, 0) as at::vec::clamp_min: one max instruction that returns x where x is NaN (so NaN
-// propagates, as at::vec::maximum's three-instruction form).
+// propagates, as at::vec::maximum's three-instruction form). The gradient is threshold_backward's
+// on the output: 0 where relu(x) <= 0, else g (so x = NaN passes g through).
 template <typename A>
 struct Relu {
-  const V<A> zero{A(0)}, one{A(1)};
+  const V<A> zero{A(0)};
   explicit Relu(const ActConfig&) {}
   V<A> f(const V<A>& x) const { return at::vec::clamp_min(x, zero); }
-  void both(const V<A>& x, V<A>& f, V<A>& df) const {
+  void grad(const V<A>& x, const V<A>& g, V<A>& f, V<A>& gx) const {
     f = at::vec::clamp_min(x, zero);
-    df = V<A>::blendv(zero, one, x > zero);
+    gx = V<A>::blendv(g, zero, x <= zero);
   }
 };
 
 // x * sigmoid(alpha x): SiLU with alpha = 1, QGELU with alpha = 1.702.
+// g x s'(alpha x) alpha with g multiplied in first, as autograd of x * sigmoid(alpha x) does:
+//   gx = g s + ((g x) (1 - s) s) alpha
+template <typename A>
+inline V<A> scaled_silu_grad(const V<A>& x, const V<A>& g, const V<A>& s, const V<A>& one,
+                             const V<A>& alpha) {
+  return at::vec::fmadd((g * x) * (one - s) * s, alpha, g * s);
+}
+
 template <typename A>
 struct ScaledSilu {
   const V<A> one{A(1)}, alpha;
   ScaledSilu(const ActConfig&, A a) : alpha(a) {}
-  // x NaN: f and df are NaN through the products with x
+  // x NaN: f and gx are NaN through the products with x
   V<A> f(const V<A>& x) const { return x * sigmoid<A, false>(alpha * x); }
-  void both(const V<A>& x, V<A>& f, V<A>& df) const {
+  void grad(const V<A>& x, const V<A>& g, V<A>& f, V<A>& gx) const {
     const V<A> s = sigmoid<A, false>(alpha * x);
     f = x * s;
-    df = s + alpha * x * s * (one - s);
+    gx = scaled_silu_grad(x, g, s, one, alpha);
   }
 };
 
@@ -142,10 +162,11 @@ struct SRelu {
     const V<A> r = at::vec::clamp_min(x, zero);  // NaN propagates (see Relu)
     return r * r;
   }
-  void both(const V<A>& x, V<A>& f, V<A>& df) const {
+  // (g * 2r), then threshold_backward's select: 0 where relu(x) <= 0
+  void grad(const V<A>& x, const V<A>& g, V<A>& f, V<A>& gx) const {
     const V<A> r = at::vec::clamp_min(x, zero);
     f = r * r;
-    df = two * r;
+    gx = V<A>::blendv(g * (two * r), zero, x <= zero);
   }
 };
 
@@ -154,9 +175,10 @@ struct Sigmoid {
   const V<A> one{A(1)};
   explicit Sigmoid(const ActConfig&) {}
   V<A> f(const V<A>& x) const { return sigmoid<A>(x); }
-  void both(const V<A>& x, V<A>& f, V<A>& df) const {
+  // sigmoid_backward: g (1 - s) s
+  void grad(const V<A>& x, const V<A>& g, V<A>& f, V<A>& gx) const {
     f = sigmoid<A>(x);
-    df = f * (one - f);
+    gx = g * (one - f) * f;
   }
 };
 
@@ -169,11 +191,12 @@ struct ClampedSilu {
     const V<A> c = at::vec::minimum(x, limit);
     return c * sigmoid<A>(alpha * c);
   }
-  void both(const V<A>& x, V<A>& f, V<A>& df) const {
+  // clamp_backward's select: 0 where x > limit or x is NaN
+  void grad(const V<A>& x, const V<A>& g, V<A>& f, V<A>& gx) const {
     const V<A> c = at::vec::minimum(x, limit);
     const V<A> s = sigmoid<A>(alpha * c);
     f = c * s;
-    df = V<A>::blendv(zero, s + alpha * c * s * (one - s), x <= limit);
+    gx = V<A>::blendv(zero, scaled_silu_grad(c, g, s, one, alpha), x <= limit);
   }
 };
 
@@ -188,6 +211,10 @@ struct ClampOffset {
     f = at::vec::clamp(x, neg_limit, limit) + offset;
     df = V<A>::blendv(zero, one, (x >= neg_limit) & (x <= limit));
   }
+  // clamp_backward's select: 0 outside [-limit, limit] (and for NaN x) whatever g is
+  V<A> grad(const V<A>& x, const V<A>& g, const V<A>&) const {
+    return V<A>::blendv(zero, g, (x >= neg_limit) & (x <= limit));
+  }
 };
 
 // SiTUGLU's act half: beta1 tanh(a / beta1) sigmoid(a).
@@ -196,11 +223,13 @@ struct SiTU {
   const V<A> one{A(1)}, beta, inv_beta;
   explicit SiTU(const ActConfig& c) : beta(A(c.p0)), inv_beta(A(1.0 / c.p0)) {}
   V<A> f(const V<A>& x) const { return beta * (x * inv_beta).tanh() * sigmoid<A>(x); }
-  void both(const V<A>& x, V<A>& f, V<A>& df) const {
+  // autograd of (beta t) s: (g s)(1 - t^2) + (g (beta t))(1 - s) s
+  void grad(const V<A>& x, const V<A>& g, V<A>& f, V<A>& gx) const {
     const V<A> t = (x * inv_beta).tanh();
     const V<A> s = sigmoid<A>(x);
-    f = beta * t * s;
-    df = (one - t * t) * s + beta * t * s * (one - s);
+    const V<A> bt = beta * t;
+    f = bt * s;
+    gx = at::vec::fmadd(g * s, one - t * t, (g * bt) * (one - s) * s);
   }
 };
 
@@ -215,6 +244,7 @@ struct TanhScaled {
     f = beta * t;
     df = one - t * t;
   }
+  V<A> grad(const V<A>&, const V<A>& g, const V<A>& df) const { return g * df; }
 };
 
 // Act -> (act functor, lin functor). Unary activations use only `Act`.

@@ -112,7 +112,7 @@ Tensor residual_add_cpu(const char* op, const char* na, const Tensor& a, const c
 // buffer += other, in the buffer's dtype; a non-contiguous buffer is updated through a copy.
 void residual_add_inplace_cpu(const char* op, const char* nbuf, const Tensor& buffer,
                               const char* nother, const Tensor& other) {
-  ResidualAdd::check(op, nbuf, buffer, nother, other);
+  ResidualAdd::check_inplace(op, nbuf, buffer, nother, other);
   const Tensor o = other.to(buffer.scalar_type()).contiguous();
   if (buffer.is_contiguous()) {
     add_into(buffer, o, buffer);

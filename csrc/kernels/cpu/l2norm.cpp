@@ -80,12 +80,16 @@ Tensor l2normalization_bwd_cpu(const Tensor& dy_in, const Tensor& x_in, const Te
         const T* xr = xp + r * n;
         const T* dyr = dyp + r * n;
         T* dxr = dxp + r * n;
-        const A dot =
-            row_sum<T>(dyr, xr, n, [](const Vec<T>& u, const Vec<T>& v) { return u * v; });
         const A rs = rp[r];
-        const Vec<T> rv(rs), cv(rs * rs * rs * dot);
+        const Vec<T> rv(rs);
+        // k = dy . y with y = x r: every intermediate is O(|dy|), whatever the row's norm
+        const A dot_y = row_sum<T>(dyr, xr, n, [&](const Vec<T>& u, const Vec<T>& v) {
+          return u * (v * rv);
+        });
+        const Vec<T> kv(dot_y);
         auto step = [&](int64_t i, int64_t k) {
-          store_acc<T>(dxr + i, rv * load_acc<T>(dyr + i, k) - cv * load_acc<T>(xr + i, k), k);
+          const Vec<T> y = load_acc<T>(xr + i, k) * rv;
+          store_acc<T>(dxr + i, rv * (load_acc<T>(dyr + i, k) - kv * y), k);
         };
         int64_t i = 0;
         for (; i + W <= n; i += W) step(i, W);

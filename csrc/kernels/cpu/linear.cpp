@@ -133,9 +133,7 @@ void linear_fwd_add_inplace_cpu(const Tensor& extra, const Tensor& x, const Tens
                                 const std::optional<Tensor>& bias, double alpha) {
   BelowAutograd below_autograd;
   LinearShapes::check_fwd("linear_fwd_add_inplace", x, weight, bias);
-  LinearShapes::check_extra("linear_fwd_add_inplace", extra, x, weight);
-  TE_CHECK(extra.is_contiguous(), "linear_fwd_add_inplace",
-           "the extra input written in place must be contiguous");
+  LinearShapes::check_extra_inplace("linear_fwd_add_inplace", extra, x, weight, bias);
   linear_add_into(extra, x, weight, bias, extra, alpha);
 }
 

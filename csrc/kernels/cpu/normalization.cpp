@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "common/vec.h"
@@ -204,13 +205,19 @@ void norm_bwd_kernel(const Tensor& dy, const Tensor& x, const Tensor* mean, cons
         (V::loadu(acc + n + i, k) + d).store(acc + n + i, k);
       }
     });
-    const V c1(kCentered ? hsum<A>(sg) / static_cast<A>(n) : A(0));
-    const V c2(hsum<A>(sgx) / static_cast<A>(n));
+    const A c1s = kCentered ? hsum<A>(sg) / static_cast<A>(n) : A(0);
+    const A c2s = hsum<A>(sgx) / static_cast<A>(n);
+    const V c1(c1s), c2(c2s);
+    // LayerNorm: a non-finite row sum (an inf or NaN in the row's dy, or an inf meeting a zero)
+    // makes the whole dx row NaN, as PyTorch's LayerNorm backward gives (its mixed terms are
+    // inf - inf there); otherwise some lanes would come out as +-inf instead.
+    const bool poisoned = kCentered && !(std::isfinite(c1s) && std::isfinite(c2s));
+    const V outv = poisoned ? V(std::numeric_limits<A>::quiet_NaN()) : rsv;
     T* __restrict dxr = dxp + r * n;
     for_chunks<W>(n, [&](int64_t i, int64_t k) {
       const V xh = kCentered ? (load_acc<T>(xr + i, k) - muv) * rsv : load_acc<T>(xr + i, k) * rsv;
       const V gd = load_acc<T>(dyr + i, k) * V::loadu(g + i, k);
-      V out = rsv * (gd - c1 - xh * c2);
+      V out = outv * (gd - c1 - xh * c2);
       if (der != nullptr) out += load_acc<T>(der + i, k);
       store_acc<T>(dxr + i, out, k);
     });

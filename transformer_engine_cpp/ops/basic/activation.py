@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from .. import _quantized
-from .._common import autocast_dtype
+from .._common import INT64_MAX, autocast_dtype, check_size
 from ..op import BasicOperation, OperationContext
 
 
@@ -153,11 +153,11 @@ class SReLU(_ActivationOperation):
 
 
 def _check_interleave(op: str, size: Optional[int]) -> int:
-    if size is None:
-        return 0
-    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-        raise ValueError(f"{op}: glu_interleave_size must be a positive int or None, got {size!r}")
-    return size
+    """glu_interleave_size as the ops' int argument (0 for None); the ops read blocks of
+    2 * size features, which must fit in int64."""
+    size = check_size(op, "glu_interleave_size", size, optional=True, maximum=INT64_MAX // 2,
+                      limit_reason="2 * glu_interleave_size must fit in int64")
+    return 0 if size is None else size
 
 
 class _GatedActivation(_ActivationOperation):

@@ -6,6 +6,7 @@ from typing import Iterable
 
 import torch
 
+from .._common import check_shape
 from ..op import BasicOperation, OperationContext
 
 
@@ -36,12 +37,7 @@ class Reshape(BasicOperation):
 
     def __init__(self, shape: Iterable[int]) -> None:
         super().__init__()
-        shape = tuple(shape)
-        if not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-            raise TypeError(f"Reshape: shape must be a sequence of ints, got {shape!r}")
-        if sum(d == -1 for d in shape) > 1 or any(d < -1 for d in shape):
-            raise ValueError(f"Reshape: invalid shape {shape!r} (at most one -1, no other negatives)")
-        self._shape = shape
+        self._shape = check_shape("Reshape", "shape", shape, allow_infer=True)
 
     def op_forward(
         self,

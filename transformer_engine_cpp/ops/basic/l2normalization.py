@@ -7,15 +7,12 @@ from typing import Optional
 
 import torch
 
+from .._common import check_size
 from ..op import BasicOperation, OperationContext
 
 
 def _check_optional_positive_int(name: str, value) -> Optional[int]:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"L2Normalization: {name} must be a positive int or None, got {value!r}")
-    return value
+    return check_size("L2Normalization", name, value, optional=True)
 
 
 class L2Normalization(BasicOperation):

@@ -14,7 +14,7 @@ from typing import Iterable, Optional, Union
 import torch
 
 from .._common import (autocast_dtype, canonicalize_device, canonicalize_dtype, check_float_dtype,
-                       init_parameter, materialize_device)
+                       check_numel, init_parameter, materialize_device)
 from .. import _quantized
 from ..op import BasicOperation, OperationContext
 
@@ -91,6 +91,7 @@ class _Norm(BasicOperation):
         self.device = canonicalize_device(device)
         dtype = canonicalize_dtype(dtype)
         check_float_dtype(name, dtype)
+        check_numel(name, "weight", self.normalized_shape, dtype)
         self.weight = torch.nn.Parameter(torch.empty(self.normalized_shape, device="meta",
                                                      dtype=dtype))
         if self._has_bias:
