@@ -100,15 +100,12 @@ def test_constructor_size_out_of_range(make, exc, match):
         make()
 
 
-# BasicLinear and Bias take the same helpers in their constructors (their owner adds the calls):
-# strict xfail, so the marks come off once they do.
-@pytest.mark.xfail(strict=True, reason="BasicLinear/Bias constructors: calls owned elsewhere")
 @pytest.mark.parametrize("make,match", [
     (lambda: te.ops.BasicLinear(2**63, 4), r"BasicLinear: in_features must be at most"),
     (lambda: te.ops.BasicLinear(2**40, 2**40, device="meta"), r"BasicLinear: weight of shape"),
     (lambda: te.ops.Bias(2**63), r"Bias: size must be at most"),
 ], ids=["BasicLinear", "BasicLinear-numel", "Bias"])
-def test_constructor_size_out_of_range_owned_elsewhere(make, match):
+def test_linear_and_bias_constructor_size_out_of_range(make, match):
     with pytest.raises(ValueError, match=match):
         make()
 

@@ -7,8 +7,8 @@ from typing import Callable, Optional
 
 import torch
 
-from .._common import (autocast_dtype, canonicalize_device, canonicalize_dtype,
-                       init_parameter, materialize_device)
+from .._common import (autocast_dtype, canonicalize_device, canonicalize_dtype, check_numel,
+                       check_size, init_parameter, materialize_device)
 from ...quantization import FP8GlobalStateManager, RecipeState
 from ...quantization._formats import format_of
 from ...quantization.quantizer import Float8CurrentScalingQuantizer, Float8Quantizer
@@ -25,12 +25,6 @@ _linear_dgrad_add = torch.ops.te_cpp.linear_dgrad_add.default
 _linear_wgrad = torch.ops.te_cpp.linear_wgrad.default
 _linear_bwd = torch.ops.te_cpp.linear_bwd.default
 _bias_bwd = torch.ops.te_cpp.bias_bwd.default
-
-
-def _positive_int(op: str, name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{op}: {name} must be a positive int, got {value!r}")
-    return value
 
 
 class BasicLinear(BasicOperation):
@@ -70,8 +64,8 @@ class BasicLinear(BasicOperation):
     ) -> None:
         super().__init__()
         name = self.__class__.__name__
-        self.in_features = _positive_int(name, "in_features", in_features)
-        self.out_features = _positive_int(name, "out_features", out_features)
+        self.in_features = check_size(name, "in_features", in_features)
+        self.out_features = check_size(name, "out_features", out_features)
         if tensor_parallel_mode not in (None, "column", "row"):
             raise ValueError(f"{name}: tensor_parallel_mode must be None, 'column' or 'row', "
                              f"got {tensor_parallel_mode!r}")
@@ -92,6 +86,7 @@ class BasicLinear(BasicOperation):
         if dtype not in _LINEAR_DTYPES:
             raise ValueError(f"{name}: unsupported dtype {dtype} (expected float32, float16, "
                              "bfloat16 or float64)")
+        check_numel(name, "weight", (self.out_features, self.in_features), dtype)
         self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, device="meta",
                                                      dtype=dtype))
         if self.device.type != "meta":

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from .._common import (autocast_dtype, canonicalize_device, canonicalize_dtype, check_float_dtype,
-                       init_parameter, materialize_device)
+                       check_numel, check_size, init_parameter, materialize_device)
 from .. import _quantized
 from ..op import BasicOperation, OperationContext
 
@@ -38,8 +38,7 @@ class Bias(BasicOperation):
         tensor_parallel_group=None,
     ) -> None:
         super().__init__()
-        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
-            raise ValueError(f"Bias: size must be a positive int, got {size!r}")
+        size = check_size("Bias", "size", size)
         if tensor_parallel:
             raise NotImplementedError("Bias: tensor_parallel=True is not supported")
         del tensor_parallel_group
@@ -47,6 +46,7 @@ class Bias(BasicOperation):
         self.device = canonicalize_device(device)
         dtype = canonicalize_dtype(dtype)
         check_float_dtype("Bias", dtype)
+        check_numel("Bias", "bias", (size,), dtype)
         self.bias = torch.nn.Parameter(torch.empty(size, device="meta", dtype=dtype))
         if self.device.type != "meta":
             self.reset_parameters()
