@@ -8,6 +8,7 @@ inputs it must reject with a clear error.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Optional
 
 import torch
@@ -119,6 +120,7 @@ def _op_name(op) -> str:
 CONTIGUOUS_ARGUMENTS: dict[str, dict[int, str]] = {}
 
 
+@functools.cache  # one samples function per configuration: opchecked once
 def _samples_unary(stem):
     def samples(dtype):
         out = []
@@ -135,6 +137,7 @@ def _samples_unary(stem):
     return samples
 
 
+@functools.cache  # one samples function per configuration: opchecked once
 def _samples_gated(stem, *args, interleave=0, features=16):
     def samples(dtype):
         out = []
@@ -199,6 +202,7 @@ def _samples_l2normalization(dtype):
     return _with_non_contiguous(out)
 
 
+@functools.cache  # one samples function per configuration: opchecked once
 def _samples_scaled(stem, *args, gated=True, interleave=0, features=16):
     fwd, bwd = getattr(te_ops, f"scaled_{stem}_fwd"), getattr(te_ops, f"scaled_{stem}_bwd")
     extra = (interleave,) if gated else ()
@@ -493,6 +497,7 @@ def _bias_act_case(act_cls, stem, ref_fn):
     )
 
 
+@functools.cache  # one samples function per configuration: opchecked once
 def _samples_norm(kind, tail=(13,)):
     def samples(dtype):
         out = []

@@ -30,8 +30,8 @@ def _all_te_cpp_ops() -> set[str]:
 
 def _opcheck_cases() -> list:
     """The first case of each distinct opcheck_samples function: cases of one family share
-    their samples (the twelve linear cases all use the linear family's), which would otherwise
-    be opchecked once per case."""
+    their samples (the twelve linear cases all use the linear family's; the factories in
+    cases.py are cached per configuration), which would otherwise be opchecked once per case."""
     first = {}
     for case in OP_CASES:
         if case.opcheck_samples and case.opcheck_samples not in first:
