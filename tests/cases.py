@@ -79,15 +79,31 @@ def _non_contiguous(t):
     return out
 
 
+def _op_name(op) -> str:
+    return op._qualified_op_name.split("::", 1)[1]
+
+
+def _first_tensor(args) -> torch.Tensor:
+    """A sample's first tensor argument: the data input, or the buffer an op writes in place."""
+    return next(a for a in args if isinstance(a, torch.Tensor))
+
+
 def _is_non_contiguous_sample(args) -> bool:
     return any(isinstance(a, torch.Tensor) and not a.is_contiguous() for a in args)
 
 
 def _is_zero_size_sample(args) -> bool:
-    """Whether the sample's first tensor argument (the data input, or the buffer written in
-    place) has no elements."""
-    first = next(a for a in args if isinstance(a, torch.Tensor))
+    first = _first_tensor(args)
     return first.dim() > 0 and first.numel() == 0
+
+
+#: Tensor arguments a custom op requires to be contiguous, by op name and argument index
+#: (with the reason); everything else accepts any strides. Each entry must reject a
+#: non-contiguous argument with a clear error (test_conformance.py::
+#: test_contiguous_arguments_reject_non_contiguous_input). None today: every kernel reads its
+#: inputs through .contiguous(), and the in-place ops update a non-contiguous buffer through a
+#: contiguous copy.
+CONTIGUOUS_ARGUMENTS: dict[str, dict[int, str]] = {}
 
 
 def _with_non_contiguous(samples):
@@ -101,23 +117,11 @@ def _with_non_contiguous(samples):
     for op, all_args in by_op.items():
         if any(_is_non_contiguous_sample(a) for a in all_args):
             continue
-        largest = max(all_args, key=lambda a: next(t for t in a if isinstance(t, torch.Tensor)).numel())
+        largest = max(all_args, key=lambda a: _first_tensor(a).numel())
         keep = CONTIGUOUS_ARGUMENTS.get(_op_name(op), {})
         out.append((op, tuple(_non_contiguous(a) if isinstance(a, torch.Tensor) and i not in keep
                               else a for i, a in enumerate(largest))))
     return out
-
-
-def _op_name(op) -> str:
-    return op._qualified_op_name.split("::", 1)[1]
-
-
-#: Tensor arguments a custom op requires to be contiguous, by op name and argument index
-#: (with the reason); everything else accepts any strides. Each entry must reject a
-#: non-contiguous argument with a clear error (test_conformance.py::
-#: test_contiguous_arguments_reject_non_contiguous_input). None today: the in-place ops update a
-#: non-contiguous buffer through a contiguous copy.
-CONTIGUOUS_ARGUMENTS: dict[str, dict[int, str]] = {}
 
 
 @functools.cache  # one samples function per configuration: opchecked once
