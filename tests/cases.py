@@ -8,6 +8,7 @@ inputs it must reject with a clear error.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Optional
 
 import torch
@@ -63,10 +64,67 @@ def _rand(*shape, dtype=torch.float32, scale=1.0):
 
 
 def _shapes(features):
-    """Sample shapes for opcheck: one row, a few rows with leading dims, a transposed one."""
-    return [(1, features), (2, 3, features)]
+    """Sample shapes for opcheck: one row, a few rows with leading dims, zero rows."""
+    return [(1, features), (2, 3, features), (0, features)]
 
 
+def _non_contiguous(t):
+    """A non-contiguous tensor with t's shape, dtype and values: every other element of a
+    twice-as-wide buffer. A tensor of fewer than two elements is returned as it is."""
+    if t.dim() == 0 or t.numel() < 2:
+        return t
+    buf = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
+    out = buf[..., ::2]
+    out.copy_(t)
+    return out
+
+
+def _op_name(op) -> str:
+    return op._qualified_op_name.split("::", 1)[1]
+
+
+def _first_tensor(args) -> torch.Tensor:
+    """A sample's first tensor argument: the data input, or the buffer an op writes in place."""
+    return next(a for a in args if isinstance(a, torch.Tensor))
+
+
+def _is_non_contiguous_sample(args) -> bool:
+    return any(isinstance(a, torch.Tensor) and not a.is_contiguous() for a in args)
+
+
+def _is_zero_size_sample(args) -> bool:
+    first = _first_tensor(args)
+    return first.dim() > 0 and first.numel() == 0
+
+
+#: Tensor arguments a custom op requires to be contiguous, by op name and argument index
+#: (with the reason); everything else accepts any strides. Each entry must reject a
+#: non-contiguous argument with a clear error (test_conformance.py::
+#: test_contiguous_arguments_reject_non_contiguous_input). None today: every kernel reads its
+#: inputs through .contiguous(), and the in-place ops update a non-contiguous buffer through a
+#: contiguous copy.
+CONTIGUOUS_ARGUMENTS: dict[str, dict[int, str]] = {}
+
+
+def _with_non_contiguous(samples):
+    """``samples`` plus, for each op among them that has no non-contiguous sample yet, a copy
+    of its largest sample with every tensor argument made non-contiguous (same values). The
+    arguments an op requires contiguous (CONTIGUOUS_ARGUMENTS) stay contiguous."""
+    out = list(samples)
+    by_op: dict = {}
+    for op, args in samples:
+        by_op.setdefault(op, []).append(args)
+    for op, all_args in by_op.items():
+        if any(_is_non_contiguous_sample(a) for a in all_args):
+            continue
+        largest = max(all_args, key=lambda a: _first_tensor(a).numel())
+        keep = CONTIGUOUS_ARGUMENTS.get(_op_name(op), {})
+        out.append((op, tuple(_non_contiguous(a) if isinstance(a, torch.Tensor) and i not in keep
+                              else a for i, a in enumerate(largest))))
+    return out
+
+
+@functools.cache  # one samples function per configuration: opchecked once
 def _samples_unary(stem):
     def samples(dtype):
         out = []
@@ -79,10 +137,11 @@ def _samples_unary(stem):
         # a non-contiguous (transposed) input
         xt = _rand(16, 5, dtype=dtype).t()
         out.append((getattr(te_ops, f"{stem}_fwd"), (xt,)))
-        return out
+        return _with_non_contiguous(out)
     return samples
 
 
+@functools.cache  # one samples function per configuration: opchecked once
 def _samples_gated(stem, *args, interleave=0, features=16):
     def samples(dtype):
         out = []
@@ -91,7 +150,7 @@ def _samples_gated(stem, *args, interleave=0, features=16):
             dy = _rand(*shape[:-1], features // 2, dtype=dtype)
             out += [(getattr(te_ops, f"{stem}_fwd"), (x, *args, interleave)),
                     (getattr(te_ops, f"{stem}_bwd"), (dy, x, *args, interleave))]
-        return out
+        return _with_non_contiguous(out)
     return samples
 
 
@@ -103,25 +162,34 @@ def _samples_bias(dtype):
     # mixed dtypes: fp32 bias on a low-precision input promotes
     out.append((te_ops.bias_fwd, (_rand(3, 11, dtype=dtype), _rand(11, dtype=torch.float32))))
     out.append((te_ops.bias_bwd, (_rand(130, 11, dtype=dtype), torch.float32)))
-    return out
+    return _with_non_contiguous(out)
 
 
 def _samples_scale(dtype):
-    x = _rand(2, 3, 9, dtype=dtype)
-    return [(te_ops.constant_scale_fwd, (x, 0.5)), (te_ops.constant_scale_bwd, (x, -2.0))]
+    out = []
+    for shape in [(2, 3, 9), (0, 9)]:
+        x = _rand(*shape, dtype=dtype)
+        out += [(te_ops.constant_scale_fwd, (x, 0.5)), (te_ops.constant_scale_bwd, (x, -2.0))]
+    return _with_non_contiguous(out)
 
 
 def _samples_add_extra_input(dtype):
-    x, e = _rand(2, 3, 9, dtype=dtype), _rand(2, 3, 9, dtype=dtype)
-    return [(te_ops.add_extra_input_fwd, (x, e)),
-            (te_ops.add_extra_input_fwd_inplace, (e.clone(), x)),
-            (te_ops.add_extra_input_fwd, (x, e.float()))]
+    out = []
+    for shape in [(2, 3, 9), (0, 9)]:
+        x, e = _rand(*shape, dtype=dtype), _rand(*shape, dtype=dtype)
+        out += [(te_ops.add_extra_input_fwd, (x, e)),
+                (te_ops.add_extra_input_fwd_inplace, (e.clone(), x)),
+                (te_ops.add_extra_input_fwd, (x, e.float()))]
+    return _with_non_contiguous(out)
 
 
 def _samples_make_extra_output(dtype):
-    dy, de = _rand(2, 3, 9, dtype=dtype), _rand(2, 3, 9, dtype=dtype)
-    return [(te_ops.make_extra_output_bwd, (dy, de)),
-            (te_ops.make_extra_output_bwd_inplace, (de.clone(), dy))]
+    out = []
+    for shape in [(2, 3, 9), (0, 9)]:
+        dy, de = _rand(*shape, dtype=dtype), _rand(*shape, dtype=dtype)
+        out += [(te_ops.make_extra_output_bwd, (dy, de)),
+                (te_ops.make_extra_output_bwd_inplace, (de.clone(), dy))]
+    return _with_non_contiguous(out)
 
 
 def _samples_l2normalization(dtype):
@@ -135,9 +203,10 @@ def _samples_l2normalization(dtype):
     out.append((te_ops.l2normalization_fwd, (xt, 0.5)))
     rnorm_t = te_ops.l2normalization_fwd(xt, 0.5)[1]
     out.append((te_ops.l2normalization_bwd, (xt.clone(), xt, rnorm_t)))
-    return out
+    return _with_non_contiguous(out)
 
 
+@functools.cache  # one samples function per configuration: opchecked once
 def _samples_scaled(stem, *args, gated=True, interleave=0, features=16):
     fwd, bwd = getattr(te_ops, f"scaled_{stem}_fwd"), getattr(te_ops, f"scaled_{stem}_bwd")
     extra = (interleave,) if gated else ()
@@ -155,7 +224,7 @@ def _samples_scaled(stem, *args, gated=True, interleave=0, features=16):
         st = _rand(12, dtype=torch.float32)[::2]
         dyt = _rand(6, features // 2 if gated else features, dtype=dtype)
         out += [(fwd, (xt, st, *args, *extra)), (bwd, (dyt, xt, st, True, *args, *extra))]
-        return out
+        return _with_non_contiguous(out)
     return samples
 
 
@@ -166,14 +235,14 @@ def _samples_dropout(dtype):
     # real outputs of repeated runs, which an op drawing from a global generator would fail).
     out = []
     seed = torch.tensor(20240607, dtype=torch.int64)
-    for shape, p in [((1, 16), 0.3), ((2, 3, 16), 0.5), ((13,), 0.0)]:
+    for shape, p in [((1, 16), 0.3), ((2, 3, 16), 0.5), ((13,), 0.0), ((0, 16), 0.3)]:
         x, dy = _rand(*shape, dtype=dtype), _rand(*shape, dtype=dtype)
         _, mask = te_ops.dropout_fwd(x, seed, p)
         out += [(te_ops.dropout_fwd, (x, seed, p)), (te_ops.dropout_bwd, (dy, mask, p))]
     xt = _rand(16, 5, dtype=dtype).t()
     out.append((te_ops.dropout_fwd, (xt, torch.tensor([-7], dtype=torch.int64), 0.25)))
     out.append((te_ops.dropout_bwd, (xt, te_ops.dropout_fwd(xt, seed, 0.25)[1], 0.25)))
-    return out
+    return _with_non_contiguous(out)
 
 
 # ---- bad inputs ---------------------------------------------------------------------------------
@@ -394,7 +463,7 @@ def _samples_bias_act(stem):
                 (getattr(te_ops, f"dbias_d{stem}"), (_rand(3, 16, dtype=dtype), x, torch.float32,
                                                      b32)),
                 (te_ops.bias_act_fwd, (_rand(16, 5, dtype=dtype).t(), _rand(16, dtype=dtype), stem))]
-        return out
+        return _with_non_contiguous(out)
     return samples
 
 
@@ -432,10 +501,11 @@ def _bias_act_case(act_cls, stem, ref_fn):
     )
 
 
+@functools.cache  # one samples function per configuration: opchecked once
 def _samples_norm(kind, tail=(13,)):
     def samples(dtype):
         out = []
-        for lead in [(1,), (2, 3)]:
+        for lead in [(1,), (2, 3), (0,)]:
             x = _rand(*lead, *tail, dtype=dtype)
             dy = _rand(*lead, *tail, dtype=dtype)
             w, b = _rand(*tail, dtype=dtype), _rand(*tail, dtype=dtype)
@@ -450,7 +520,7 @@ def _samples_norm(kind, tail=(13,)):
                             (te_ops.rmsnorm_bwd, (dy, x, rstd, w, zcg)),
                             (te_ops.rmsnorm_bwd_add, (dy, x, rstd, w, zcg, _rand(*lead, *tail,
                                                                                   dtype=dtype)))]
-        return out
+        return _with_non_contiguous(out)
     return samples
 
 
@@ -497,7 +567,7 @@ def _add_rmsnorm_case():
 
 def _samples_linear(dtype):
     out = []
-    for lead in [(1,), (2, 3)]:
+    for lead in [(1,), (2, 3), (0,)]:
         x = _rand(*lead, 13, dtype=dtype)
         w, b = _rand(7, 13, dtype=dtype), _rand(7, dtype=dtype)
         dy, extra = _rand(*lead, 7, dtype=dtype), _rand(*lead, 7, dtype=dtype)
@@ -521,7 +591,7 @@ def _samples_linear(dtype):
         ]
     # a transposed (non-contiguous) weight and input
     out.append((te_ops.linear_fwd, (_rand(13, 4, dtype=dtype).t(), _rand(13, 7, dtype=dtype).t())))
-    return out
+    return _with_non_contiguous(out)
 
 
 def _linear_bad_inputs(make, num_extra_inputs):
@@ -723,7 +793,7 @@ CASE_IDS = [c.id for c in OP_CASES]
 
 def _samples_quantize(dtype):
     out = []
-    for shape in [(1, 64), (2, 3, 64)]:
+    for shape in [(1, 64), (2, 3, 64), (0, 64)]:
         x = _rand(*shape, dtype=dtype)
         for fmt in (0, 1):
             out.append((te_ops.fp8_quantize, (x, fmt, False, 0.0)))
@@ -738,7 +808,7 @@ def _samples_quantize(dtype):
     xt = _rand(64, 32, dtype=dtype).t()
     out.append((te_ops.fp8_quantize, (xt, 0, False, 0.0)))
     out.append((te_ops.mxfp8_quantize, (xt, 0)))
-    return out
+    return _with_non_contiguous(out)
 
 
 STANDALONE_OPCHECK_SAMPLES = {"quantize": _samples_quantize}

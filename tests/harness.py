@@ -12,6 +12,8 @@ LAYOUTS = {
     "rows": ((7,), False),
     "leading_dims": ((2, 3), False),
     "non_contiguous": ((5,), True),
+    # no rows: forward and backward run, parameter grads are zeros of the parameters' shapes
+    "zero_rows": ((0,), False),
 }
 
 

@@ -1,5 +1,7 @@
-"""Conformance harness: every OpCase in tests/cases.py gets opcheck on its custom ops, eager
-numerics against a float64 reference (fp32 and bf16, several layouts), compiled
+"""Conformance harness: every OpCase in tests/cases.py gets opcheck on its custom ops (fp32,
+bf16 and fp16; zero-size and non-contiguous samples for every op), eager numerics against a
+float64 reference (fp32, bf16 and fp16; layouts with one, several and zero rows, leading dims,
+a non-contiguous input), compiled
 (fullgraph=True) forward and backward equal to eager with zero graph breaks, and its bad-input
 errors."""
 
@@ -11,13 +13,14 @@ from torch._dynamo.testing import AotEagerAndRecordGraphs
 from torch._dynamo.utils import counters
 from torch.library import opcheck
 
-from cases import CASE_IDS, OP_CASES, STANDALONE_OPCHECK_SAMPLES
+from cases import (CASE_IDS, CONTIGUOUS_ARGUMENTS, OP_CASES, STANDALONE_OPCHECK_SAMPLES,
+                   _is_non_contiguous_sample, _is_zero_size_sample, _non_contiguous, _op_name)
 from harness import (LAYOUTS, as_tuple, build, clone_leaf, eager_run, inputs_for,
                      random_grads_like, reference_run)
 from tolerances import COMPILED_VS_EAGER, tols
 
-DTYPES = [torch.float32, torch.bfloat16]
-DTYPE_IDS = ["fp32", "bf16"]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+DTYPE_IDS = ["fp32", "bf16", "fp16"]
 
 
 def _all_te_cpp_ops() -> set[str]:
@@ -25,8 +28,19 @@ def _all_te_cpp_ops() -> set[str]:
             if n.startswith("te_cpp::")}
 
 
+def _opcheck_cases() -> list:
+    """The first case of each distinct opcheck_samples function: cases of one family share
+    their samples (the twelve linear cases all use the linear family's; the factories in
+    cases.py are cached per configuration), which would otherwise be opchecked once per case."""
+    first = {}
+    for case in OP_CASES:
+        if case.opcheck_samples and case.opcheck_samples not in first:
+            first[case.opcheck_samples] = case
+    return list(first.values())
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("case", [c for c in OP_CASES if c.opcheck_samples], ids=lambda c: c.id)
+@pytest.mark.parametrize("case", _opcheck_cases(), ids=lambda c: c.id)
 def test_opcheck(case, dtype):
     for op, args in case.opcheck_samples(dtype):
         opcheck(op, args)
@@ -39,15 +53,48 @@ def test_opcheck_standalone(family, dtype):
         opcheck(op, args)
 
 
+def _all_opcheck_samples(dtype=torch.float32) -> list:
+    """Every (custom op, args) opcheck sample: the op cases' and the standalone ones."""
+    out, seen = [], set()
+    for sample_fn in [c.opcheck_samples for c in OP_CASES if c.opcheck_samples] + \
+            list(STANDALONE_OPCHECK_SAMPLES.values()):
+        if sample_fn not in seen:  # cases of one family share their samples
+            seen.add(sample_fn)
+            out += sample_fn(dtype)
+    return out
+
+
 def test_every_custom_op_has_an_opcheck_sample():
-    covered = set()
-    for case in OP_CASES:
-        if case.opcheck_samples:
-            covered |= {op._qualified_op_name.split("::", 1)[1] for op, _ in case.opcheck_samples(torch.float32)}
-    for samples in STANDALONE_OPCHECK_SAMPLES.values():
-        covered |= {op._qualified_op_name.split("::", 1)[1] for op, _ in samples(torch.float32)}
+    covered = {_op_name(op) for op, _ in _all_opcheck_samples()}
     missing = _all_te_cpp_ops() - covered
     assert not missing, f"custom ops without an opcheck sample: {sorted(missing)}"
+
+
+def test_every_custom_op_has_zero_size_and_non_contiguous_samples():
+    """Each custom op's samples include one whose input has no elements, and one with
+    non-contiguous tensor arguments (CONTIGUOUS_ARGUMENTS lists the arguments an op requires
+    contiguous; those are tested to raise below)."""
+    samples = _all_opcheck_samples()
+    ops = _all_te_cpp_ops()
+    zero = {_op_name(op) for op, args in samples if _is_zero_size_sample(args)}
+    non_contiguous = {_op_name(op) for op, args in samples if _is_non_contiguous_sample(args)}
+    assert not ops - zero, f"custom ops without a zero-size opcheck sample: {sorted(ops - zero)}"
+    assert not ops - non_contiguous, \
+        f"custom ops without a non-contiguous opcheck sample: {sorted(ops - non_contiguous)}"
+    assert set(CONTIGUOUS_ARGUMENTS) <= ops, sorted(set(CONTIGUOUS_ARGUMENTS) - ops)
+
+
+def test_contiguous_arguments_reject_non_contiguous_input():
+    """An argument an op requires contiguous gets a clear error naming the op when it is not."""
+    samples = _all_opcheck_samples()
+    for name, arguments in CONTIGUOUS_ARGUMENTS.items():
+        args = next(a for op, a in samples if _op_name(op) == name and not
+                    _is_zero_size_sample(a) and not _is_non_contiguous_sample(a))
+        for index in arguments:
+            bad = list(args)
+            bad[index] = _non_contiguous(args[index].clone())
+            with pytest.raises(RuntimeError, match=rf"te_cpp\.{name}: .*contiguous"):
+                getattr(torch.ops.te_cpp, name)(*bad)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -80,6 +127,12 @@ def test_numerics_vs_float64_reference(case, dtype, layout):
     for name, g in dparams.items():
         assert g is not None and g.dtype == dtype, name
         torch.testing.assert_close(g.double(), r_dparams[name], **tol, msg=lambda m: f"{name}: {m}")
+    if x.numel() == 0:
+        # no rows: the parameter grads are (exact) zeros of the parameters' shapes
+        assert dx.shape == x.shape
+        for name, p in seq.named_parameters():
+            assert dparams[name].shape == p.shape, name
+            assert not dparams[name].any(), name
 
 
 @pytest.mark.parametrize("case", OP_CASES, ids=CASE_IDS)

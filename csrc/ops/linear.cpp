@@ -74,8 +74,6 @@ void LinearShapes::check_extra(const char* op, const Tensor& extra, const Tensor
 void LinearShapes::check_extra_inplace(const char* op, const Tensor& extra, const Tensor& x,
                                        const Tensor& weight, const std::optional<Tensor>& bias) {
   check_extra(op, extra, x, weight);
-  TE_CHECK(extra.is_contiguous(), op, "the extra input written in place must be contiguous, "
-           "got strides ", extra.sym_strides(), " for shape ", shape_str(extra));
   check_inplace_overlap(op, "extra_input", extra, "input", x, /*allow_full=*/false);
   check_inplace_overlap(op, "extra_input", extra, "weight", weight, /*allow_full=*/false);
   if (bias.has_value()) {

@@ -134,7 +134,15 @@ void linear_fwd_add_inplace_cpu(const Tensor& extra, const Tensor& x, const Tens
   BelowAutograd below_autograd;
   LinearShapes::check_fwd("linear_fwd_add_inplace", x, weight, bias);
   LinearShapes::check_extra_inplace("linear_fwd_add_inplace", extra, x, weight, bias);
-  linear_add_into(extra, x, weight, bias, extra, alpha);
+  if (extra.is_contiguous()) {
+    linear_add_into(extra, x, weight, bias, extra, alpha);
+  } else {
+    // a non-contiguous buffer is updated through a contiguous copy (as the residual adds are;
+    // the Meta kernel accepts any strides, so the real kernel must too)
+    Tensor tmp = extra.contiguous();
+    linear_add_into(tmp, x, weight, bias, tmp, alpha);
+    const_cast<Tensor&>(extra).copy_(tmp);
+  }
 }
 
 Tensor linear_dgrad_cpu(const Tensor& dy_in, const Tensor& weight, double alpha) {

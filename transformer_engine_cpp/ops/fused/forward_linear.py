@@ -130,10 +130,7 @@ class ForwardLinearBiasAdd(FusedOperation):
         alpha = self._ops[-2].scale if self._has_scale else 1.0
         if self._in_place and not is_compiling():
             buffer = extra.detach()
-            if buffer.is_contiguous():
-                torch.ops.te_cpp.linear_fwd_add_inplace.default(buffer, x, w, b, alpha)
-            else:  # the GEMM cannot accumulate into a strided buffer: compute, then write back
-                buffer.copy_(torch.ops.te_cpp.linear_fwd_add.default(x, w, b, buffer, alpha))
+            torch.ops.te_cpp.linear_fwd_add_inplace.default(buffer, x, w, b, alpha)
             torch.autograd.graph.increment_version(buffer)
             return buffer, [()] * len(self._ops)
         out_dtype = extra.dtype if self._in_place else torch.promote_types(x.dtype, extra.dtype)
