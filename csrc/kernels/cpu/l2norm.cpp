@@ -4,7 +4,9 @@
 #include <ATen/cpu/vec/functional.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "common/vec.h"
 #include "ops/l2norm.h"
@@ -81,6 +83,12 @@ Tensor l2normalization_bwd_cpu(const Tensor& dy_in, const Tensor& x_in, const Te
         const T* dyr = dyp + r * n;
         T* dxr = dxp + r * n;
         const A rs = rp[r];
+        if (std::isinf(rs)) {
+          // sum(x^2) + eps == 0 (eps = 0, a zero or underflowing row): the forward is inf or
+          // NaN and PyTorch's autograd of it gives NaN (inf * 0), never +-inf
+          std::fill(dxr, dxr + n, std::numeric_limits<T>::quiet_NaN());
+          continue;
+        }
         const Vec<T> rv(rs);
         // k = dy . y with y = x r: every intermediate is O(|dy|), whatever the row's norm
         const A dot_y = row_sum<T>(dyr, xr, n, [&](const Vec<T>& u, const Vec<T>& v) {
