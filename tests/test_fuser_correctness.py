@@ -232,8 +232,8 @@ def test_insert_keeps_named_keys():
 # ---- 12. fresh extra outputs on a channel need grad -------------------------------------------
 
 class _Tap(BasicOperation):
-    """y = x; extra output = 2 * x, a fresh tensor; its consumer reports whether it was told
-    the extra input needs a gradient."""
+    """y = x; extra output = 2 * x, a fresh tensor made inside the pipeline (it carries no
+    requires_grad of its own)."""
 
     num_extra_outputs = 1
 
@@ -377,3 +377,26 @@ def test_extensions_still_apply_after_user_fusions(fusion_registry):
     assert fuser._forward_ops[0][0]._activation == "gelu"
     assert [type(op).__name__ for op, _ in fuser._backward_ops] == \
         ["BasicLinear", "BackwardActivationBias", "BackwardActivationBias"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16],
+                         ids=["fp32", "bf16", "fp16"])
+def test_functional_residual_add_after_linear_fuses_in_every_dtype(dtype, fusion_registry):
+    """[Linear, AddExtraInput()]: a user's forward fusion sees what TransformerEngine shows it
+    ([BasicLinear, Bias] fused only for fp16/bf16 weights; the functional add unfused); the
+    extensions then make one ForwardLinearBiasAdd in every dtype."""
+    expected_seen = (["BasicLinear", "Bias", "AddExtraInput"] if dtype == torch.float32
+                     else ["ForwardLinearBiasActivation", "AddExtraInput"])
+    seen = []
+
+    def spy(ops, *, recipe=None):
+        seen.append([type(op).__name__ for op in ops])
+        return ops
+
+    te.ops.register_forward_fusion(spy)
+    m = te.ops.Sequential(te.ops.Linear(8, 8, dtype=dtype), te.ops.AddExtraInput())
+    x = torch.randn(2, 8, dtype=dtype, requires_grad=True)
+    m(x, torch.randn(2, 8, dtype=dtype)).sum().backward()
+    assert seen[-1] == expected_seen
+    assert [type(op).__name__ for op, _ in m._module_groups[0]._forward_ops] == \
+        ["ForwardLinearBiasAdd"]

@@ -151,31 +151,48 @@ def _linear_ok(op) -> bool:
 
 
 def _fuse_linear_bias_add(ops: list, in_place: bool) -> list:
+    """``[BasicLinear, Bias?, AddExtraInput]`` with the add's ``in_place`` as given; a
+    ``[BasicLinear, Bias]`` already fused without activation (ForwardLinearBiasActivation, an
+    earlier fusion) takes the add after it."""
+    def is_add(j):
+        return j < len(ops) and type(ops[j]) is AddExtraInput and ops[j]._in_place == in_place
+
     def match(ops, i):
-        if not _linear_ok(ops[i]):
+        op = ops[i]
+        if type(op) is ForwardLinearBiasActivation and op._activation is None:
+            if not is_add(i + 1):
+                return None
+            linear, bias = op._ops[0], op._ops[1] if op._has_bias else None
+            return ForwardLinearBiasAdd(linear=linear, bias=bias, add=ops[i + 1]), 2
+        if not _linear_ok(op):
             return None
         j = i + 1
         bias = ops[j] if j < len(ops) and type(ops[j]) is Bias else None
         j += bias is not None
-        if j < len(ops) and type(ops[j]) is AddExtraInput and ops[j]._in_place == in_place:
-            return ForwardLinearBiasAdd(linear=ops[i], bias=bias, add=ops[j]), j - i + 1
+        if is_add(j):
+            return ForwardLinearBiasAdd(linear=op, bias=bias, add=ops[j]), j - i + 1
         return None
 
     return fuse_windows(ops, match)
 
 
-def fuse_forward_linear_bias_add(ops: list, *, recipe=None) -> list:
-    """``[BasicLinear, Bias?, AddExtraInput(in_place=True)]``, as TransformerEngine."""
-    if recipe is not None:  # quantized GEMMs run through BasicLinear's FP8 path, unfused
-        return ops
-    return _fuse_linear_bias_add(ops, True)
+def _unquantized_add_fusion(fuse, in_place: bool, name: str, doc: str):
+    """A fusion function applying ``fuse(ops, in_place)`` when no recipe is active (quantized
+    GEMMs run through BasicLinear's FP8 path, unfused)."""
+    def fusion(ops: list, *, recipe=None) -> list:
+        return ops if recipe is not None else fuse(ops, in_place)
+
+    fusion.__name__ = fusion.__qualname__ = name
+    fusion.__doc__ = doc
+    return fusion
 
 
-def extend_forward_linear_bias_add(ops: list, *, recipe=None) -> list:
-    """The same with the functional add (an extension)."""
-    if recipe is not None:
-        return ops
-    return _fuse_linear_bias_add(ops, False)
+fuse_forward_linear_bias_add = _unquantized_add_fusion(
+    _fuse_linear_bias_add, True, "fuse_forward_linear_bias_add",
+    "``[BasicLinear, Bias?, AddExtraInput(in_place=True)]``, as TransformerEngine.")
+extend_forward_linear_bias_add = _unquantized_add_fusion(
+    _fuse_linear_bias_add, False, "extend_forward_linear_bias_add",
+    "The same with the functional add (an extension).")
 
 
 def fuse_forward_linear_bias_activation(ops: list, *, recipe=None) -> list:
@@ -236,15 +253,9 @@ def _fuse_linear_scale_add(ops: list, in_place: bool) -> list:
     return fuse_windows(ops, match)
 
 
-def fuse_forward_linear_scale_add(ops: list, *, recipe=None) -> list:
-    """``[BasicLinear, ConstantScale, AddExtraInput(in_place=True)]``, as TransformerEngine."""
-    if recipe is not None:  # quantized GEMMs run through BasicLinear's FP8 path, unfused
-        return ops
-    return _fuse_linear_scale_add(ops, True)
-
-
-def extend_forward_linear_scale_add(ops: list, *, recipe=None) -> list:
-    """The same with the functional add (an extension)."""
-    if recipe is not None:
-        return ops
-    return _fuse_linear_scale_add(ops, False)
+fuse_forward_linear_scale_add = _unquantized_add_fusion(
+    _fuse_linear_scale_add, True, "fuse_forward_linear_scale_add",
+    "``[BasicLinear, ConstantScale, AddExtraInput(in_place=True)]``, as TransformerEngine.")
+extend_forward_linear_scale_add = _unquantized_add_fusion(
+    _fuse_linear_scale_add, False, "extend_forward_linear_scale_add",
+    "The same with the functional add (an extension).")
