@@ -14,7 +14,7 @@ import itertools
 import transformer_engine_cpp as te
 from transformer_engine_cpp.testing import reference as ref
 
-from cases import OpCase
+from opcase import OpCase
 
 F = 24  # features
 
