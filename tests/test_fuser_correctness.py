@@ -400,3 +400,48 @@ def test_functional_residual_add_after_linear_fuses_in_every_dtype(dtype, fusion
     assert seen[-1] == expected_seen
     assert [type(op).__name__ for op, _ in m._module_groups[0]._forward_ops] == \
         ["ForwardLinearBiasAdd"]
+
+
+class _PassGradToParam(BasicOperation):
+    """y = x + p (p a scalar parameter): dx = dy and dp = dy.sum(), or, as a user op may,
+    the very tensor dy when it has one element."""
+
+    def __init__(self):
+        super().__init__()
+        self.p = torch.nn.Parameter(torch.zeros(()))
+
+    def op_forward(self, ctx, input_, **kwargs):
+        return input_ + self.p
+
+    def op_backward(self, ctx, grad_output):
+        return grad_output, (grad_output.reshape(()) if grad_output.numel() == 1
+                             else grad_output.sum(),)
+
+
+def test_in_place_grad_accumulation_never_writes_a_parameter_grad():
+    """A grad that a user op returned as a parameter gradient is not writable for
+    MakeExtraOutput(in_place=True), even when nothing else in the pipeline holds it."""
+    fork = te.ops.MakeExtraOutput(in_place=True).set_extra_output_channel(
+        0, "res", output_to_caller=False)
+    m = te.ops.Sequential(fork, te.ops.ConstantScale(2.0),
+                          te.ops.AddExtraInput().set_extra_input_channel(0, "res"),
+                          _PassGradToParam(), te.ops.ConstantScale(1.0))
+    x = _leaf(1, 1)
+    m(x).backward(torch.full((1, 1), 5.0))
+    assert m[3].p.grad.item() == 5.0
+    assert x.grad.item() == 15.0
+
+
+def test_in_place_grad_accumulation_never_writes_the_callers_grad_through_a_view():
+    """A Reshape after the join hands the fork a view of the caller's dy as the residual's
+    grad: it is not writable either."""
+    fork = te.ops.MakeExtraOutput(in_place=True).set_extra_output_channel(
+        0, "res", output_to_caller=False)
+    m = te.ops.Sequential(fork, te.ops.ConstantScale(3.0),
+                          te.ops.AddExtraInput().set_extra_input_channel(0, "res"),
+                          te.ops.Reshape((8,)))
+    x = _leaf(2, 4)
+    dy = torch.ones(8)
+    m(x).backward(dy)
+    assert torch.equal(dy, torch.ones(8))
+    assert torch.equal(x.grad, torch.full((2, 4), 4.0))

@@ -147,7 +147,8 @@ def storage_address(t) -> Optional[int]:
 def shares_storage(a, b) -> bool:
     """Whether two tensors with elements live in the same storage (an in-place write into one
     may change the other)."""
-    if a is None or b is None or a.numel() == 0 or b.numel() == 0:
+    if (not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.numel() == 0
+            or b.numel() == 0):
         return False
     ptr = storage_address(a)
     return ptr is not None and ptr == storage_address(b)

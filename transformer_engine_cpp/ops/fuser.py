@@ -462,11 +462,12 @@ def _pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
             grad_extra_outputs[i][slot] = g
 
     grads: list[Optional[torch.Tensor]] = [None] * func_ctx.num_tensors
-    # Grads an in-place accumulation must not write into (eager): the caller's, those returned
-    # as extra-input grads, and any routed to more than one extra output. Ids of live tensors.
+    # Grads an in-place accumulation must not write into (eager), by storage (a view shares
+    # its base's): the caller's, those returned as extra-input grads, and any routed to more
+    # than one extra output; nor any returned for a parameter (checked in ``grads``).
     shared = None
     if has_extras and not compiling:
-        shared = {id(grad_output), *map(id, grad_public_outputs)}
+        shared = {storage_address(t) for t in (grad_output, *grad_public_outputs)}
         routed: set = set()
 
     dx = grad_output
@@ -481,7 +482,10 @@ def _pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
                 g = grad_extra_outputs[idxs[k]][slot]
                 writable = list(step_ctxs[k].writable_grad_extra_outputs
                                 or (False,) * basic_ops[idxs[k]].num_extra_outputs)
-                writable[slot] = g is not None and g is not dx and id(g) not in shared
+                ptr = storage_address(g)
+                writable[slot] = (ptr is not None and ptr not in shared
+                                  and not shares_storage(g, dx)
+                                  and not any(shares_storage(g, t) for t in grads))
                 step_ctxs[k].writable_grad_extra_outputs = tuple(writable)
         dx, op_param_grads, op_extra_input_grads = op.fuser_backward(
             step_ctxs,
@@ -510,14 +514,15 @@ def _pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
                         pos = extra_pos[src[1]]
                         grads[pos] = g if grads[pos] is None else grads[pos] + g
                         if shared is not None:
-                            shared.add(id(g))
+                            shared.add(storage_address(g))
                     elif src[1] not in idx_set:
                         prev = grad_extra_outputs[src[1]][src[2]]
                         grad_extra_outputs[src[1]][src[2]] = g if prev is None else prev + g
                         if shared is not None:
-                            if id(g) in routed:
-                                shared.add(id(g))
-                            routed.add(id(g))
+                            ptr = storage_address(g)
+                            if ptr in routed:
+                                shared.add(ptr)
+                            routed.add(ptr)
         for ctx in step_ctxs:
             ctx.saved_tensors = None
             if boxes is not None:
