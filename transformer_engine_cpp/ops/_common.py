@@ -111,13 +111,6 @@ def materialize_device(op_device: torch.device) -> torch.device:
     return op_device if op_device.type != "meta" else torch.get_default_device()
 
 
-def has_meta_parameters(op: torch.nn.Module) -> bool:
-    for p in op._parameters.values():
-        if p is not None and p.is_meta:
-            return True
-    return False
-
-
 def compute_dtype(device_type: str, default: Optional[torch.dtype]) -> Optional[torch.dtype]:
     """The autocast dtype when autocast is on for this device type, else ``default``."""
     if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):

@@ -205,9 +205,6 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
         """Number of quantizers this op uses in ``mode`` ("forward" or "backward")."""
         return 0
 
-    def get_quantizer_roles(self, mode: str):  # pylint: disable=unused-argument
-        return None
-
     def reset_recipe_state(self, *, recipe) -> None:
         """Build the quantizers for ``recipe`` (``None``: no quantization).
 

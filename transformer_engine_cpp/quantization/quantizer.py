@@ -46,7 +46,6 @@ class Quantizer:
         self.rowwise_usage = rowwise
         self.columnwise_usage = columnwise
         self.internal = False
-        self.optimize_for_gemm = False
 
     def set_usage(self, *, rowwise: Optional[bool] = None,
                   columnwise: Optional[bool] = None) -> None:

@@ -7,8 +7,8 @@ keeps (x, bias) instead of z; its backward, fused (BackwardActivationBias, which
 bias to ``dbias_d<act>``) or not, recomputes z on the fly, rounded to the dtype exactly as the
 unfused Bias op stores it, so results equal the unfused path's. No counterpart in the anchor.
 
-Registered after the linear forward fusions, so ``[BasicLinear, Bias, act]`` still becomes a
-ForwardLinearBiasActivation. Not applied under a quantization recipe (as the linear forward
+An extension (ops/fused/__init__.py), applied after the linear forward fusions, so
+``[BasicLinear, Bias, act]`` still becomes a ForwardLinearBiasActivation. Not applied under a quantization recipe (as the linear forward
 fusions), nor for an activation with ``cache_quantized_input=True``.
 """
 

@@ -147,7 +147,7 @@ class ForwardLinearScaleAdd(ForwardLinearBiasAdd):
 
 
 def _linear_ok(op) -> bool:
-    return type(op) is BasicLinear and op.tensor_parallel_mode != "row"
+    return type(op) is BasicLinear
 
 
 def _fuse_linear_bias_add(ops: list, in_place: bool) -> list:
