@@ -38,8 +38,8 @@ def check_float_dtype(op_name: str, dtype: torch.dtype) -> None:
 INT64_MAX = 2**63 - 1
 
 
-def check_size(op: str, name: str, value, *, optional: bool = False,
-               maximum: int = INT64_MAX, limit_reason: str = "it must fit in int64") -> Optional[int]:
+def check_size(op: str, name: str, value, *, optional: bool = False, maximum: int = INT64_MAX,
+               limit_reason: str = "it must fit in int64") -> Optional[int]:
     """A positive int size argument of a constructor (``None`` too when ``optional``), at most
     ``maximum``: the value as an int, or a ValueError naming the op, the argument and the value
     (bools and non-integers included, as the constructors have always reported them)."""

@@ -401,8 +401,6 @@ def _protect_from_write(target, ctxs, extra_outputs, outputs_read_after) -> None
     ops saved for backward (autograd's version check cannot see a write made before they are
     saved), and earlier extra outputs that are returned or consumed after the write. The write
     itself still lands in the caller's buffer."""
-    if storage_address(target) is None or target.numel() == 0:
-        return
     for ctx in ctxs:
         saved = ctx.to_save
         if saved and any(shares_storage(t, target) for t in saved):
@@ -463,8 +461,8 @@ def _pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
 
     grads: list[Optional[torch.Tensor]] = [None] * func_ctx.num_tensors
     # Grads an in-place accumulation must not write into (eager), by storage (a view shares
-    # its base's): the caller's, those returned as extra-input grads, and any routed to more
-    # than one extra output; nor any returned for a parameter (checked in ``grads``).
+    # its base's): the caller's and any routed to more than one extra output (``shared``), and
+    # those returned for an extra input or a parameter (``grads``).
     shared = None
     if has_extras and not compiling:
         shared = {storage_address(t) for t in (grad_output, *grad_public_outputs)}
@@ -513,8 +511,6 @@ def _pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
                     if src[0] == "public":
                         pos = extra_pos[src[1]]
                         grads[pos] = g if grads[pos] is None else grads[pos] + g
-                        if shared is not None:
-                            shared.add(storage_address(g))
                     elif src[1] not in idx_set:
                         prev = grad_extra_outputs[src[1]][src[2]]
                         grad_extra_outputs[src[1]][src[2]] = g if prev is None else prev + g

@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 
 from ..basic import GELU, QGELU, Bias, ReLU, SiLU, SReLU
-from .. import _quantized
 from ..op import FusedOperation
 from ._window import fuse_windows
 

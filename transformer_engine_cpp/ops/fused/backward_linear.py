@@ -98,7 +98,7 @@ def extend_backward_linear_add(ops: list, *, recipe=None) -> list:
 
 def fuse_backward_linear_scale(ops: list, *, recipe=None) -> list:
     def match(ops, i):
-        if (i + 1 < len(ops) and type(ops[i]) is BasicLinear and type(ops[i + 1]) is ConstantScale):
+        if i + 1 < len(ops) and type(ops[i]) is BasicLinear and type(ops[i + 1]) is ConstantScale:
             return BackwardLinearScale(linear=ops[i], scale=ops[i + 1]), 2
         return None
 
@@ -113,7 +113,7 @@ def extend_backward_linear_bias(ops: list, *, recipe=None) -> list:
         return ops
 
     def match(ops, i):
-        if (i + 1 < len(ops) and type(ops[i]) is BasicLinear and type(ops[i + 1]) is Bias):
+        if i + 1 < len(ops) and type(ops[i]) is BasicLinear and type(ops[i + 1]) is Bias:
             return BackwardLinearBias(linear=ops[i], bias=ops[i + 1]), 2
         return None
 

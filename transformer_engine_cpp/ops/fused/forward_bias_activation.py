@@ -8,8 +8,9 @@ bias to ``dbias_d<act>``) or not, recomputes z on the fly, rounded to the dtype 
 unfused Bias op stores it, so results equal the unfused path's. No counterpart in the anchor.
 
 An extension (ops/fused/__init__.py), applied after the linear forward fusions, so
-``[BasicLinear, Bias, act]`` still becomes a ForwardLinearBiasActivation. Not applied under a quantization recipe (as the linear forward
-fusions), nor for an activation with ``cache_quantized_input=True``.
+``[BasicLinear, Bias, act]`` still becomes a ForwardLinearBiasActivation. Not applied under a
+quantization recipe (as the linear forward fusions), nor for an activation with
+``cache_quantized_input=True``.
 """
 
 from __future__ import annotations

@@ -150,6 +150,15 @@ def _linear_ok(op) -> bool:
     return type(op) is BasicLinear
 
 
+def _linear_bias_only(op) -> Optional[tuple]:
+    """``(linear, bias)`` of a ForwardLinearBiasActivation without activation (the
+    TransformerEngine fusion of ``[BasicLinear, Bias]``), which a later fusion may extend; else
+    None."""
+    if type(op) is ForwardLinearBiasActivation and op._activation is None:
+        return op._ops
+    return None
+
+
 def _fuse_linear_bias_add(ops: list, in_place: bool) -> list:
     """``[BasicLinear, Bias?, AddExtraInput]`` with the add's ``in_place`` as given; a
     ``[BasicLinear, Bias]`` already fused without activation (ForwardLinearBiasActivation, an
@@ -159,11 +168,11 @@ def _fuse_linear_bias_add(ops: list, in_place: bool) -> list:
 
     def match(ops, i):
         op = ops[i]
-        if type(op) is ForwardLinearBiasActivation and op._activation is None:
+        fused = _linear_bias_only(op)
+        if fused is not None:
             if not is_add(i + 1):
                 return None
-            linear, bias = op._ops[0], op._ops[1] if op._has_bias else None
-            return ForwardLinearBiasAdd(linear=linear, bias=bias, add=ops[i + 1]), 2
+            return ForwardLinearBiasAdd(linear=fused[0], bias=fused[1], add=ops[i + 1]), 2
         if not _linear_ok(op):
             return None
         j = i + 1
@@ -223,10 +232,10 @@ def extend_forward_linear_bias_activation(ops: list, *, recipe=None) -> list:
 
     def match(ops, i):
         op = ops[i]
-        if type(op) is ForwardLinearBiasActivation and op._activation is None:
+        fused = _linear_bias_only(op)
+        if fused is not None:
             if i + 1 < len(ops) and _epilogue_activation(ops[i + 1]):
-                linear, bias = op._ops
-                return ForwardLinearBiasActivation(linear=linear, bias=bias,
+                return ForwardLinearBiasActivation(linear=fused[0], bias=fused[1],
                                                    activation=ops[i + 1]), 2
             return None
         if not _linear_ok(op):
