@@ -304,7 +304,7 @@ def test_plan_is_cached_and_chosen_by_config(monkeypatch, fusion_registry):
     seq(x).sum().backward()
     assert fuser.first_op_requiring_backward == 0
     assert calls == [0, 1, 2, 3], "calls must never re-fuse for a known configuration"
-    assert fuser._forward_ops is fuser._plans[fuser._plan_key(None, 0)].forward_ops
+    assert fuser._forward_ops is fuser.fusion_plan(x).forward_ops
     # a new fusion registration makes the next call re-plan its configuration
     te.ops.register_forward_fusion(lambda ops, *, recipe=None: ops)
     seq(x)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import transformer_engine_cpp as te
+from transformer_engine_cpp.ops import _plan
 from transformer_engine_cpp.ops.fuser import OperationFuser
 
 H = 256
@@ -41,14 +42,13 @@ def _steps(model, x, dy):
 
 def test_repeated_calls_do_no_fusion_work(monkeypatch):
     """After the first call of each configuration, a call runs no fusion function, builds no
-    plan and reuses its argument layout (the eager fast path)."""
+    plan, looks up no plan key (the last plan is reused) and reuses its argument layout."""
     ours, _ = _models()
+    fuser = ours._module_groups[0]
     x = torch.randn(8, H, requires_grad=True)
     dy = torch.randn(8, H)
     steps = _steps(ours, x, dy)
-    for step in steps.values():
-        step()
-    counts = {"fuse": 0, "build": 0, "layout": 0, "general": 0}
+    counts = {"fuse": 0, "build": 0, "plan": 0}
 
     def counting(name, original):
         def wrapped(*args, **kwargs):
@@ -56,23 +56,26 @@ def test_repeated_calls_do_no_fusion_work(monkeypatch):
             return original(*args, **kwargs)
         return wrapped
 
-    monkeypatch.setattr(OperationFuser, "_fuse",
-                        classmethod(counting("fuse", OperationFuser._fuse.__func__)))
-    for name, attr in (("build", "_build_plan"), ("layout", "_arg_layout"),
-                       ("general", "_call")):
-        monkeypatch.setattr(OperationFuser, attr, counting(name, getattr(OperationFuser, attr)))
+    monkeypatch.setattr(_plan, "_apply_fusions", counting("fuse", _plan._apply_fusions))
+    monkeypatch.setattr(OperationFuser, "_build_plan",
+                        counting("build", OperationFuser._build_plan))
+    monkeypatch.setattr(OperationFuser, "_plan", counting("plan", OperationFuser._plan))
     for _ in range(3):
-        for step in steps.values():
-            step()
-    assert counts == {"fuse": 0, "build": 0, "layout": 0, "general": 0}
-    # and the eager pipeline Function (no extra-tensor bookkeeping) ran it
-    assert type(ours(x).grad_fn).__name__ == "_EagerPipelineFunctionBackward"
-    # a replaced parameter is picked up (layout rebuilt once, then cached again)
+        steps["fwd+bwd"]()
+    layout = fuser._layout
+    assert counts == {"fuse": 0, "build": 0, "plan": 1}
+    for _ in range(3):
+        steps["fwd+bwd"]()
+    assert counts == {"fuse": 0, "build": 0, "plan": 1}
+    assert fuser._layout is layout
+    assert type(ours(x).grad_fn).__name__ == "PipelineFunctionBackward"
+    # a replaced parameter is picked up (layout rebuilt once, then reused again)
     with torch.no_grad():
         ours[1].bias = torch.nn.Parameter(ours[1].bias.detach().clone())
     steps["fwd+bwd"]()
+    layout = fuser._layout
     steps["fwd+bwd"]()
-    assert counts["layout"] == 1 and counts["fuse"] == 0
+    assert fuser._layout is layout and counts["fuse"] == 0
     assert ours[1].bias.grad is not None
 
 

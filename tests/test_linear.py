@@ -492,8 +492,8 @@ def test_backward_linear_bias_with_frozen_tensors(frozen):
     with the bias frozen it runs the ops' own backwards, with the weight or input frozen the
     GEMM it needs and bias_bwd. The gradients match float64 in every case."""
     model = te.ops.Sequential(te.ops.Linear(13, 7))
-    assert [type(op) for op, _ in model._module_groups[0]._plans[
-        OperationFuser._plan_key(None, 0)].backward_ops] == [F.BackwardLinearBias]
+    plan, = model.fusion_plan(torch.randn(5, 13), requires_grad=True)
+    assert [type(op) for op, _ in plan.backward_ops] == [F.BackwardLinearBias]
     lin = model[0]
     if frozen == "bias":
         lin.bias.requires_grad_(False)

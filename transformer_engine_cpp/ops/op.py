@@ -1,11 +1,12 @@
 """Base classes of the fusible operations: OperationContext, FusibleOperation, BasicOperation
-and FusedOperation (the anchor's ``transformer_engine.pytorch.ops.op``).
+and FusedOperation (TransformerEngine's ``ops/op.py``).
 
 A *basic* operation owns parameters and configuration and knows how to run its own forward and
 backward through ``torch.ops.te_cpp.*`` custom ops. A *fused* operation stands for several
 consecutive basic operations and runs them together, in the forward pass, the backward pass, or
 both. Operations are composed with :class:`~transformer_engine_cpp.ops.Sequential` and run by
-:class:`~transformer_engine_cpp.ops.fuser.OperationFuser`.
+:class:`~transformer_engine_cpp.ops.fuser.OperationFuser`, which imports this module (not the
+other way round: ``ops/fuser.py`` sets :attr:`FusibleOperation.fuser_class`).
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ class OperationContext:
 
     to_save: Optional[tuple] = None
     saved_tensors: Optional[tuple] = None
-    _saved_tensors_range: Optional[tuple[int, int]] = None
-    #: the same range counting only the tensors (not the None slots), set by the fuser
-    _packed_range: Optional[tuple[int, int]] = None
+    #: where this context's saved tensors lie in the pipeline's, and the same range counting
+    #: only the tensors, not the None slots (set by the pipeline)
+    saved_range: Optional[tuple[int, int]] = None
+    packed_range: Optional[tuple[int, int]] = None
     #: whether the backward pass reaches this op (it is at or after the first op needing grad)
     requires_grad: bool = True
     #: whether this op's main input needs a gradient (set by the fuser)
@@ -50,6 +52,17 @@ class OperationContext:
 
 class FusibleOperation(torch.nn.Module, metaclass=abc.ABCMeta):
     """An operation the fuser can run, alone or fused with its neighbours."""
+
+    #: The fuser that runs an op called on its own (``op(x)``): OperationFuser, set on import
+    #: of ``ops/fuser.py``.
+    fuser_class: Optional[type] = None
+
+    def _run_alone(self, input_, extra_inputs, basic_op_kwargs):
+        """``op(x)``: a one-op fuser, built on the first call (the op's channels lock)."""
+        fuser = self.__dict__.get("_single_op_fuser")
+        if fuser is None:
+            fuser = self.__dict__["_single_op_fuser"] = self.fuser_class([self])
+        return fuser(input_, *extra_inputs, basic_op_kwargs=basic_op_kwargs)
 
     @property
     @abc.abstractmethod
@@ -123,6 +136,9 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
     #: built-in ops take none and the fuser rejects any with a ValueError naming the op;
     #: user-defined ops accept them by default.
     accepts_forward_kwargs: bool = True
+    #: The class of the context the pipeline creates for this op on every forward; an op that
+    #: keeps more than tensors between its passes declares a subclass with typed fields.
+    context_type: type = OperationContext
 
     def __init__(self) -> None:
         super().__init__()
@@ -159,6 +175,22 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
                 return
 
     # ---- extra-tensor channels ---------------------------------------------------------------
+
+    def extra_input_channels(self) -> tuple:
+        """Per extra input, the channel that feeds it (None: a public input)."""
+        return tuple(self._extra_input_channels)
+
+    def extra_output_channels(self) -> tuple:
+        """Per extra output, the channel it is published on (None: none)."""
+        return tuple(self._extra_output_channels)
+
+    def extra_outputs_to_caller(self) -> tuple:
+        """Per extra output, whether it is returned to the caller."""
+        return tuple(self._extra_output_to_caller)
+
+    def lock_extra_tensor_channels(self) -> None:
+        """Freeze the channel routing: a fuser has captured it (further changes raise)."""
+        self._extra_tensor_channels_locked = True
 
     def _check_channel_change(self, kind: str, index: int, count: int, channel) -> None:
         if self._extra_tensor_channels_locked:
@@ -208,7 +240,7 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
     def reset_recipe_state(self, *, recipe) -> None:
         """Build the quantizers for ``recipe`` (``None``: no quantization).
 
-        Unlike the anchor, which keeps its quantizers while the recipe *class* is unchanged,
+        Unlike TransformerEngine, which keeps its quantizers while the recipe *class* is unchanged,
         any change of the recipe (format, power-of-2 scales, epsilon, ...) rebuilds them."""
         n_fwd, n_bwd = self.num_quantizers("forward"), self.num_quantizers("backward")
         if recipe is None or (n_fwd == 0 and n_bwd == 0):
@@ -229,7 +261,7 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
 
     def register_delayed_scaling_states(self) -> None:
         """Delayed scaling: have this op's forward scales updated when the outermost
-        te.autocast exits (the fuser calls this on every quantized call, as the anchor
+        te.autocast exits (the fuser calls this on every quantized call, as TransformerEngine
         registers its metas); the backward ones are updated after the backward pass
         (update_delayed_backward_state)."""
         metas = self._fp8_metas
@@ -241,7 +273,7 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
 
     def update_delayed_backward_state(self) -> None:
         """Delayed scaling: roll the backward amax history and update the backward scales once
-        this op's backward pass has recorded its amaxes (the anchor updates them after the
+        this op's backward pass has recorded its amaxes (TransformerEngine updates them after the
         backward of its first FP8 module)."""
         metas = self._fp8_metas
         if metas is None or not metas["recipe"].delayed() or "backward" not in metas:
@@ -254,7 +286,7 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
 
     def get_extra_state(self) -> torch.Tensor:
         """Delayed-scaling state (per mode: scale and amax_history) serialized with torch.save
-        into a uint8 tensor; empty for stateless recipes or no recipe (as the anchor)."""
+        into a uint8 tensor; empty for stateless recipes or no recipe (as TransformerEngine)."""
         metas = self._fp8_metas
         state = {}
         if metas is not None and metas["recipe"].delayed():
@@ -378,15 +410,8 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
     def forward(
         self, input: torch.Tensor, *extra_inputs: torch.Tensor, **kwargs: Any
     ):  # pylint: disable=redefined-builtin
-        """Run this op alone: a one-op :class:`OperationFuser` (the op's channels lock)."""
-        fuser = self.__dict__.get("_single_op_fuser")
-        if fuser is None:
-            # (imported here, once: a function-level import costs microseconds per call)
-            from .fuser import OperationFuser  # pylint: disable=import-outside-toplevel
-
-            fuser = OperationFuser([self])
-            self.__dict__["_single_op_fuser"] = fuser
-        return fuser(input, *extra_inputs, basic_op_kwargs=[kwargs])
+        """Run this op alone through a one-op fuser."""
+        return self._run_alone(input, extra_inputs, [kwargs])
 
 
 class FusedOperation(FusibleOperation):
@@ -446,11 +471,5 @@ class FusedOperation(FusibleOperation):
         *extra_inputs: torch.Tensor,
         basic_op_kwargs: Optional[list[dict[str, Any]]] = None,
     ):
-        """Run this fused op alone through a one-op :class:`OperationFuser`."""
-        fuser = self.__dict__.get("_single_op_fuser")
-        if fuser is None:
-            from .fuser import OperationFuser  # pylint: disable=import-outside-toplevel
-
-            fuser = OperationFuser([self])
-            self.__dict__["_single_op_fuser"] = fuser
-        return fuser(input, *extra_inputs, basic_op_kwargs=basic_op_kwargs)
+        """Run this fused op alone through a one-op fuser."""
+        return self._run_alone(input, extra_inputs, basic_op_kwargs)

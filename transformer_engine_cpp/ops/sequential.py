@@ -1,4 +1,4 @@
-"""Sequential container of fusible ops (the anchor's ``te.ops.Sequential``)."""
+"""Sequential container of fusible ops (TransformerEngine's ``ops/sequential.py``)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any, Iterator, Optional, Union
 
 import torch
 
+from ._plan import Plan
 from .fuser import OperationFuser
 from .op import BasicOperation, FusibleOperation
 
@@ -239,3 +240,26 @@ class Sequential(torch.nn.Module):
         if extra_outputs:
             return (x, *extra_outputs)
         return x
+
+    def fusion_plan(self, input: torch.Tensor, *extra_inputs: torch.Tensor,  # pylint: disable=redefined-builtin
+                    requires_grad: Optional[bool] = None) -> list[Plan]:
+        """The plans a call ``self(input, *extra_inputs)`` would run now: one :class:`Plan` per
+        run of consecutive fusible ops, in order (plain modules between them run as they are).
+        The grad mode, the ``te.autocast`` recipe and torch autocast are the current ones;
+        ``requires_grad`` overrides ``input.requires_grad``. Each plan's ``forward_ops`` and
+        ``backward_ops`` list the fused and basic ops that run, with their basic-op indices;
+        its ``repr`` names them."""
+        if requires_grad is None:
+            requires_grad = input.requires_grad
+        extra_inputs = list(extra_inputs)
+        plans = []
+        for group in self._module_groups:
+            if isinstance(group, OperationFuser):
+                k = group.num_extra_inputs
+                args, extra_inputs = extra_inputs[:k], extra_inputs[k:]
+                plans.append(group.fusion_plan(input, *args, requires_grad=requires_grad))
+                reached = plans[-1].first_op_requiring_backward < group._num_basic_ops
+            else:
+                reached = any(p.requires_grad for p in group.parameters())
+            requires_grad = requires_grad or (reached and torch.is_grad_enabled())
+        return plans
