@@ -145,3 +145,9 @@ def shares_storage(a, b) -> bool:
         return False
     ptr = storage_address(a)
     return ptr is not None and ptr == storage_address(b)
+
+
+def _check_in_place(op: str, in_place) -> bool:
+    if not isinstance(in_place, bool):
+        raise TypeError(f"{op}: in_place must be a bool, got {type(in_place).__name__}")
+    return in_place

@@ -6,30 +6,38 @@ from .activation import (
     GLU,
     QGEGLU,
     QGELU,
-    ClampedSwiGLU,
     ReGLU,
     ReLU,
+    ScaledSReLU,
     SiLU,
-    SiTUGLU,
     SReGLU,
     SReLU,
-    SwiGLU,
 )
+from .add_extra_input import AddExtraInput
 from .basic_linear import BasicLinear
 from .bias import Bias
 from .constant_scale import ConstantScale
 from .dropout import Dropout
-from .extra_tensors import AddExtraInput, MakeExtraOutput
-from .identity import Identity, Reshape
-from .normalization import LayerNorm, RMSNorm
-from .quantize import Quantize
+from .identity import Identity
 from .l2normalization import L2Normalization
-from .scaled_activation import ScaledClampedQGeGLU, ScaledSiTUGLU, ScaledSReLU, ScaledSwiGLU
+from .layer_norm import LayerNorm
+from .make_extra_output import MakeExtraOutput
+from .quantize import Quantize
+from .reshape import Reshape
+from .rmsnorm import RMSNorm
+from .swiglu import (
+    ClampedSwiGLU,
+    ScaledClampedQGeGLU,
+    ScaledSiTUGLU,
+    ScaledSwiGLU,
+    SiTUGLU,
+    SwiGLU,
+)
 
 __all__ = [
     "AddExtraInput", "BasicLinear", "Bias", "ClampedSwiGLU", "ConstantScale", "Dropout", "GEGLU",
     "GELU", "GLU", "Identity", "L2Normalization", "LayerNorm", "MakeExtraOutput", "QGEGLU",
-    "QGELU", "Quantize", "ReGLU", "ReLU", "Reshape", "RMSNorm", "ScaledClampedQGeGLU", "ScaledSiTUGLU",
-    "ScaledSReLU", "ScaledSwiGLU", "SiLU",
+    "QGELU", "Quantize", "ReGLU", "ReLU", "Reshape", "RMSNorm", "ScaledClampedQGeGLU",
+    "ScaledSiTUGLU", "ScaledSReLU", "ScaledSwiGLU", "SiLU",
     "SiTUGLU", "SReGLU", "SReLU", "SwiGLU",
 ]

@@ -1,15 +1,7 @@
-"""Activations: unary (GELU, ReLU, SiLU, QGELU, SReLU) and gated (GLU, GEGLU, QGEGLU, ReGLU,
-SReGLU, SwiGLU, ClampedSwiGLU, SiTUGLU).
-
-Gated activations follow the anchor's convention: the last dim is split into halves (a, b) and
-the activation applies to the *first* half, y = act(a) * b (the opposite of
-``torch.nn.functional.glu``). Each op saves its input and calls ``torch.ops.te_cpp.<name>_fwd``
-forward and ``torch.ops.te_cpp.<name>_bwd`` backward.
-"""
+"""The activation ops (unary, gated, ScaledSReLU) and the base classes of every activation."""
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -29,7 +21,8 @@ class _ActivationOperation(BasicOperation):
     """Base of the activations: declares the custom ops and their extra arguments.
 
     Subclasses set ``_op_stem`` (``torch.ops.te_cpp.<stem>_fwd`` / ``_bwd``) and may override
-    :meth:`_op_args` with the op's configuration arguments.
+    :meth:`_op_args` with the op's configuration arguments. Each op saves its input and calls
+    ``torch.ops.te_cpp.<name>_fwd`` forward and ``torch.ops.te_cpp.<name>_bwd`` backward.
     """
 
     accepts_forward_kwargs = False
@@ -162,7 +155,11 @@ def _check_interleave(op: str, size: Optional[int]) -> int:
 
 class _GatedActivation(_ActivationOperation):
     """Gated activation y = act(a) * lin(b), (a, b) the halves of the last dim (or, with
-    ``glu_interleave_size=s``, alternating runs of s features)."""
+    ``glu_interleave_size=s``, alternating runs of s features).
+
+    TransformerEngine's convention: the activation applies to the *first* half, y = act(a) * b
+    (the opposite of ``torch.nn.functional.glu``).
+    """
 
     def __init__(
         self, *, cache_quantized_input: bool = False, glu_interleave_size: Optional[int] = None
@@ -220,64 +217,104 @@ class SReGLU(_GatedActivation):
         super().__init__(cache_quantized_input=cache_quantized_input)
 
 
-class SwiGLU(_GatedActivation):
-    """silu(a) * b, with optional ``glu_interleave_size``."""
+def _check_bool(op: str, name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{op}: {name} must be a bool, got {type(value).__name__}")
+    return value
 
-    _op_stem = "swiglu"
+
+class _ScaledActivation(BasicOperation):
+    """Base of the scaled activations: ``torch.ops.te_cpp.scaled_<stem>_fwd(x, scales, *args)``
+    forward and ``scaled_<stem>_bwd(dy, x, scales, compute_dscales, *args) -> (dx, dscales)``
+    backward, where ``args`` is :meth:`_op_args`.
+
+    A scaled activation multiplies its output rows by per-row scales,
+    ``y = scales[..., None] * act(x)`` (the middle op of TransformerEngine's grouped MLP).
+    ``scales`` is the op's one extra input, of shape ``x.shape[:-1]``. The ops save
+    ``(x, scales)`` and, in backward, return ``dx`` and ``d(scales)``; ``d(scales)`` is computed
+    only when ``scales`` required grad in the forward pass (recorded on the op context there,
+    never read from the gradients).
+    """
+
+    accepts_forward_kwargs = False
+
+    num_extra_inputs = 1
+    _op_stem: str = ""
+
+    def __init__(self, *, activation_recompute_in_mlp: bool = False) -> None:
+        super().__init__()
+        self.activation_recompute_in_mlp = _check_bool(
+            self.__class__.__name__, "activation_recompute_in_mlp", activation_recompute_in_mlp
+        )
+        self._fwd_op = getattr(torch.ops.te_cpp, f"scaled_{self._op_stem}_fwd")
+        self._bwd_op = getattr(torch.ops.te_cpp, f"scaled_{self._op_stem}_bwd")
+
+    def _op_args(self) -> tuple:
+        return ()
+
+    def op_forward(self, *args, **kwargs):
+        raise RuntimeError(f"{self.__class__.__name__} runs through fuser_forward (it has an "
+                           "extra input, the scales)")
+
+    def op_backward(self, *args, **kwargs):
+        raise RuntimeError(f"{self.__class__.__name__} runs through fuser_backward (it has an "
+                           "extra input, the scales)")
+
+    def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs, basic_op_kwargs,
+                      **unused):
+        name = self.__class__.__name__
+        if self.activation_recompute_in_mlp:
+            raise RuntimeError(
+                f"{name}(activation_recompute_in_mlp=True) needs the fused grouped MLP path, "
+                "which is not available"
+            )
+        scales = basic_op_extra_inputs[0][0]
+        ctx = basic_op_ctxs[0]
+        if ctx.requires_grad:
+            # decided in forward by the fuser (a channel's tensor made inside the pipeline
+            # does not carry requires_grad)
+            ctx.scales_requires_grad = ctx.extra_inputs_requires_grad[0]
+            ctx.save_for_backward(input_, scales)
+        return self._fwd_op(input_, scales, *self._op_args()), [()]
+
+    def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
+        ctx = basic_op_ctxs[0]
+        x, scales = ctx.saved_tensors
+        compute_dscales = ctx.scales_requires_grad
+        dx, dscales = self._bwd_op(grad_output, x, scales, compute_dscales, *self._op_args())
+        return dx, [()], [(dscales if compute_dscales else None,)]
 
 
-class ClampedSwiGLU(_GatedActivation):
-    """GPT-OSS SwiGLU: a' = min(a, limit), b' = clamp(b, -limit, limit),
-    y = a' * sigmoid(alpha a') * (b' + glu_linear_offset)."""
-
-    _op_stem = "clamped_swiglu"
+class _ScaledGatedActivation(_ScaledActivation):
+    """Scaled gated activation: ``y = scales[..., None] * act(a) * lin(b)`` with the gated
+    convention of :class:`~transformer_engine_cpp.ops.SwiGLU` (``glu_interleave_size``
+    included). Activation recomputation (a fused grouped-MLP feature) is refused."""
 
     def __init__(
         self,
-        *,
-        limit: float = 7.0,
-        alpha: float = 1.702,
-        glu_linear_offset: float = 1.0,
-        cache_quantized_input: bool = False,
         glu_interleave_size: Optional[int] = None,
+        *,
+        activation_recompute_in_mlp: bool = False,
     ) -> None:
-        for name, value in (("limit", limit), ("alpha", alpha),
-                            ("glu_linear_offset", glu_linear_offset)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"ClampedSwiGLU: {name} must be a finite number, got {value!r}")
-        if limit <= 0:
-            raise ValueError(f"ClampedSwiGLU: limit must be > 0, got {limit!r}")
-        super().__init__(cache_quantized_input=cache_quantized_input,
-                         glu_interleave_size=glu_interleave_size)
-        self.limit = float(limit)
-        self.alpha = float(alpha)
-        self.glu_linear_offset = float(glu_linear_offset)
+        name = self.__class__.__name__
+        if _check_bool(name, "activation_recompute_in_mlp", activation_recompute_in_mlp):
+            raise ValueError(
+                f"{name} does not support activation recomputation "
+                "(activation_recompute_in_mlp=True)"
+            )
+        super().__init__(activation_recompute_in_mlp=activation_recompute_in_mlp)
+        self._interleave = _check_interleave(name, glu_interleave_size)
+        self.glu_interleave_size = glu_interleave_size
 
     def _op_args(self) -> tuple:
-        return (self.limit, self.alpha, self.glu_linear_offset, self._interleave)
+        return (self._interleave,)
 
 
-class SiTUGLU(_GatedActivation):
-    """beta1 tanh(a / beta1) sigmoid(a) * beta2 tanh(b / beta2)."""
+class ScaledSReLU(_ScaledActivation):
+    """``scales[..., None] * max(x, 0)^2``.
 
-    _op_stem = "situglu"
+    ``activation_recompute_in_mlp=True`` is accepted as configuration (as in the anchor) but
+    running the op then raises RuntimeError: recomputation needs the fused grouped MLP path.
+    """
 
-    def __init__(
-        self,
-        *,
-        beta1: float = 4.0,
-        beta2: float = 25.0,
-        cache_quantized_input: bool = False,
-        glu_interleave_size: Optional[int] = None,
-    ) -> None:
-        for name, value in (("beta1", beta1), ("beta2", beta2)):
-            if (isinstance(value, bool) or not isinstance(value, (int, float))
-                    or not math.isfinite(value) or value <= 0):
-                raise ValueError(f"SiTUGLU: {name} must be finite and > 0, got {value!r}")
-        super().__init__(cache_quantized_input=cache_quantized_input,
-                         glu_interleave_size=glu_interleave_size)
-        self.beta1 = float(beta1)
-        self.beta2 = float(beta2)
-
-    def _op_args(self) -> tuple:
-        return (self.beta1, self.beta2, self._interleave)
+    _op_stem = "srelu"

@@ -18,15 +18,18 @@ from ..fuser import (
 from .backward_activation_bias import (BackwardActivationBias, extend_backward_activation_bias,
                                        fuse_backward_activation_bias)
 from .backward_add_rmsnorm import BackwardAddRMSNorm, fuse_backward_add_rmsnorm
-from .backward_linear import (BackwardLinearAdd, BackwardLinearBias, BackwardLinearScale,
-                              extend_backward_linear_add, extend_backward_linear_bias,
-                              fuse_backward_linear_add, fuse_backward_linear_scale)
+from .backward_linear_add import (BackwardLinearAdd, extend_backward_linear_add,
+                                  fuse_backward_linear_add)
+from .backward_linear_bias import BackwardLinearBias, extend_backward_linear_bias
+from .backward_linear_scale import BackwardLinearScale, fuse_backward_linear_scale
 from .forward_bias_activation import ForwardBiasActivation, extend_forward_bias_activation
-from .forward_linear import (ForwardLinearBiasActivation, ForwardLinearBiasAdd,
-                             ForwardLinearScaleAdd, extend_forward_linear_bias_activation,
-                             extend_forward_linear_bias_add, extend_forward_linear_scale_add,
-                             fuse_forward_linear_bias_activation, fuse_forward_linear_bias_add,
-                             fuse_forward_linear_scale_add)
+from .forward_linear_bias_activation import (ForwardLinearBiasActivation,
+                                             extend_forward_linear_bias_activation,
+                                             fuse_forward_linear_bias_activation)
+from .forward_linear_bias_add import (ForwardLinearBiasAdd, extend_forward_linear_bias_add,
+                                      fuse_forward_linear_bias_add)
+from .forward_linear_scale_add import (ForwardLinearScaleAdd, extend_forward_linear_scale_add,
+                                       fuse_forward_linear_scale_add)
 
 register_forward_fusion(fuse_forward_linear_bias_add)
 register_forward_fusion(fuse_forward_linear_bias_activation)

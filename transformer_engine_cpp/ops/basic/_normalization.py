@@ -1,10 +1,4 @@
-"""LayerNorm and RMSNorm over the trailing ``normalized_shape`` dims.
-
-Forward calls ``torch.ops.te_cpp.layernorm_fwd`` / ``rmsnorm_fwd``, which also return the
-per-row statistics (mean and rstd in float32, float64 for fp64 inputs) that the backward ops
-reuse. The compute dtype is the autocast dtype when autocast is on, else the weight's dtype;
-the input is cast to it, as in the anchor.
-"""
+"""The base class and argument checks shared by LayerNorm and RMSNorm."""
 
 from __future__ import annotations
 
@@ -19,14 +13,6 @@ from .. import _quantized
 from ..op import BasicOperation, OperationContext
 
 SmMargin = Union[int, dict]
-
-# the custom ops' OpOverloads, resolved once (calling torch.ops.te_cpp.<op> resolves the
-# overload packet on every call)
-_layernorm_fwd = torch.ops.te_cpp.layernorm_fwd.default
-_layernorm_bwd = torch.ops.te_cpp.layernorm_bwd.default
-_rmsnorm_fwd = torch.ops.te_cpp.rmsnorm_fwd.default
-_rmsnorm_bwd = torch.ops.te_cpp.rmsnorm_bwd.default
-_rmsnorm_bwd_add = torch.ops.te_cpp.rmsnorm_bwd_add.default
 
 
 def _normalized_shape(op: str, shape) -> tuple[int, ...]:
@@ -59,7 +45,14 @@ def _check_sm_margin(op: str, sm_margin: SmMargin) -> None:
 
 
 class _Norm(BasicOperation):
-    """Common constructor, parameters and deferred init of LayerNorm and RMSNorm."""
+    """Common constructor, parameters and deferred init of LayerNorm and RMSNorm.
+
+    Both normalize over the trailing ``normalized_shape`` dims. Forward calls
+    ``torch.ops.te_cpp.layernorm_fwd`` / ``rmsnorm_fwd``, which also return the per-row
+    statistics (mean and rstd in float32, float64 for fp64 inputs) that the backward ops reuse.
+    The compute dtype is the autocast dtype when autocast is on, else the weight's dtype; the
+    input is cast to it, as in TransformerEngine.
+    """
 
     accepts_forward_kwargs = False
 
@@ -135,61 +128,3 @@ class _Norm(BasicOperation):
     def extra_repr(self) -> str:
         return (f"{self.normalized_shape}, eps={self.eps}, "
                 f"zero_centered_gamma={self.zero_centered_gamma}")
-
-
-class LayerNorm(_Norm):
-    """y = (x - mean) / sqrt(var + eps) * weight + bias (weight -> 1 + weight with
-    ``zero_centered_gamma``), over the trailing ``normalized_shape`` dims."""
-
-    _has_bias = True
-
-    def op_forward(self, ctx: OperationContext, input_: torch.Tensor, *,
-                   prev_op_grad_output_quantizer=None, next_op_input_quantizer=None, **kwargs):
-        x, w = self._cast_inputs(ctx, input_, kwargs)
-        bias = self._parameters["bias"]
-        b = bias if bias.dtype == ctx.dtype else bias.to(ctx.dtype)
-        y, mean, rstd = _layernorm_fwd(x, w, b, self.eps, self.zero_centered_gamma)
-        if ctx.requires_grad:
-            ctx.save_for_backward(x, mean, rstd, w)
-            ctx.grads_needed = (self._parameters["weight"].requires_grad, bias.requires_grad)
-        return _quantized.emit(y, next_op_input_quantizer)
-
-    def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
-        x, mean, rstd, w = ctx.saved_tensors
-        dx, dw, db = _layernorm_bwd(grad_output, x, mean, rstd, w, self.zero_centered_gamma)
-        if dx.dtype != ctx.input_dtype:
-            dx = dx.to(ctx.input_dtype)
-        params = self._parameters
-        return dx, (self._param_grad(dw, params["weight"], ctx.grads_needed[0]),
-                    self._param_grad(db, params["bias"], ctx.grads_needed[1]))
-
-
-class RMSNorm(_Norm):
-    """y = x / sqrt(mean(x^2) + eps) * weight (weight -> 1 + weight with
-    ``zero_centered_gamma``), over the trailing ``normalized_shape`` dims."""
-
-    def op_forward(self, ctx: OperationContext, input_: torch.Tensor, *,
-                   prev_op_grad_output_quantizer=None, next_op_input_quantizer=None, **kwargs):
-        x, w = self._cast_inputs(ctx, input_, kwargs)
-        y, rstd = _rmsnorm_fwd(x, w, self.eps, self.zero_centered_gamma)
-        if ctx.requires_grad:
-            ctx.save_for_backward(x, rstd, w)
-            ctx.grads_needed = (self._parameters["weight"].requires_grad,)
-        return _quantized.emit(y, next_op_input_quantizer)
-
-    def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
-        return self.backward_with_extra(ctx, grad_output, None)
-
-    def backward_with_extra(self, ctx: OperationContext, grad_output: torch.Tensor,
-                            grad_extra: Optional[torch.Tensor]):
-        """Backward, optionally adding the gradient of a residual branch forked off the input
-        (BackwardAddRMSNorm) in the same pass."""
-        x, rstd, w = ctx.saved_tensors
-        if grad_extra is None:
-            dx, dw = _rmsnorm_bwd(grad_output, x, rstd, w, self.zero_centered_gamma)
-        else:
-            dx, dw = _rmsnorm_bwd_add(grad_output, x, rstd, w, self.zero_centered_gamma,
-                                      grad_extra)
-        if dx.dtype != ctx.input_dtype:
-            dx = dx.to(ctx.input_dtype)
-        return dx, (self._param_grad(dw, self._parameters["weight"], ctx.grads_needed[0]),)

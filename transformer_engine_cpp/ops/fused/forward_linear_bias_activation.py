@@ -1,0 +1,112 @@
+"""The ForwardLinearBiasActivation fusion: a BasicLinear, its Bias and activation in one GEMM."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..basic import GELU, QGELU, BasicLinear, Bias, ReLU, SiLU, SReLU
+from ..op import FusedOperation
+from ._linear import _linear_ok, _linear_prologue, bias_fuses, run_unfused
+from ._window import fuse_windows
+
+# the custom ops' OpOverloads, resolved once (a packet call resolves the overload every time)
+_linear_fwd = torch.ops.te_cpp.linear_fwd.default
+_linear_bias_act_fwd = torch.ops.te_cpp.linear_bias_act_fwd.default
+
+# Activation class -> name understood by linear_bias_act_fwd.
+EPILOGUE_ACTIVATIONS = {GELU: "gelu", ReLU: "relu", SiLU: "silu", QGELU: "qgelu", SReLU: "srelu"}
+
+
+class ForwardLinearBiasActivation(FusedOperation):
+    """Forward-only fusion of BasicLinear with the Bias and/or activation after it.
+
+    ``[BasicLinear, Bias?, act?]`` (at least one of the two): ``act(x W^T + b)``, the bias and
+    the activation applied in one pass over the GEMM output
+    (``torch.ops.te_cpp.linear_bias_act_fwd``), or bias only through the GEMM's own C operand
+    (``linear_fwd``). TransformerEngine fuses only the bias, and only for fp16/bf16 weights;
+    here any floating dtype and the activations GELU, ReLU, SiLU, QGELU and SReLU.
+    """
+
+    def __init__(self, *, linear: BasicLinear, bias: Optional[Bias] = None, activation=None):
+        if bias is None and activation is None:
+            raise ValueError("ForwardLinearBiasActivation needs a bias or an activation")
+        if activation is not None and type(activation) not in EPILOGUE_ACTIVATIONS:
+            raise ValueError("ForwardLinearBiasActivation: unsupported activation "
+                             f"{type(activation).__name__}")
+        super().__init__([op for op in (linear, bias, activation) if op is not None])
+        self._has_bias = bias is not None
+        self._activation = None if activation is None else EPILOGUE_ACTIVATIONS[type(activation)]
+
+    def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs,
+                      prev_op_grad_output_quantizer=None, next_op_input_quantizer=None,
+                      basic_op_kwargs):
+        if self._has_bias and not bias_fuses(self, input_):
+            return run_unfused(self, basic_op_ctxs, input_, basic_op_kwargs)
+        x, w, b = _linear_prologue(self, basic_op_ctxs, input_, basic_op_kwargs, self._has_bias)
+        if self._activation is None:
+            return _linear_fwd(x, w, b), [()] * len(self._ops)
+        y, act_input = _linear_bias_act_fwd(x, w, b, self._activation)
+        act_ctx = basic_op_ctxs[-1]
+        act_ctx.input_dtype = act_input.dtype
+        if act_ctx.requires_grad:
+            act_ctx.save_for_backward(act_input)
+        return y, [()] * len(self._ops)
+
+
+def _linear_bias_only(op) -> Optional[tuple]:
+    """``(linear, bias)`` of a ForwardLinearBiasActivation without activation (the
+    TransformerEngine fusion of ``[BasicLinear, Bias]``), which a later fusion may extend; else
+    None."""
+    if type(op) is ForwardLinearBiasActivation and op._activation is None:
+        return op._ops
+    return None
+
+
+def fuse_forward_linear_bias_activation(ops: list, *, recipe=None) -> list:
+    """``[BasicLinear, Bias]`` with an fp16/bf16 weight, as TransformerEngine (which fuses no
+    activation into the GEMM)."""
+    if recipe is not None:  # quantized GEMMs run through BasicLinear's FP8 path, unfused
+        return ops
+
+    def match(ops, i):
+        if (i + 1 < len(ops) and _linear_ok(ops[i]) and type(ops[i + 1]) is Bias
+                and ops[i]._parameters["weight"].dtype in (torch.float16, torch.bfloat16)):
+            return ForwardLinearBiasActivation(linear=ops[i], bias=ops[i + 1]), 2
+        return None
+
+    return fuse_windows(ops, match)
+
+
+def _epilogue_activation(op) -> bool:
+    return type(op) in EPILOGUE_ACTIVATIONS and not op.cache_quantized_input
+
+
+def extend_forward_linear_bias_activation(ops: list, *, recipe=None) -> list:
+    """The extension: ``[BasicLinear, Bias?, act?]`` in any float dtype, with the activations
+    of EPILOGUE_ACTIVATIONS in the epilogue; a ``[BasicLinear, Bias]`` already fused without
+    activation takes the activation after it."""
+    if recipe is not None:
+        return ops
+
+    def match(ops, i):
+        op = ops[i]
+        fused = _linear_bias_only(op)
+        if fused is not None:
+            if i + 1 < len(ops) and _epilogue_activation(ops[i + 1]):
+                return ForwardLinearBiasActivation(linear=fused[0], bias=fused[1],
+                                                   activation=ops[i + 1]), 2
+            return None
+        if not _linear_ok(op):
+            return None
+        j = i + 1
+        bias = ops[j] if j < len(ops) and type(ops[j]) is Bias else None
+        j += bias is not None
+        act = ops[j] if j < len(ops) and _epilogue_activation(ops[j]) else None
+        j += act is not None
+        if bias is None and act is None:
+            return None
+        return ForwardLinearBiasActivation(linear=op, bias=bias, activation=act), j - i
+
+    return fuse_windows(ops, match)
