@@ -100,12 +100,10 @@ def main() -> None:
     print(f"model: {args.depth} pre-norm residual blocks [MakeExtraOutput, LayerNorm, Linear, GELU, "
           "BasicLinear, ConstantScale, AddExtraInput]")
     print(f"       hidden {args.hidden}, ffn {args.ffn}, batch {args.batch}, {args.steps} Adam steps")
-    # the plan the fuser chose for a training step (built with the fuser, cached)
-    with torch.enable_grad():
-        eager_model.blocks[0](torch.zeros(1, args.hidden, requires_grad=True))
-    plan = eager_model.blocks[0]._module_groups[0]
-    print("fusion plan, forward: ", [type(op).__name__ for op, _ in plan._forward_ops])
-    print("fusion plan, backward:", [type(op).__name__ for op, _ in plan._backward_ops])
+    # the plan a training step of one block runs (Sequential.fusion_plan: one plan per fuser)
+    plan, = eager_model.blocks[0].fusion_plan(torch.zeros(1, args.hidden), requires_grad=True)
+    print("fusion plan, forward: ", [type(op).__name__ for op, _ in plan.forward_ops])
+    print("fusion plan, backward:", [type(op).__name__ for op, _ in plan.backward_ops])
     print(f"{'step':>5} {'eager loss':>12} {'compiled loss':>14} {'|diff|':>10} "
           f"{'bf16 loss':>11} {'fp8 loss':>11}")
 

@@ -495,3 +495,39 @@ def test_builtin_ops_reject_forward_kwargs(make):
                                          r"got \['bogus'\]"):
         seq(torch.zeros(2, 4), *[torch.zeros(2, 4)] * seq._module_groups[0].num_extra_inputs,
             op_kwargs={op: {"bogus": 1}})
+
+
+def test_fusion_plan_is_the_plan_a_call_runs():
+    """Sequential.fusion_plan returns, per fuser, the plan a call with that input runs: the
+    same object the call then uses, by grad mode, input requires_grad and recipe; its repr
+    names the fused groups."""
+    torch.manual_seed(0)
+    model = te.ops.Sequential(te.ops.LayerNorm(16), te.ops.Linear(16, 32), te.ops.GELU(),
+                              torch.nn.Tanh(), te.ops.Linear(32, 16))
+    x = torch.randn(4, 16)
+    plans = model.fusion_plan(x, requires_grad=True)
+    assert len(plans) == 2
+    first, second = plans
+    assert first.first_op_requiring_backward == 0
+    assert [type(op).__name__ for op, _ in first.forward_ops] == [
+        "LayerNorm", "ForwardLinearBiasActivation"]
+    assert [idxs for _, idxs in first.forward_ops] == [(0,), (1, 2, 3)]
+    assert "ForwardLinearBiasActivation(BasicLinear, Bias, GELU)" in repr(first)
+    model(x.requires_grad_(True)).sum().backward()
+    fusers = [g for g in model._module_groups if isinstance(g, OperationFuser)]
+    assert fusers[0]._forward_ops is first.forward_ops
+    assert fusers[1]._backward_ops is second.backward_ops
+    # an input without grad: the first op the backward reaches is the LayerNorm (its weight)
+    assert model.fusion_plan(x.detach())[0].first_op_requiring_backward == 0
+    for p in model[0].parameters():
+        p.requires_grad_(False)
+    assert model.fusion_plan(x.detach())[0].first_op_requiring_backward == 1
+    with torch.no_grad():
+        no_grad = model.fusion_plan(x)
+    assert [p.first_op_requiring_backward for p in no_grad] == [4, 2]
+    with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+        quantized = model.fusion_plan(x, requires_grad=True)
+    assert quantized[0].recipe_type is te.recipe.Float8CurrentScaling
+    assert first.recipe_type is type(None)
+    with pytest.raises(ValueError, match="expected 0 extra inputs, got 1"):
+        fusers[0].fusion_plan(x, x)
