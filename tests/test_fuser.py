@@ -531,3 +531,31 @@ def test_fusion_plan_is_the_plan_a_call_runs():
     assert first.recipe_type is type(None)
     with pytest.raises(ValueError, match="expected 0 extra inputs, got 1"):
         fusers[0].fusion_plan(x, x)
+
+
+def test_one_pipeline_function_runs_every_configuration():
+    """Every configuration runs through the one pipeline Function: plain, extra tensors, op
+    kwargs, a recipe; no other autograd.Function is defined in the ops package."""
+    from transformer_engine_cpp.ops._pipeline import PipelineFunction
+
+    functions = [c for c in torch.autograd.Function.__subclasses__()
+                 if c.__module__.startswith("transformer_engine_cpp.ops")]
+    assert functions == [PipelineFunction]
+
+    class _Kw(te.ops.Identity):
+        accepts_forward_kwargs = True
+
+        def op_forward(self, ctx, input_, *, prev_op_grad_output_quantizer=None,
+                       next_op_input_quantizer=None, factor=1.0):
+            return input_ * factor
+
+    x = torch.randn(32, 32, requires_grad=True)
+    plain = te.ops.Sequential(te.ops.Linear(32, 32), te.ops.GELU())
+    extra = te.ops.Sequential(te.ops.MakeExtraOutput(), te.ops.Linear(32, 32),
+                              te.ops.AddExtraInput())
+    kw_op = _Kw()
+    kw = te.ops.Sequential(kw_op, te.ops.Linear(32, 32))
+    outs = [plain(x), extra(x, torch.randn(32, 32))[0], kw(x, op_kwargs={kw_op: {"factor": 2.0}})]
+    with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+        outs.append(plain(x))
+    assert [type(y.grad_fn).__name__ for y in outs] == ["PipelineFunctionBackward"] * 4

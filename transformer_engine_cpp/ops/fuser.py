@@ -98,15 +98,16 @@ class OperationFuser:
         public extra inputs need a gradient."""
         if input_requires_grad:
             return 0
-        public_extra = dict(zip(self._routing.public_extra_inputs,
-                                (t.requires_grad for t in extra_inputs)))
-        for i, params in enumerate(self._param_dicts):
-            if any(p is not None and p.requires_grad for p in params.values()):
-                return i
-            if any(public_extra.get((i, slot), False)
-                   for slot in range(self._basic_ops[i].num_extra_inputs)):
-                return i
-        return self._num_basic_ops
+        first = self._num_basic_ops
+        for (i, _), t in zip(self._routing.public_extra_inputs, extra_inputs):
+            if t.requires_grad:
+                first = i
+                break
+        for i, params in enumerate(self._param_dicts[:first]):
+            for p in params.values():
+                if p is not None and p.requires_grad:
+                    return i
+        return first
 
     def _build_plan(self, recipe, first: int) -> Plan:
         for op in self._basic_ops:
@@ -145,13 +146,6 @@ class OperationFuser:
         self._last_plan, self._last_first, self._last_dtypes = plan, first, dtypes
         self._last_version = key[-1]
         return plan
-
-    def maybe_fuse_ops(self, is_grad_enabled: bool, recipe, input_, extra_inputs) -> Plan:
-        """The plan a call with this input would run (TransformerEngine's fuser method)."""
-        params = [p for d in self._param_dicts for p in d.values()]
-        first = (self._first_op_requiring_backward(input_.requires_grad, extra_inputs)
-                 if is_grad_enabled else self._num_basic_ops)
-        return self._plan(recipe, first, compute_dtypes(input_, params))
 
     def fusion_plan(self, input_: torch.Tensor, *extra_inputs: torch.Tensor,
                     requires_grad: Optional[bool] = None) -> Plan:
