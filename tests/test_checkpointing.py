@@ -1,5 +1,5 @@
 """Deferred (meta-device) initialisation and state_dict round trips of every parameterised op
-(the anchor's TestCheckpointing shape: save, load into a fresh model, bit-exact outputs and
+(TransformerEngine's TestCheckpointing shape: save, load into a fresh model, bit-exact outputs and
 gradients, and an optimizer that continues training identically)."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def test_meta_device_materialises_on_first_forward(name):
     for (n, p), q in zip(deferred.named_parameters(), eager.parameters()):
         assert torch.equal(p, q), n  # same initial values as a directly built op
     y.sum().backward()
-    # the fuser used the new parameters: their grads arrived (the anchor keeps stale ones)
+    # the fuser used the new parameters: their grads arrived (TransformerEngine keeps stale ones)
     assert all(p.grad is not None for p in deferred.parameters())
 
 

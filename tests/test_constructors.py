@@ -86,7 +86,7 @@ def test_bad_constructor_arguments(make, exc, match):
 
 def test_defaults_follow_the_anchor():
     assert te.ops.Bias(3).bias.dtype == torch.get_default_dtype()
-    assert torch.equal(te.ops.Bias(3).bias, torch.zeros(3))  # the anchor zero-initialises
+    assert torch.equal(te.ops.Bias(3).bias, torch.zeros(3))  # TransformerEngine zero-initialises
     c = te.ops.ClampedSwiGLU()
     assert (c.limit, c.alpha, c.glu_linear_offset) == (7.0, 1.702, 1.0)
     s = te.ops.SiTUGLU()
@@ -94,7 +94,7 @@ def test_defaults_follow_the_anchor():
     assert te.ops.SwiGLU().glu_interleave_size is None
     q = te.ops.ScaledClampedQGeGLU()
     assert (q.limit, q.alpha, q.glu_linear_offset, q.glu_interleave_size) == (7.0, 1.702, 1.0, None)
-    t = te.ops.ScaledSiTUGLU(32)  # glu_interleave_size is positional, as in the anchor
+    t = te.ops.ScaledSiTUGLU(32)  # glu_interleave_size is positional, as in TransformerEngine
     assert (t.beta1, t.beta2, t.glu_interleave_size) == (4.0, 25.0, 32)
     assert te.ops.ScaledSwiGLU().num_extra_inputs == 1
     assert te.ops.ScaledSReLU(activation_recompute_in_mlp=True).activation_recompute_in_mlp

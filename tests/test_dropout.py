@@ -1,5 +1,5 @@
 """Dropout in training: the random output cannot go through the deterministic conformance
-harness, so it is checked statistically (the anchor's z-test on the fraction of zeros), for
+harness, so it is checked statistically (TransformerEngine's z-test on the fraction of zeros), for
 exact self-consistency (kept values, backward from the forward's own mask), for
 reproducibility from torch.manual_seed, and compiled (fullgraph, aot_eager and inductor).
 
@@ -19,7 +19,7 @@ te_ops = torch.ops.te_cpp
 
 DTYPES = [torch.float32, torch.bfloat16]
 DTYPE_IDS = ["fp32", "bf16"]
-Z_CRIT = 2.5758  # two-sided 99%, as in the anchor's test_dropout
+Z_CRIT = 2.5758  # two-sided 99%, as in TransformerEngine's test_dropout
 
 
 def _input(shape, dtype, seed=0):

@@ -183,7 +183,7 @@ def test_channel_errors():
         te.ops.MakeExtraOutput().set_extra_output_channel(0, 3)
     with pytest.raises(TypeError, match="output_to_caller must be a bool"):
         te.ops.MakeExtraOutput().set_extra_output_channel(0, "a", output_to_caller=1)
-    # Sequential resolves (and locks) the routing when it is built, as the anchor documents.
+    # Sequential resolves (and locks) the routing when it is built, as TransformerEngine documents.
     two = [te.ops.MakeExtraOutput().set_extra_output_channel(0, "a") for _ in range(2)]
     with pytest.raises(ValueError, match="multiple producers"):
         te.ops.Sequential(*two)

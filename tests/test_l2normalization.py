@@ -1,4 +1,4 @@
-"""L2Normalization beyond the conformance cases: the anchor's test shapes (a 1-D input
+"""L2Normalization beyond the conformance cases: TransformerEngine's test shapes (a 1-D input
 included), float64 against the float64 reference with fp64 tolerances, an all-zero row, and
 results independent of the thread count."""
 

@@ -1,4 +1,4 @@
-"""Fusible operations (the anchor's ``transformer_engine.pytorch.ops``)."""
+"""Fusible operations (TransformerEngine's ``transformer_engine.pytorch.ops``)."""
 
 from . import fused
 from .basic import *  # noqa: F401,F403

@@ -12,7 +12,7 @@ SUPPORTED_FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.fl
 
 
 def canonicalize_device(device: Optional[torch.device | str]) -> torch.device:
-    """``None`` means torch's default device (CPU unless changed): unlike the anchor, which
+    """``None`` means torch's default device (CPU unless changed): unlike TransformerEngine, which
     defaults to CUDA, CPU is a first-class device here."""
     if device is None:
         return torch.get_default_device()

@@ -1,4 +1,4 @@
-"""Linear: BasicLinear followed by an optional Bias, as one FusedOperation (the anchor's
+"""Linear: BasicLinear followed by an optional Bias, as one FusedOperation (TransformerEngine's
 ``te.ops.Linear``). Its state_dict keys are the basic ops' (``basic_ops.0.weight``,
 ``basic_ops.1.bias``); ``weight`` and ``bias`` are aliases of those parameters."""
 

@@ -25,7 +25,8 @@ class L2Normalization(BasicOperation):
     Args:
         eps: added to the sum of squares (finite, >= 0).
         seq_length, micro_batch_size: accepted for API compatibility (positive ints or None).
-            The anchor uses them to warm up its JIT-compiled kernels; they have no effect here.
+            TransformerEngine uses them to warm up its JIT-compiled kernels; they have no
+            effect here.
     """
 
     accepts_forward_kwargs = False
