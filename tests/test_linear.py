@@ -478,9 +478,9 @@ def test_linear_bwd_bad_inputs():
 
 @pytest.mark.parametrize("frozen", ["nothing", "bias", "weight", "input"])
 def test_backward_linear_bias_with_frozen_tensors(frozen):
-    """Linear(bias=True)'s backward is one linear_bwd call when dx, dW and dbias are all needed;
-    with the bias frozen it runs the ops' own backwards, with the weight or input frozen the
-    GEMM it needs and bias_bwd. The gradients match float64 in every case."""
+    """Linear(bias=True)'s backward is one linear_bwd call when dx, dW and dbias are all needed
+    (without dbias when the bias is frozen); with the weight or input frozen the GEMM it needs
+    and bias_bwd. The gradients match float64 in every case."""
     model = te.ops.Sequential(te.ops.Linear(13, 7))
     plan, = model.fusion_plan(torch.randn(5, 13), requires_grad=True)
     assert [type(op) for op, _ in plan.backward_ops] == [F.BackwardLinearBias]
@@ -529,6 +529,7 @@ def _names(ops) -> list:
 
 def _run_mixed(model, tail: str, autocast: bool):
     """One step, checked against float64; returns the output."""
+    model.zero_grad(set_to_none=True)
     x = torch.randn(3, 8, dtype=torch.bfloat16, requires_grad=True)
     extra = [torch.randn(3, 8)] if tail == "add" else []
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
