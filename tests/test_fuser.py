@@ -3,6 +3,8 @@ and its rebuild conditions, fusion registration, plan consistency, and their err
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -559,3 +561,32 @@ def test_one_pipeline_function_runs_every_configuration():
     with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
         outs.append(plain(x))
     assert [type(y.grad_fn).__name__ for y in outs] == ["PipelineFunctionBackward"] * 4
+
+
+# ---- op contexts --------------------------------------------------------------------------------
+
+# The basic ops with nothing but saved tensors (or nothing) between their passes.
+_PLAIN_CONTEXT_OPS = {"AddExtraInput", "ConstantScale", "Identity", "L2Normalization",
+                      "MakeExtraOutput"}
+
+
+@pytest.mark.parametrize("name", te.ops.basic.__all__)
+def test_basic_op_context_is_typed_with_class_level_defaults(name):
+    """Every other basic op declares a dataclass context whose fields all have plain immutable
+    defaults, which are class attributes: the pipeline creates eager contexts without
+    ``__init__`` (``object.__new__``), so each field a backward reads exists whichever forward,
+    fused or not, filled the context."""
+    from transformer_engine_cpp.ops.op import OperationContext
+
+    context_type = getattr(te.ops.basic, name).context_type
+    assert issubclass(context_type, OperationContext) and dataclasses.is_dataclass(context_type)
+    if name in _PLAIN_CONTEXT_OPS:
+        assert context_type is OperationContext
+        return
+    assert context_type is not OperationContext
+    ctx = object.__new__(context_type)
+    for field in dataclasses.fields(context_type):
+        assert field.default is not dataclasses.MISSING, field.name
+        assert field.default_factory is dataclasses.MISSING, field.name
+        hash(field.default)  # immutable: shared by every context
+        assert getattr(ctx, field.name) is field.default, field.name

@@ -399,16 +399,6 @@ def test_fused_in_place_add_into_a_strided_buffer():
     torch.testing.assert_close(y, expected, **FP32)
 
 
-def test_fused_linear_bias_keeps_the_unfused_dtype_promotion():
-    model = te.ops.Sequential(te.ops.BasicLinear(8, 8, dtype=torch.bfloat16),
-                              te.ops.Bias(8, dtype=torch.float32), te.ops.GELU())
-    x = torch.randn(3, 8, dtype=torch.bfloat16, requires_grad=True)
-    y = model(x)
-    assert y.dtype == torch.float32  # bf16 GEMM output + fp32 bias promotes, as unfused
-    y.sum().backward()
-    assert x.grad.dtype == torch.bfloat16 and model[1].bias.grad.dtype == torch.float32
-
-
 def test_bias_grad_in_the_input_dtype_under_autocast():
     model = te.ops.Sequential(te.ops.Bias(8))
     x = torch.randn(3, 8, requires_grad=True)
@@ -488,9 +478,9 @@ def test_linear_bwd_bad_inputs():
 
 @pytest.mark.parametrize("frozen", ["nothing", "bias", "weight", "input"])
 def test_backward_linear_bias_with_frozen_tensors(frozen):
-    """Linear(bias=True)'s backward is one linear_bwd call when dx, dW and dbias are all needed;
-    with the bias frozen it runs the ops' own backwards, with the weight or input frozen the
-    GEMM it needs and bias_bwd. The gradients match float64 in every case."""
+    """Linear(bias=True)'s backward is one linear_bwd call when dx, dW and dbias are all needed
+    (without dbias when the bias is frozen); with the weight or input frozen the GEMM it needs
+    and bias_bwd. The gradients match float64 in every case."""
     model = te.ops.Sequential(te.ops.Linear(13, 7))
     plan, = model.fusion_plan(torch.randn(5, 13), requires_grad=True)
     assert [type(op) for op, _ in plan.backward_ops] == [F.BackwardLinearBias]
@@ -515,17 +505,135 @@ def test_backward_linear_bias_with_frozen_tensors(frozen):
             assert got is None
 
 
-def test_backward_linear_bias_keeps_the_unfused_dtype_promotion():
-    """bf16 linear + fp32 bias: dy arrives in fp32 and the linear computes in bf16, so the fused
-    op runs the two backwards as unfused (dbias from the fp32 dy, dx in bf16)."""
-    model = te.ops.Sequential(te.ops.BasicLinear(8, 8, dtype=torch.bfloat16),
-                              te.ops.Bias(8, dtype=torch.float32))
+# ---- bias fusion decided at plan time ----------------------------------------------------------
+
+# A bf16 GEMM output (rounded to bf16) plus an fp32 bias, against float64: an absolute error of
+# a few bf16 roundings of values of order 1.
+MIXED = dict(rtol=1.6e-2, atol=2e-2)
+
+
+def _mixed_linear_bias(tail: str):
+    """A bf16 BasicLinear, an fp32 Bias and ``tail`` ("", "gelu" or "add": an AddExtraInput)."""
+    torch.manual_seed(0)
+    ops = [te.ops.BasicLinear(8, 8, dtype=torch.bfloat16), te.ops.Bias(8, dtype=torch.float32)]
+    ops += {"": [], "gelu": [te.ops.GELU()], "add": [te.ops.AddExtraInput()]}[tail]
+    model = te.ops.Sequential(*ops)
+    with torch.no_grad():
+        model[1].bias.normal_()
+    return model
+
+
+def _names(ops) -> list:
+    return [type(op).__name__ for op, _ in ops]
+
+
+def _run_mixed(model, tail: str, autocast: bool):
+    """One step, checked against float64; returns the output."""
+    model.zero_grad(set_to_none=True)
     x = torch.randn(3, 8, dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn(3, 8)
-    model(x).backward(dy)
-    assert [type(op) for op, _ in model._module_groups[0]._backward_ops] == [F.BackwardLinearBias]
-    assert x.grad.dtype == torch.bfloat16 and model[1].bias.grad.dtype == torch.float32
-    torch.testing.assert_close(model[1].bias.grad, dy.sum(0), **FP32)
+    extra = [torch.randn(3, 8)] if tail == "add" else []
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        y = model(x, *extra)
+    dy = torch.randn(y.shape)
+    y.backward(dy.to(y.dtype))
+    x64 = x.detach().double().requires_grad_()
+    w64 = model[0].weight.detach().double().requires_grad_()
+    b64 = model[1].bias.detach().double().requires_grad_()
+    y64 = ref.linear(x64, w64, b64)
+    if tail == "gelu":
+        y64 = ref.gelu(y64)
+    elif tail == "add":
+        y64 = y64 + extra[0].double()
+    y64.backward(dy.to(y.dtype).double())
+    tol = MIXED if not autocast else dict(rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(y.double(), y64.detach(), **tol)
+    for got, want in ((x.grad, x64.grad), (model[0].weight.grad, w64.grad),
+                      (model[1].bias.grad, b64.grad)):
+        torch.testing.assert_close(got.double(), want, **tol)
+    return y
+
+
+# forward and backward plans of bf16 BasicLinear + fp32 Bias (+ tail) without autocast
+_UNFUSED_BIAS_PLANS = {
+    "": (["BasicLinear", "Bias"], ["BasicLinear", "Bias"]),
+    "gelu": (["BasicLinear", "ForwardBiasActivation"], ["BasicLinear", "BackwardActivationBias"]),
+    "add": (["BasicLinear", "Bias", "AddExtraInput"], ["BasicLinear", "Bias", "AddExtraInput"]),
+}
+# the same under autocast
+_FUSED_BIAS_PLANS = {
+    "": (["ForwardLinearBiasActivation"], ["BackwardLinearBias"]),
+    "gelu": (["ForwardLinearBiasActivation"], ["BasicLinear", "BackwardActivationBias"]),
+    "add": (["ForwardLinearBiasAdd"], ["BackwardLinearBias", "AddExtraInput"]),
+}
+
+
+@pytest.mark.parametrize("tail", ["", "gelu", "add"])
+def test_bias_of_another_dtype_is_not_planned_into_the_gemm(tail):
+    """Without autocast the unfused Bias promotes a bf16 GEMM output and an fp32 bias to fp32,
+    so no fusion adds that bias inside the GEMM (nor takes its dbias from the linear's bf16 dy):
+    the plan says so, and the output keeps the promotion."""
+    model = _mixed_linear_bias(tail)
+    x = torch.randn(3, 8, dtype=torch.bfloat16)
+    extra = [torch.randn(3, 8)] if tail == "add" else []
+    plan, = model.fusion_plan(x, *extra, requires_grad=True)
+    assert (_names(plan.forward_ops), _names(plan.backward_ops)) == _UNFUSED_BIAS_PLANS[tail]
+    y = _run_mixed(model, tail, autocast=False)
+    assert y.dtype == torch.float32
+    assert model[0].weight.grad.dtype == torch.bfloat16
+    assert model[1].bias.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("tail", ["", "gelu", "add"])
+def test_bias_of_another_dtype_is_planned_into_the_gemm_under_autocast(tail):
+    """Under torch autocast both are cast to the autocast dtype, so the bias rides in the GEMM;
+    leaving autocast re-plans to the unfused bias."""
+    model = _mixed_linear_bias(tail)
+    x = torch.randn(3, 8, dtype=torch.bfloat16)
+    extra = [torch.randn(3, 8)] if tail == "add" else []
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plan, = model.fusion_plan(x, *extra, requires_grad=True)
+    assert (_names(plan.forward_ops), _names(plan.backward_ops)) == _FUSED_BIAS_PLANS[tail]
+    y = _run_mixed(model, tail, autocast=True)
+    # the fp32 residual promotes, as x + residual does under autocast
+    assert y.dtype == (torch.float32 if tail == "add" else torch.bfloat16)
+    fuser = model._module_groups[0]
+    assert _names(fuser._forward_ops) == _FUSED_BIAS_PLANS[tail][0]
+    plan, = model.fusion_plan(x, *extra, requires_grad=True)
+    assert (_names(plan.forward_ops), _names(plan.backward_ops)) == _UNFUSED_BIAS_PLANS[tail]
+    _run_mixed(model, tail, autocast=False)
+    assert _names(fuser._forward_ops) == _UNFUSED_BIAS_PLANS[tail][0]
+
+
+def test_dtype_cast_re_plans_the_bias_fusion(fusion_registry):
+    """``model.to(dtype)`` after a call re-plans: an fp32 bias after a bf16 linear fuses once
+    both are bf16, and TransformerEngine's own fusion of ``[BasicLinear, Bias]`` (fp16/bf16
+    weights only, as a user's forward fusion sees it) appears after an fp32 model's cast."""
+    seen = []
+
+    def spy(ops, *, recipe=None):
+        seen.append(_names([(op, None) for op in ops]))
+        return ops
+
+    te.ops.register_forward_fusion(spy)
+    model = _mixed_linear_bias("")
+    x = torch.randn(3, 8, dtype=torch.bfloat16, requires_grad=True)
+    model(x).sum().backward()
+    fuser = model._module_groups[0]
+    assert _names(fuser._forward_ops) == ["BasicLinear", "Bias"]
+    assert seen[-1] == ["BasicLinear", "Bias"]
+    model.to(torch.bfloat16)
+    model(x).sum().backward()
+    assert _names(fuser._forward_ops) == ["ForwardLinearBiasActivation"]
+    assert _names(fuser._backward_ops) == ["BackwardLinearBias"]
+    assert seen[-1] == ["ForwardLinearBiasActivation"]
+
+    model = te.ops.Sequential(te.ops.Linear(8, 8))
+    x = torch.randn(3, 8, requires_grad=True)
+    model(x).sum().backward()
+    assert seen[-1] == ["BasicLinear", "Bias"]
+    model.to(torch.bfloat16)
+    model(x.detach().bfloat16().requires_grad_()).sum().backward()
+    assert seen[-1] == ["ForwardLinearBiasActivation"]
 
 
 class _WrongGradCount(te.ops.BasicOperation):

@@ -23,7 +23,9 @@ class OperationContext:
     """State a basic operation keeps between its forward and backward passes.
 
     Operations call :meth:`save_for_backward` in the forward pass and read ``saved_tensors`` in
-    the backward pass; any other Python attribute (flags, shapes, dtypes) may be set freely.
+    the backward pass. A basic op that keeps more (flags, shapes, dtypes) declares a dataclass
+    subclass with typed fields and immutable defaults as its ``context_type``; a user-defined
+    op may also set attributes on this class freely.
     """
 
     to_save: Optional[tuple] = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from typing import Iterable, Optional, Union
 
@@ -44,6 +45,18 @@ def _check_sm_margin(op: str, sm_margin: SmMargin) -> None:
                              f"got {sm_margin!r}")
 
 
+@dataclasses.dataclass
+class NormContext(OperationContext):
+    """What LayerNorm's and RMSNorm's backwards read besides their saved tensors."""
+
+    #: the input's dtype, dx's dtype
+    input_dtype: Optional[torch.dtype] = None
+    #: the compute dtype (the autocast dtype, else the weight's)
+    dtype: Optional[torch.dtype] = None
+    #: per parameter (weight, then bias), whether its gradient is returned
+    grads_needed: tuple = ()
+
+
 class _Norm(BasicOperation):
     """Common constructor, parameters and deferred init of LayerNorm and RMSNorm.
 
@@ -55,6 +68,7 @@ class _Norm(BasicOperation):
     """
 
     accepts_forward_kwargs = False
+    context_type = NormContext
 
     _has_bias = False
 
@@ -104,7 +118,7 @@ class _Norm(BasicOperation):
     # deferred initialisation: parameters built on the meta device materialise on first use
     pre_fuser_forward = BasicOperation.materialize_meta_parameters
 
-    def _cast_inputs(self, ctx: OperationContext, input_: torch.Tensor, kwargs: dict):
+    def _cast_inputs(self, ctx: NormContext, input_: torch.Tensor, kwargs: dict):
         input_ = _quantized.as_high_precision(input_)
         if not input_.is_floating_point():
             raise TypeError(f"{self.__class__.__name__}: input must be floating point, "

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Optional
+import dataclasses
+from typing import Any, Optional
 
 import torch
 
@@ -17,6 +18,20 @@ def _cache_quantizer():
     return Float8CurrentScalingQuantizer(torch.float8_e4m3fn)
 
 
+@dataclasses.dataclass
+class ActivationContext(OperationContext):
+    """What an activation's backward reads besides its saved tensors."""
+
+    #: the input's dtype, dx's dtype
+    input_dtype: Optional[torch.dtype] = None
+    #: the previous op's grad-output quantizer: dx is handed back already quantized
+    grad_input_quantizer: Any = None
+    #: with cache_quantized_input: the saved FP8 buffers' (meta, dtype); None: saved as is
+    cached_quantized: Optional[tuple] = None
+    #: True when a fusion with the Bias before it saved (x, bias) instead of the input
+    bias_input: bool = False
+
+
 class _ActivationOperation(BasicOperation):
     """Base of the activations: declares the custom ops and their extra arguments.
 
@@ -26,6 +41,7 @@ class _ActivationOperation(BasicOperation):
     """
 
     accepts_forward_kwargs = False
+    context_type = ActivationContext
 
     _op_stem: str = ""
 
@@ -46,7 +62,7 @@ class _ActivationOperation(BasicOperation):
 
     def op_forward(
         self,
-        ctx: OperationContext,
+        ctx: ActivationContext,
         input_: torch.Tensor,
         *,
         prev_op_grad_output_quantizer=None,
@@ -55,8 +71,6 @@ class _ActivationOperation(BasicOperation):
     ) -> torch.Tensor:
         x = self.cast_input(ctx, input_)
         ctx.grad_input_quantizer = prev_op_grad_output_quantizer
-        ctx.cached_quantized = None
-        ctx.bias_input = False
         if self.cache_quantized_input:
             # as the anchor: x is FP8-quantized (current scaling, E4M3) first; the forward
             # uses those values and the backward keeps only the FP8 buffers
@@ -69,38 +83,46 @@ class _ActivationOperation(BasicOperation):
             ctx.save_for_backward(x)
         return _quantized.emit(self._fwd_op(x, *self._op_args()), next_op_input_quantizer)
 
-    def save_bias_input(self, ctx: OperationContext, x: torch.Tensor, bias: torch.Tensor,
+    def save_bias_input(self, ctx: ActivationContext, x: torch.Tensor, bias: torch.Tensor,
                         dtype: torch.dtype) -> None:
         """For a forward fusion with the Bias before this op (ForwardBiasActivation): this op's
         input z = x + bias (in ``dtype``) was never stored; the context keeps x and bias and the
-        backward recomputes z, rounded as bias_fwd rounds it."""
+        backward recomputes z, rounded as bias_fwd rounds it. (No grad-input quantizer: the
+        Bias before it is in the fusion.)"""
         ctx.input_dtype = dtype
-        ctx.grad_input_quantizer = None  # the Bias before it is in the fusion
-        ctx.cached_quantized = None
-        ctx.bias_input = ctx.requires_grad
         if ctx.requires_grad:
+            ctx.bias_input = True
             ctx.save_for_backward(x, bias)
 
-    def saved_operands(self, ctx: OperationContext):
+    def save_fused_input(self, ctx: ActivationContext, act_input: torch.Tensor) -> None:
+        """For a forward fusion that computed this op's input and output
+        (ForwardLinearBiasActivation's epilogue): the context as this op's forward would fill
+        it, with ``act_input`` saved as its input (no grad-input quantizer: the op before it is
+        in the fusion)."""
+        ctx.input_dtype = act_input.dtype
+        if ctx.requires_grad:
+            ctx.save_for_backward(act_input)
+
+    def saved_operands(self, ctx: ActivationContext):
         """(x, bias): with ``bias`` None, x is the activation's input as saved in forward
         (dequantized if it was cached in FP8); otherwise the input is x + bias, recomputed by
         the caller (see :meth:`save_bias_input`)."""
-        if getattr(ctx, "bias_input", False):  # fused forwards may not set it
+        if ctx.bias_input:
             x, bias = ctx.saved_tensors
             return x, bias
-        cached = getattr(ctx, "cached_quantized", None)  # fused forwards may not set it
+        cached = ctx.cached_quantized
         if cached is None:
             return ctx.saved_tensors[0], None
         meta, dtype = cached
         return _quantized.QuantizedOperand.rebuild(ctx.saved_tensors, meta).rowwise(dtype), None
 
-    def saved_input(self, ctx: OperationContext) -> torch.Tensor:
+    def saved_input(self, ctx: ActivationContext) -> torch.Tensor:
         """The activation's input as saved in forward (dequantized if it was cached in FP8;
         recomputed as x + bias if its Bias was fused into the forward)."""
         x, bias = self.saved_operands(ctx)
         return x if bias is None else torch.ops.te_cpp.bias_fwd.default(x, bias)
 
-    def cast_input(self, ctx: OperationContext, input_: torch.Tensor) -> torch.Tensor:
+    def cast_input(self, ctx: ActivationContext, input_: torch.Tensor) -> torch.Tensor:
         """The input in the compute dtype (the autocast dtype when autocast is on, else the
         input's own), recording the input dtype for the backward."""
         input_ = _quantized.as_high_precision(input_)
@@ -108,11 +130,11 @@ class _ActivationOperation(BasicOperation):
         dtype = autocast_dtype(input_, input_.dtype)
         return input_ if input_.dtype == dtype else input_.to(dtype)
 
-    def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
+    def op_backward(self, ctx: ActivationContext, grad_output: torch.Tensor):
         x = self.saved_input(ctx)
         dx = self._bwd_op(grad_output, x, *self._op_args())
         dx = dx if dx.dtype == ctx.input_dtype else dx.to(ctx.input_dtype)
-        return _quantized.emit(dx, getattr(ctx, "grad_input_quantizer", None)), ()
+        return _quantized.emit(dx, ctx.grad_input_quantizer), ()
 
 
 class GELU(_ActivationOperation):
@@ -223,6 +245,14 @@ def _check_bool(op: str, name: str, value) -> bool:
     return value
 
 
+@dataclasses.dataclass
+class ScaledActivationContext(OperationContext):
+    """What a scaled activation's backward reads besides its saved (x, scales)."""
+
+    #: whether the scales needed a gradient in the forward pass (d(scales) is computed then)
+    scales_requires_grad: bool = False
+
+
 class _ScaledActivation(BasicOperation):
     """Base of the scaled activations: ``torch.ops.te_cpp.scaled_<stem>_fwd(x, scales, *args)``
     forward and ``scaled_<stem>_bwd(dy, x, scales, compute_dscales, *args) -> (dx, dscales)``
@@ -237,6 +267,7 @@ class _ScaledActivation(BasicOperation):
     """
 
     accepts_forward_kwargs = False
+    context_type = ScaledActivationContext
 
     num_extra_inputs = 1
     _op_stem: str = ""

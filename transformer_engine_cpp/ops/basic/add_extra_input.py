@@ -29,6 +29,11 @@ class AddExtraInput(BasicOperation):
         super().__init__()
         self._in_place = _check_in_place("AddExtraInput", in_place)
 
+    @property
+    def in_place(self) -> bool:
+        """The constructor's ``in_place`` (for the fusion functions' plan-time checks)."""
+        return self._in_place
+
     def in_place_extra_inputs(self) -> tuple:
         return (0,) if self._in_place else ()
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from .._common import (autocast_dtype, canonicalize_device, canonicalize_dtype, check_numel,
-                       check_size, init_parameter, materialize_device)
+                       check_size, compute_dtype, init_parameter, materialize_device)
 from ...quantization import FP8GlobalStateManager, RecipeState
 from ...quantization._formats import format_of
 from ...quantization.quantizer import Float8CurrentScalingQuantizer, Float8Quantizer
@@ -25,6 +26,31 @@ _linear_dgrad_add = torch.ops.te_cpp.linear_dgrad_add.default
 _linear_wgrad = torch.ops.te_cpp.linear_wgrad.default
 _linear_bwd = torch.ops.te_cpp.linear_bwd.default
 _bias_bwd = torch.ops.te_cpp.bias_bwd.default
+
+
+@dataclasses.dataclass
+class LinearContext(OperationContext):
+    """What BasicLinear's backward reads besides its saved tensors (TransformerEngine's context
+    fields for BasicLinear, plus the dtypes)."""
+
+    #: the GEMMs' dtype (the autocast dtype, else the weight's)
+    dtype: Optional[torch.dtype] = None
+    #: the input's dtype, dx's dtype
+    input_dtype: Optional[torch.dtype] = None
+    #: whether dW is computed (the op is reached and the weight is trained)
+    weight_requires_grad: bool = False
+    #: the FP8 path ran: the saved tensors are quantized buffers described by quantized_meta
+    with_quantized_compute: bool = False
+    input_quantizer: Any = None
+    weight_quantizer: Any = None
+    grad_output_quantizer: Any = None
+    grad_input_quantizer: Any = None
+    #: (input meta, weight meta) of the saved FP8 buffers
+    quantized_meta: Optional[tuple] = None
+    #: the previous op handed the input over already quantized (the neighbour protocol)
+    input_was_quantized: bool = False
+    #: the next op handed dy over already quantized (set in backward)
+    grad_output_was_quantized: bool = False
 
 
 class BasicLinear(BasicOperation):
@@ -47,6 +73,7 @@ class BasicLinear(BasicOperation):
     """
 
     accepts_forward_kwargs = False
+    context_type = LinearContext
 
     def __init__(
         self,
@@ -130,6 +157,17 @@ class BasicLinear(BasicOperation):
     # deferred initialisation: parameters built on the meta device materialise on first use
     pre_fuser_forward = BasicOperation.materialize_meta_parameters
 
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The weight's dtype (a quantized weight's nominal one): the GEMMs' dtype outside
+        torch autocast (for the fusion functions' plan-time checks)."""
+        return self._parameters["weight"].dtype
+
+    def autocast_enabled(self) -> bool:
+        """Whether torch autocast is on for the weight's device type (the GEMMs then compute
+        in the autocast dtype; for the fusion functions' plan-time checks)."""
+        return compute_dtype(self._parameters["weight"].device.type, None) is not None
+
     def num_quantizers(self, mode: str) -> int:
         """Forward: input (0) and weight (1); backward: grad_output (0)."""
         return 2 if mode == "forward" else 1
@@ -153,7 +191,7 @@ class BasicLinear(BasicOperation):
 
     # ---- compute (shared with the fused linear ops) --------------------------------------------
 
-    def prepare(self, ctx: OperationContext, input_: torch.Tensor):
+    def prepare(self, ctx: LinearContext, input_: torch.Tensor):
         """Input and weight in the compute dtype (the autocast dtype when autocast is on, else
         the weight's), recording the dtypes on ctx. An input the previous op already quantized
         (the neighbour protocol) is returned as it is."""
@@ -179,17 +217,15 @@ class BasicLinear(BasicOperation):
             return w if self._quantizers is not None else w.dequantize(dtype=dtype)
         return w if w.dtype == dtype else w.to(dtype)
 
-    def save_ctx(self, ctx: OperationContext, x: torch.Tensor, w: torch.Tensor) -> None:
-        """What the unfused backward needs (the anchor's ctx contract for BasicLinear)."""
-        ctx.with_quantized_compute = False
-        ctx.input_quantizer = ctx.weight_quantizer = None
-        ctx.grad_output_quantizer = ctx.grad_input_quantizer = None
+    def save_ctx(self, ctx: LinearContext, x: torch.Tensor, w: torch.Tensor) -> None:
+        """What the unquantized backward needs (the quantization fields keep their defaults:
+        no quantized compute, no quantizers)."""
         ctx.weight_requires_grad = ctx.requires_grad and self._parameters["weight"].requires_grad
         if ctx.requires_grad:
             ctx.save_for_backward(x if ctx.weight_requires_grad else None,
                                   w if ctx.input_requires_grad else None)
 
-    def op_forward(self, ctx: OperationContext, input_: torch.Tensor, *,
+    def op_forward(self, ctx: LinearContext, input_: torch.Tensor, *,
                    prev_op_grad_output_quantizer=None, next_op_input_quantizer=None, **kwargs):
         x, w = self.prepare(ctx, input_)
         if self._quantizers is not None:
@@ -199,7 +235,7 @@ class BasicLinear(BasicOperation):
         self.save_ctx(ctx, x, w)
         return y
 
-    def _quantized_forward(self, ctx: OperationContext, x: torch.Tensor, w: torch.Tensor):
+    def _quantized_forward(self, ctx: LinearContext, x: torch.Tensor, w: torch.Tensor):
         """FP8 GEMM, emulated exactly: the quantized operands' dequantization multiplied with
         fp32 accumulation. The saved tensors are the quantized buffers (for dgrad the weight's
         columnwise copy, for wgrad the input's)."""
@@ -230,25 +266,26 @@ class BasicLinear(BasicOperation):
             ctx.quantized_meta = (xq.meta(), wq.meta())
         return y if y.dtype == ctx.dtype else y.to(ctx.dtype)
 
-    def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
+    def op_backward(self, ctx: LinearContext, grad_output: torch.Tensor):
         return self.backward_grads(ctx, grad_output)
 
-    def backward_grads(self, ctx: OperationContext, grad_output: torch.Tensor, *,
+    def backward_grads(self, ctx: LinearContext, grad_output: torch.Tensor, *,
                        alpha: float = 1.0, grad_extra: Optional[torch.Tensor] = None):
         """dx = grad_extra + alpha * dy W and dW = alpha * dy^T x, each only when needed.
         ``alpha`` serves BackwardLinearScale and ``grad_extra`` BackwardLinearAdd."""
-        if getattr(ctx, "with_quantized_compute", False):
+        if ctx.with_quantized_compute:
             return self._quantized_backward(ctx, grad_output, alpha=alpha, grad_extra=grad_extra)
         dx, dw, _ = self._backward(ctx, grad_output, alpha, grad_extra, None)
         return dx, (dw,)
 
-    def backward_grads_and_dbias(self, ctx: OperationContext, grad_output: torch.Tensor,
-                                 bias_dtype: torch.dtype):
-        """BackwardLinearBias (unquantized): ``(dx, (dW,), dbias)`` with dbias the sum of dy
-        over its leading dims in ``bias_dtype``, one op call when dx and dW are both needed."""
+    def backward_grads_and_dbias(self, ctx: LinearContext, grad_output: torch.Tensor,
+                                 bias_dtype: Optional[torch.dtype]):
+        """BackwardLinearBias (unquantized): ``(dx, dW, dbias)`` with dbias the sum of dy over
+        its leading dims in ``bias_dtype`` (None: no dbias), one op call when dx and dW are both
+        needed."""
         return self._backward(ctx, grad_output, 1.0, None, bias_dtype)
 
-    def _backward(self, ctx: OperationContext, grad_output: torch.Tensor, alpha: float,
+    def _backward(self, ctx: LinearContext, grad_output: torch.Tensor, alpha: float,
                   grad_extra: Optional[torch.Tensor], bias_dtype: Optional[torch.dtype]):
         grad_output = _quantized.as_high_precision(grad_output)
         x, w = ctx.saved_tensors
@@ -283,7 +320,7 @@ class BasicLinear(BasicOperation):
                     dw = dw.to(weight_dtype)
         return dx, dw, db
 
-    def _quantized_backward(self, ctx: OperationContext, grad_output: torch.Tensor, *,
+    def _quantized_backward(self, ctx: LinearContext, grad_output: torch.Tensor, *,
                             alpha: float, grad_extra: Optional[torch.Tensor]):
         saved = ctx.saved_tensors
         x_meta, w_meta = ctx.quantized_meta

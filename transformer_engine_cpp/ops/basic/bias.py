@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Optional
+import dataclasses
+from typing import Any, Optional
 
 import torch
 
@@ -16,6 +17,16 @@ _bias_fwd = torch.ops.te_cpp.bias_fwd.default
 _bias_bwd = torch.ops.te_cpp.bias_bwd.default
 
 
+@dataclasses.dataclass
+class BiasContext(OperationContext):
+    """What Bias' backward reads besides its saved tensors (it saves none)."""
+
+    #: the input's dtype, dx's dtype (None: dx is dy unchanged, as after a GEMM fusion)
+    input_dtype: Optional[torch.dtype] = None
+    #: the previous op's grad-output quantizer: dx is handed back already quantized
+    grad_input_quantizer: Any = None
+
+
 class Bias(BasicOperation):
     """Adds a learnable bias of shape ``(size,)`` to the last dim of the input.
 
@@ -27,6 +38,7 @@ class Bias(BasicOperation):
     """
 
     accepts_forward_kwargs = False
+    context_type = BiasContext
 
     def __init__(
         self,
@@ -60,9 +72,14 @@ class Bias(BasicOperation):
     # deferred initialisation: parameters built on the meta device materialise on first use
     pre_fuser_forward = BasicOperation.materialize_meta_parameters
 
+    @property
+    def bias_dtype(self) -> torch.dtype:
+        """The bias parameter's dtype (for the fusion functions' plan-time checks)."""
+        return self._parameters["bias"].dtype
+
     def op_forward(
         self,
-        ctx: OperationContext,
+        ctx: BiasContext,
         input_: torch.Tensor,
         *,
         prev_op_grad_output_quantizer=None,
@@ -70,14 +87,35 @@ class Bias(BasicOperation):
         **kwargs,
     ) -> torch.Tensor:
         ctx.input_dtype = input_.dtype
-        # the previous op's grad-output quantizer: dx is handed back already quantized
         ctx.grad_input_quantizer = prev_op_grad_output_quantizer
         dtype = autocast_dtype(input_, None)
         if dtype is None:  # no autocast: the input and bias dtypes promote
             return _bias_fwd(input_, self._parameters["bias"])
         return _bias_fwd(input_.to(dtype), self.bias_in(dtype))
 
-    def bias_grad_required(self, ctx: OperationContext) -> bool:
+    def fused_forward_operands(self, ctx: BiasContext, input_: torch.Tensor,
+                               prev_op_grad_output_quantizer=None):
+        """For a forward fusion of this op with the op after it (ForwardBiasActivation): the
+        input and the bias as this op's forward adds them (cast to the autocast dtype under
+        autocast, else as they are, for the kernel to promote), its context filled as that
+        forward fills it."""
+        ctx.input_dtype = input_.dtype
+        ctx.grad_input_quantizer = prev_op_grad_output_quantizer
+        dtype = autocast_dtype(input_, None)
+        if dtype is None:
+            return input_, self._parameters["bias"]
+        return input_.to(dtype), self.bias_in(dtype)
+
+    def gemm_bias(self, ctx: BiasContext, dtype: torch.dtype) -> torch.Tensor:
+        """For a forward fusion that adds the bias inside the GEMM of the linear before it: the
+        bias in the GEMM's ``dtype``. The context keeps its defaults, which is what the backward
+        then needs: dx is dy unchanged (the plan fuses only a bias whose output has the GEMM's
+        dtype) and is handed on unquantized (the linear before it is in the fusion)."""
+        del ctx
+        bias = self._parameters["bias"]
+        return bias if bias.dtype == dtype else bias.to(dtype)
+
+    def bias_grad_required(self, ctx: BiasContext) -> bool:
         """Whether the backward computes dbias: the op is reached and the bias is trained."""
         return ctx.requires_grad and self._parameters["bias"].requires_grad
 
@@ -85,20 +123,21 @@ class Bias(BasicOperation):
         """dbias: dy summed over its leading dims, in the bias' dtype."""
         return _bias_bwd(grad_output, self._parameters["bias"].dtype)
 
-    def input_grad(self, ctx: OperationContext, grad_output: torch.Tensor):
+    def input_grad(self, ctx: BiasContext, grad_output: torch.Tensor):
         """dx = dy, a pass-through, never routed through a custom op: only cast back to the
         input's dtype where autocast or promotion changed it and the forward recorded it, and
         handed back quantized where the forward recorded the previous op's grad quantizer."""
         dx = grad_output
-        input_dtype = getattr(ctx, "input_dtype", None)
+        input_dtype = ctx.input_dtype
         if input_dtype is not None and dx.dtype != input_dtype:
             dx = dx.to(input_dtype)
-        return _quantized.emit(dx, getattr(ctx, "grad_input_quantizer", None))
+        return _quantized.emit(dx, ctx.grad_input_quantizer)
 
     def bias_in(self, dtype: torch.dtype) -> torch.Tensor:
+        """The bias in ``dtype``."""
         bias = self._parameters["bias"]
         return bias if bias.dtype == dtype else bias.to(dtype)
 
-    def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
+    def op_backward(self, ctx: BiasContext, grad_output: torch.Tensor):
         db = self.bias_grad(grad_output) if self.bias_grad_required(ctx) else None
         return self.input_grad(ctx, grad_output), (db,)

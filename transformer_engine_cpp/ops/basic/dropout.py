@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..op import BasicOperation, OperationContext
@@ -10,6 +12,14 @@ from ..op import BasicOperation, OperationContext
 # Seeds are drawn uniformly from [0, 2^62): plenty of keys for the Philox mask generator, and
 # a range every backend's randint lowering handles.
 _SEED_HIGH = 2**62
+
+
+@dataclasses.dataclass
+class DropoutContext(OperationContext):
+    """What Dropout's backward reads besides the saved mask."""
+
+    #: "mask" (training: dx = dy * mask / (1 - p)), "evaluation" or "identity" (dx = dy)
+    impl: str = "identity"
 
 
 class Dropout(BasicOperation):
@@ -33,6 +43,7 @@ class Dropout(BasicOperation):
     """
 
     accepts_forward_kwargs = False
+    context_type = DropoutContext
 
     def __init__(self, p: float) -> None:
         super().__init__()
@@ -42,7 +53,7 @@ class Dropout(BasicOperation):
 
     def op_forward(
         self,
-        ctx: OperationContext,
+        ctx: DropoutContext,
         input_: torch.Tensor,
         *,
         prev_op_grad_output_quantizer=None,
@@ -60,7 +71,7 @@ class Dropout(BasicOperation):
             ctx.save_for_backward(mask)
         return y
 
-    def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
+    def op_backward(self, ctx: DropoutContext, grad_output: torch.Tensor):
         if ctx.impl != "mask":
             return grad_output, ()
         (mask,) = ctx.saved_tensors

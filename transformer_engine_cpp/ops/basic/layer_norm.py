@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _quantized
-from ..op import OperationContext
-from ._normalization import _Norm
+from ._normalization import NormContext, _Norm
 
 # the custom ops' OpOverloads, resolved once (calling torch.ops.te_cpp.<op> resolves the
 # overload packet on every call)
@@ -20,7 +19,7 @@ class LayerNorm(_Norm):
 
     _has_bias = True
 
-    def op_forward(self, ctx: OperationContext, input_: torch.Tensor, *,
+    def op_forward(self, ctx: NormContext, input_: torch.Tensor, *,
                    prev_op_grad_output_quantizer=None, next_op_input_quantizer=None, **kwargs):
         x, w = self._cast_inputs(ctx, input_, kwargs)
         bias = self._parameters["bias"]
@@ -31,7 +30,7 @@ class LayerNorm(_Norm):
             ctx.grads_needed = (self._parameters["weight"].requires_grad, bias.requires_grad)
         return _quantized.emit(y, next_op_input_quantizer)
 
-    def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
+    def op_backward(self, ctx: NormContext, grad_output: torch.Tensor):
         x, mean, rstd, w = ctx.saved_tensors
         dx, dw, db = _layernorm_bwd(grad_output, x, mean, rstd, w, self.zero_centered_gamma)
         if dx.dtype != ctx.input_dtype:

@@ -29,6 +29,11 @@ class MakeExtraOutput(BasicOperation):
         super().__init__()
         self._in_place = _check_in_place("MakeExtraOutput", in_place)
 
+    @property
+    def in_place(self) -> bool:
+        """The constructor's ``in_place`` (for the fusion functions' plan-time checks)."""
+        return self._in_place
+
     def in_place_grad_extra_outputs(self) -> tuple:
         return (0,) if self._in_place else ()
 

@@ -9,16 +9,28 @@ direction it does not quantize, it is the identity (a pass-through, no custom op
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import torch
 
 from .. import _quantized
 from ..op import BasicOperation, OperationContext
 
 
+@dataclasses.dataclass
+class QuantizeContext(OperationContext):
+    """What Quantize's backward reads (it saves no tensors)."""
+
+    #: the backward quantizer, None when the gradient passes through
+    grad_quantizer: Any = None
+
+
 class Quantize(BasicOperation):
     """Args: forward / backward: whether the output / the gradient are quantized."""
 
     accepts_forward_kwargs = False
+    context_type = QuantizeContext
 
     def __init__(self, forward: bool = True, backward: bool = False) -> None:
         super().__init__()
@@ -33,7 +45,7 @@ class Quantize(BasicOperation):
             return 1 if self._quantize_forward else 0
         return 1 if self._quantize_backward else 0
 
-    def op_forward(self, ctx: OperationContext, input_: torch.Tensor, *,
+    def op_forward(self, ctx: QuantizeContext, input_: torch.Tensor, *,
                    prev_op_grad_output_quantizer=None, next_op_input_quantizer=None, **kwargs):
         quantizer = self.get_quantizer("forward", 0) if self._quantize_forward else None
         ctx.grad_quantizer = (self.get_quantizer("backward", 0) if self._quantize_backward
@@ -44,7 +56,7 @@ class Quantize(BasicOperation):
             return input_
         return _quantized.fake_quantize(quantizer, input_)
 
-    def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
+    def op_backward(self, ctx: QuantizeContext, grad_output: torch.Tensor):
         if isinstance(grad_output, _quantized.QuantizedOperand):
             return grad_output.dequantize(), ()
         if ctx.grad_quantizer is None:

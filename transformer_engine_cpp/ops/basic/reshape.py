@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+import dataclasses
+from typing import Iterable, Optional
 
 import torch
 
@@ -10,10 +11,19 @@ from .._common import check_shape
 from ..op import BasicOperation, OperationContext
 
 
+@dataclasses.dataclass
+class ReshapeContext(OperationContext):
+    """What Reshape's backward reads (it saves no tensors)."""
+
+    #: the input's shape, dx's shape
+    input_shape: Optional[torch.Size] = None
+
+
 class Reshape(BasicOperation):
     """y = x.reshape(shape) (one entry may be -1); dx = dy.reshape(x.shape)."""
 
     accepts_forward_kwargs = False
+    context_type = ReshapeContext
 
     def __init__(self, shape: Iterable[int]) -> None:
         super().__init__()
@@ -21,7 +31,7 @@ class Reshape(BasicOperation):
 
     def op_forward(
         self,
-        ctx: OperationContext,
+        ctx: ReshapeContext,
         input_: torch.Tensor,
         *,
         prev_op_grad_output_quantizer=None,
@@ -31,7 +41,7 @@ class Reshape(BasicOperation):
         ctx.input_shape = input_.shape
         return input_.reshape(*self._shape)
 
-    def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
+    def op_backward(self, ctx: ReshapeContext, grad_output: torch.Tensor):
         return grad_output.reshape(ctx.input_shape), ()
 
     def extra_repr(self) -> str:

@@ -7,8 +7,7 @@ from typing import Optional
 import torch
 
 from .. import _quantized
-from ..op import OperationContext
-from ._normalization import _Norm
+from ._normalization import NormContext, _Norm
 
 # the custom ops' OpOverloads, resolved once (calling torch.ops.te_cpp.<op> resolves the
 # overload packet on every call)
@@ -21,7 +20,7 @@ class RMSNorm(_Norm):
     """y = x / sqrt(mean(x^2) + eps) * weight (weight -> 1 + weight with
     ``zero_centered_gamma``), over the trailing ``normalized_shape`` dims."""
 
-    def op_forward(self, ctx: OperationContext, input_: torch.Tensor, *,
+    def op_forward(self, ctx: NormContext, input_: torch.Tensor, *,
                    prev_op_grad_output_quantizer=None, next_op_input_quantizer=None, **kwargs):
         x, w = self._cast_inputs(ctx, input_, kwargs)
         y, rstd = _rmsnorm_fwd(x, w, self.eps, self.zero_centered_gamma)
@@ -30,10 +29,10 @@ class RMSNorm(_Norm):
             ctx.grads_needed = (self._parameters["weight"].requires_grad,)
         return _quantized.emit(y, next_op_input_quantizer)
 
-    def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
+    def op_backward(self, ctx: NormContext, grad_output: torch.Tensor):
         return self.backward_with_extra(ctx, grad_output, None)
 
-    def backward_with_extra(self, ctx: OperationContext, grad_output: torch.Tensor,
+    def backward_with_extra(self, ctx: NormContext, grad_output: torch.Tensor,
                             grad_extra: Optional[torch.Tensor]):
         """Backward, optionally adding the gradient of a residual branch forked off the input
         (BackwardAddRMSNorm) in the same pass."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .._common import autocast_dtype
+import torch
+
 from ..basic import BasicLinear
 
 # The forward fusions leave the basic ops' contexts exactly as their unfused forwards would, so
@@ -10,39 +11,34 @@ from ..basic import BasicLinear
 # not apply (BasicLinear's FP8 path runs unfused).
 
 
-def _linear_prologue(fused, basic_op_ctxs, input_, basic_op_kwargs, has_bias: bool):
+def _linear_prologue(ops, basic_op_ctxs, input_, has_bias: bool):
     """The shared start of the linear forward fusions: the linear's input and weight in the
-    compute dtype, its context saved as the unfused BasicLinear would, and the Bias' context
-    filled. Returns (x, w, bias or None) in the compute dtype. (The fuser has already rejected
-    forward kwargs for these ops.)"""
-    linear = fused._ops[0]
+    compute dtype, its context saved as the unfused BasicLinear would, and with ``has_bias``
+    the bias (the second op) in the compute dtype, else None."""
+    linear = ops[0]
     linear_ctx = basic_op_ctxs[0]
     x, w = linear.prepare(linear_ctx, input_)
-    b = None
-    if has_bias:
-        bias = fused._ops[1]
-        basic_op_ctxs[1].grad_input_quantizer = None  # the linear before it is in the fusion
-        b = bias.bias_in(linear_ctx.dtype)
+    b = ops[1].gemm_bias(basic_op_ctxs[1], linear_ctx.dtype) if has_bias else None
     linear.save_ctx(linear_ctx, x, w)
     return x, w, b
 
 
-def bias_fuses(fused, input_) -> bool:
-    """Whether the bias can ride in the GEMM: under autocast both are cast to the autocast
-    dtype; otherwise only when the bias already has the linear's compute dtype (the unfused
-    Bias would promote a differing dtype, e.g. bf16 activations + fp32 bias -> fp32)."""
-    linear, bias = fused._ops[0], fused._ops[1]
-    if autocast_dtype(input_, None) is not None:
-        return True
-    return bias._parameters["bias"].dtype == linear._parameters["weight"].dtype
+def bias_fuses(linear: BasicLinear, bias) -> bool:
+    """Plan time: whether a forward fusion may add ``bias`` inside ``linear``'s GEMM, in the
+    GEMM's dtype, with the unfused ops' result: under torch autocast both are cast to the
+    autocast dtype; otherwise only a bias of the weight's dtype (the unfused Bias would promote
+    another one, e.g. a bf16 GEMM output and an fp32 bias to fp32). The plan key holds the
+    autocast dtype and the parameters' dtypes, so a change of either re-plans."""
+    return linear.autocast_enabled() or bias.bias_dtype == linear.weight_dtype
 
 
-def run_unfused(fused, basic_op_ctxs, input_, basic_op_kwargs):
-    """The basic ops' own forwards in sequence (for configurations a fusion does not cover)."""
-    x = input_
-    for op, ctx, kwargs in zip(fused._ops, basic_op_ctxs, basic_op_kwargs):
-        x = op.op_forward(ctx, x, **kwargs)
-    return x, [()] * len(fused._ops)
+def dbias_fuses(linear: BasicLinear, bias) -> bool:
+    """Plan time: whether a backward fusion may take ``bias``' dbias from the dy of
+    ``linear``'s GEMMs (in their dtype): when the Bias' output, hence dy, has that dtype, under
+    torch autocast or when the bias' dtype promotes to the weight's."""
+    weight_dtype = linear.weight_dtype
+    return (linear.autocast_enabled()
+            or torch.promote_types(bias.bias_dtype, weight_dtype) == weight_dtype)
 
 
 def _linear_ok(op) -> bool:

@@ -47,7 +47,7 @@ class BackwardActivationBias(FusedOperation):
             return dx, [(None,), ()], [(), ()]
         # x is z, or (after ForwardBiasActivation) the bias' input, z = x + bias recomputed
         x, bias = act_op.saved_operands(act_ctx)
-        dx, db = self._dbias_dact(grad_output, x, bias_op.bias.dtype, bias)
+        dx, db = self._dbias_dact(grad_output, x, bias_op.bias_dtype, bias)
         # dx as the Bias' own backward hands it on (dtype, the previous op's quantizer)
         return bias_op.input_grad(bias_ctx, dx), [(db,), ()], [(), ()]
 

@@ -29,7 +29,7 @@ class BackwardAddRMSNorm(FusedOperation):
 def fuse_backward_add_rmsnorm(ops: list, *, recipe=None) -> list:
     """Replace each ``[MakeExtraOutput(in_place=False), RMSNorm]`` window with the fused op."""
     def match(ops, i):
-        if (i + 1 < len(ops) and type(ops[i]) is MakeExtraOutput and not ops[i]._in_place
+        if (i + 1 < len(ops) and type(ops[i]) is MakeExtraOutput and not ops[i].in_place
                 and type(ops[i + 1]) is RMSNorm):
             return BackwardAddRMSNorm(add=ops[i], rmsnorm=ops[i + 1]), 2
         return None

@@ -29,7 +29,7 @@ class BackwardLinearAdd(FusedOperation):
 def _fuse_linear_add(ops: list, in_place: bool) -> list:
     def match(ops, i):
         if (i + 1 < len(ops) and type(ops[i]) is MakeExtraOutput
-                and ops[i]._in_place == in_place
+                and ops[i].in_place == in_place
                 and type(ops[i + 1]) is BasicLinear):
             return BackwardLinearAdd(backward_add=ops[i], linear=ops[i + 1]), 2
         return None

@@ -18,7 +18,6 @@ from __future__ import annotations
 import torch
 
 from .. import _quantized
-from .._common import compute_dtype
 from ..basic import GELU, QGELU, Bias, ReLU, SiLU, SReLU
 from ..op import FusedOperation
 from ._window import fuse_windows
@@ -45,14 +44,9 @@ class ForwardBiasActivation(FusedOperation):
                       basic_op_kwargs):
         bias_op, act_op = self._ops
         bias_ctx, act_ctx = basic_op_ctxs
-        # the Bias' context as its own forward fills it
-        bias_ctx.input_dtype = input_.dtype
-        bias_ctx.grad_input_quantizer = prev_op_grad_output_quantizer
-        dtype = compute_dtype(input_.device.type, None)
-        if dtype is None:  # no autocast: the input and bias dtypes promote (as bias_fwd)
-            x, b = input_, bias_op.bias
-        else:
-            x, b = input_.to(dtype), bias_op.bias_in(dtype)
+        # x and the bias as the Bias' forward adds them (promoted by the kernel outside
+        # autocast), its context filled as that forward fills it
+        x, b = bias_op.fused_forward_operands(bias_ctx, input_, prev_op_grad_output_quantizer)
         y = torch.ops.te_cpp.bias_act_fwd.default(x, b, self._activation)
         # the activation's context: its input is z = x + b (never stored); it keeps x and b
         act_op.save_bias_input(act_ctx, x, b, torch.promote_types(x.dtype, b.dtype))

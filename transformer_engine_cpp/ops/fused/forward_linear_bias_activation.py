@@ -8,7 +8,7 @@ import torch
 
 from ..basic import GELU, QGELU, BasicLinear, Bias, ReLU, SiLU, SReLU
 from ..op import FusedOperation
-from ._linear import _linear_ok, _linear_prologue, bias_fuses, run_unfused
+from ._linear import _linear_ok, _linear_prologue, bias_fuses
 from ._window import fuse_windows
 
 # the custom ops' OpOverloads, resolved once (a packet call resolves the overload every time)
@@ -26,7 +26,8 @@ class ForwardLinearBiasActivation(FusedOperation):
     the activation applied in one pass over the GEMM output
     (``torch.ops.te_cpp.linear_bias_act_fwd``), or bias only through the GEMM's own C operand
     (``linear_fwd``). TransformerEngine fuses only the bias, and only for fp16/bf16 weights;
-    here any floating dtype and the activations GELU, ReLU, SiLU, QGELU and SReLU.
+    here any floating dtype and the activations GELU, ReLU, SiLU, QGELU and SReLU. The fusion
+    functions build it with a bias only where the GEMM can add it (``bias_fuses``).
     """
 
     def __init__(self, *, linear: BasicLinear, bias: Optional[Bias] = None, activation=None):
@@ -42,17 +43,13 @@ class ForwardLinearBiasActivation(FusedOperation):
     def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs,
                       prev_op_grad_output_quantizer=None, next_op_input_quantizer=None,
                       basic_op_kwargs):
-        if self._has_bias and not bias_fuses(self, input_):
-            return run_unfused(self, basic_op_ctxs, input_, basic_op_kwargs)
-        x, w, b = _linear_prologue(self, basic_op_ctxs, input_, basic_op_kwargs, self._has_bias)
+        ops = self._ops
+        x, w, b = _linear_prologue(ops, basic_op_ctxs, input_, self._has_bias)
         if self._activation is None:
-            return _linear_fwd(x, w, b), [()] * len(self._ops)
+            return _linear_fwd(x, w, b), [()] * len(ops)
         y, act_input = _linear_bias_act_fwd(x, w, b, self._activation)
-        act_ctx = basic_op_ctxs[-1]
-        act_ctx.input_dtype = act_input.dtype
-        if act_ctx.requires_grad:
-            act_ctx.save_for_backward(act_input)
-        return y, [()] * len(self._ops)
+        ops[-1].save_fused_input(basic_op_ctxs[-1], act_input)
+        return y, [()] * len(ops)
 
 
 def _linear_bias_only(op) -> Optional[tuple]:
@@ -66,13 +63,14 @@ def _linear_bias_only(op) -> Optional[tuple]:
 
 def fuse_forward_linear_bias_activation(ops: list, *, recipe=None) -> list:
     """``[BasicLinear, Bias]`` with an fp16/bf16 weight, as TransformerEngine (which fuses no
-    activation into the GEMM)."""
+    activation into the GEMM), where the GEMM can add the bias (``bias_fuses``)."""
     if recipe is not None:  # quantized GEMMs run through BasicLinear's FP8 path, unfused
         return ops
 
     def match(ops, i):
         if (i + 1 < len(ops) and _linear_ok(ops[i]) and type(ops[i + 1]) is Bias
-                and ops[i]._parameters["weight"].dtype in (torch.float16, torch.bfloat16)):
+                and ops[i].weight_dtype in (torch.float16, torch.bfloat16)
+                and bias_fuses(ops[i], ops[i + 1])):
             return ForwardLinearBiasActivation(linear=ops[i], bias=ops[i + 1]), 2
         return None
 
@@ -86,7 +84,8 @@ def _epilogue_activation(op) -> bool:
 def extend_forward_linear_bias_activation(ops: list, *, recipe=None) -> list:
     """The extension: ``[BasicLinear, Bias?, act?]`` in any float dtype, with the activations
     of EPILOGUE_ACTIVATIONS in the epilogue; a ``[BasicLinear, Bias]`` already fused without
-    activation takes the activation after it."""
+    activation takes the activation after it. A Bias the GEMM cannot add (``bias_fuses``)
+    stays out, and so does the activation after it."""
     if recipe is not None:
         return ops
 
@@ -101,7 +100,8 @@ def extend_forward_linear_bias_activation(ops: list, *, recipe=None) -> list:
         if not _linear_ok(op):
             return None
         j = i + 1
-        bias = ops[j] if j < len(ops) and type(ops[j]) is Bias else None
+        bias = (ops[j] if j < len(ops) and type(ops[j]) is Bias and bias_fuses(op, ops[j])
+                else None)
         j += bias is not None
         act = ops[j] if j < len(ops) and _epilogue_activation(ops[j]) else None
         j += act is not None

@@ -9,8 +9,7 @@ import torch
 from .._common import is_compiling, shares_storage
 from ..basic import AddExtraInput, BasicLinear, Bias, ConstantScale
 from ..op import FusedOperation
-from ._linear import (_linear_ok, _linear_prologue, _unquantized_add_fusion, bias_fuses,
-                      run_unfused)
+from ._linear import _linear_ok, _linear_prologue, _unquantized_add_fusion, bias_fuses
 from ._window import fuse_windows
 from .forward_linear_bias_activation import _linear_bias_only
 
@@ -21,6 +20,7 @@ class ForwardLinearBiasAdd(FusedOperation):
     ``[BasicLinear, Bias?, AddExtraInput]``: the GEMM accumulates into the residual
     (``torch.ops.te_cpp.linear_fwd_add``); with ``in_place=True`` into the caller's buffer in
     eager mode. TransformerEngine needs ``in_place=True``; here the functional add fuses too.
+    The fusion functions build it with a bias only where the GEMM can add it (``bias_fuses``).
     """
 
     def __init__(self, *, linear: BasicLinear, bias: Optional[Bias], add: AddExtraInput,
@@ -28,24 +28,16 @@ class ForwardLinearBiasAdd(FusedOperation):
         super().__init__([op for op in (linear, bias, scale, add) if op is not None])
         self._has_bias = bias is not None
         self._has_scale = scale is not None
-        self._in_place = add._in_place
+        self._in_place = add.in_place
 
     def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs,
                       prev_op_grad_output_quantizer=None, next_op_input_quantizer=None,
                       basic_op_kwargs):
-        if self._has_bias and not bias_fuses(self, input_):
-            # linear and bias unfused; the residual add through the op's own forward
-            h, _ = run_unfused(self, basic_op_ctxs[:-1], input_, basic_op_kwargs[:-1])
-            add = self._ops[-1]
-            return add.fuser_forward(basic_op_ctxs[-1:], h,
-                                     basic_op_extra_inputs=basic_op_extra_inputs[-1:],
-                                     basic_op_kwargs=basic_op_kwargs[-1:])[0], \
-                [()] * len(self._ops)
         extra = basic_op_extra_inputs[-1][0]
         if self._in_place and not is_compiling() and shares_storage(input_, extra):
             # the GEMM must not read (nor the linear save) the buffer it accumulates into
             input_ = input_.clone()
-        x, w, b = _linear_prologue(self, basic_op_ctxs, input_, basic_op_kwargs, self._has_bias)
+        x, w, b = _linear_prologue(self._ops, basic_op_ctxs, input_, self._has_bias)
         # the scale is read per call (a ConstantScale's value may change after planning)
         alpha = self._ops[-2].scale if self._has_scale else 1.0
         if self._in_place and not is_compiling():
@@ -60,11 +52,12 @@ class ForwardLinearBiasAdd(FusedOperation):
 
 
 def _fuse_linear_bias_add(ops: list, in_place: bool) -> list:
-    """``[BasicLinear, Bias?, AddExtraInput]`` with the add's ``in_place`` as given; a
-    ``[BasicLinear, Bias]`` already fused without activation (ForwardLinearBiasActivation, an
-    earlier fusion) takes the add after it."""
+    """``[BasicLinear, Bias?, AddExtraInput]`` with the add's ``in_place`` as given, the Bias
+    only where the GEMM can add it (``bias_fuses``); a ``[BasicLinear, Bias]`` already fused
+    without activation (ForwardLinearBiasActivation, an earlier fusion) takes the add after
+    it."""
     def is_add(j):
-        return j < len(ops) and type(ops[j]) is AddExtraInput and ops[j]._in_place == in_place
+        return j < len(ops) and type(ops[j]) is AddExtraInput and ops[j].in_place == in_place
 
     def match(ops, i):
         op = ops[i]
@@ -76,7 +69,8 @@ def _fuse_linear_bias_add(ops: list, in_place: bool) -> list:
         if not _linear_ok(op):
             return None
         j = i + 1
-        bias = ops[j] if j < len(ops) and type(ops[j]) is Bias else None
+        bias = (ops[j] if j < len(ops) and type(ops[j]) is Bias and bias_fuses(op, ops[j])
+                else None)
         j += bias is not None
         if is_add(j):
             return ForwardLinearBiasAdd(linear=op, bias=bias, add=ops[j]), j - i + 1

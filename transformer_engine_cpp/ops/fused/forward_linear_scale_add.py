@@ -22,7 +22,7 @@ class ForwardLinearScaleAdd(ForwardLinearBiasAdd):
 def _fuse_linear_scale_add(ops: list, in_place: bool) -> list:
     def match(ops, i):
         if (i + 2 < len(ops) and _linear_ok(ops[i]) and type(ops[i + 1]) is ConstantScale
-                and type(ops[i + 2]) is AddExtraInput and ops[i + 2]._in_place == in_place):
+                and type(ops[i + 2]) is AddExtraInput and ops[i + 2].in_place == in_place):
             return ForwardLinearScaleAdd(linear=ops[i], scale=ops[i + 1], add=ops[i + 2]), 3
         return None
 
