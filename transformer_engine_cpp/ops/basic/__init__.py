@@ -53,8 +53,9 @@ def _subclasses(cls):
 
 #: The activation table: every public activation class of this package (unary, gated, then
 #: scaled), in definition order. Each class declares its kernels as class attributes (see
-#: ``_ActivationOperation``); the fusion tables of ops/fused, the tests and the docs' activation
-#: table derive from this tuple.
+#: ``_ActivationOperation``); the fusion tables of ops/fused and the tests' activation lists are
+#: computed from this tuple, and tests/test_activation_table.py checks the C++ kernels and
+#: docs/ops.md's activation table against it.
 ACTIVATIONS = tuple(
     cls
     for base in (_ActivationOperation, _ScaledActivation)

@@ -21,8 +21,9 @@ class _ActivationOperation(BasicOperation):
     """Base of the activations: declares the custom ops and their extra arguments.
 
     Each activation class declares its kernels once, as class attributes; the fusion tables
-    (ops/fused), the tests and the docs' activation table are derived from them through
-    ``ops.basic.ACTIVATIONS``:
+    (ops/fused) and the tests' activation lists are computed from them through
+    ``ops.basic.ACTIVATIONS``, and tests/test_activation_table.py checks the C++ kernels and
+    docs/ops.md's activation table against them:
 
     * ``_op_stem``: the name shared with the C++ half. The op calls
       ``torch.ops.te_cpp.<stem>_fwd`` forward and ``<stem>_bwd`` backward, the fused kernels
