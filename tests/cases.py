@@ -14,6 +14,7 @@ import torch
 import transformer_engine_cpp as te
 from transformer_engine_cpp.testing import reference as ref
 
+from activations import BIAS_ACT, GATED, SCALED, UNARY, op_params, reference
 from opcase import OpCase  # noqa: F401  (the case type, re-exported)
 
 te_ops = torch.ops.te_cpp
@@ -171,7 +172,7 @@ def _samples_l2normalization(dtype):
 
 @functools.cache  # one samples function per configuration: opchecked once
 def _samples_scaled(stem, *args, gated=True, interleave=0, features=16):
-    fwd, bwd = getattr(te_ops, f"scaled_{stem}_fwd"), getattr(te_ops, f"scaled_{stem}_bwd")
+    fwd, bwd = getattr(te_ops, f"{stem}_fwd"), getattr(te_ops, f"{stem}_bwd")
     extra = (interleave,) if gated else ()
 
     def samples(dtype):
@@ -223,7 +224,8 @@ def _bad_device(op_factory, features, name):
             RuntimeError, rf"te_cpp\.{name}: .*same device, got meta and cpu")
 
 
-def _unary_case(cls, stem, ref_fn):
+def _unary_case(cls):
+    stem, ref_fn = cls._op_stem, reference(cls())
     return OpCase(
         id=cls.__name__,
         make=lambda dtype: [cls()],
@@ -234,15 +236,16 @@ def _unary_case(cls, stem, ref_fn):
     )
 
 
-def _gated_case(cls, stem, ref_fn, *, ctor=None, args=(), interleave=None, features=38,
-                input_scale=1.0, case_id=None):
+def _gated_case(cls, *, ctor=None, interleave=None, features=38, input_scale=1.0):
     ctor = dict(ctor or {})
     if interleave is not None:
         ctor["glu_interleave_size"] = interleave
+    stem, op = cls._op_stem, cls(**ctor)
+    args, ref_fn = op_params(op), reference(op)
     return OpCase(
-        id=case_id or cls.__name__,
+        id=cls.__name__ + (f"(interleave={interleave})" if interleave else ""),
         make=lambda dtype: [cls(**ctor)],
-        reference=lambda p, x: ref_fn(x, *args, glu_interleave_size=interleave),
+        reference=lambda p, x: ref_fn(x),
         features=features,
         opcheck_samples=_samples_gated(stem, *args, interleave=interleave or 0,
                                        features=features if interleave else 16),
@@ -323,37 +326,39 @@ def _with_ones_scales(make_op):
     return factory
 
 
-def _scaled_case(cls, stem, ref_fn, *, ctor=None, args=(), interleave=None, features=38,
-                 input_scale=1.0, scales_require_grad=True, case_id=None):
-    gated = cls is not te.ops.ScaledSReLU
+def _scaled_case(cls, *, ctor=None, interleave=None, features=None, input_scale=1.0,
+                 scales_require_grad=True):
+    gated, stem = cls._gated, cls._op_stem
+    features = features or (38 if gated else 37)
     ctor = dict(ctor or {})
-    ref_kw = {"glu_interleave_size": interleave} if gated else {}
     make_op = lambda: cls(interleave, **ctor) if gated else cls(**ctor)  # noqa: E731
+    args, ref_fn = op_params(make_op()), reference(make_op())
     bad = [
-        _bad_dtype(_with_ones_scales(make_op), features, f"scaled_{stem}_fwd"),
+        _bad_dtype(_with_ones_scales(make_op), features, f"{stem}_fwd"),
         ("scales shape", lambda: make_op()(torch.ones(3, features), torch.ones(features)),
-         RuntimeError, rf"te_cpp\.scaled_{stem}_fwd: scales shape \[{features}\] must equal the "
+         RuntimeError, rf"te_cpp\.{stem}_fwd: scales shape \[{features}\] must equal the "
                        rf"input's leading dims \(input shape \[3, {features}\]\)"),
         ("integer scales",
          lambda: make_op()(torch.ones(3, features), torch.ones(3, dtype=torch.int64)),
-         RuntimeError, rf"te_cpp\.scaled_{stem}_fwd: scales must be float32"),
+         RuntimeError, rf"te_cpp\.{stem}_fwd: scales must be float32"),
         ("meta scales", lambda: make_op()(torch.ones(3, features), torch.ones(3, device="meta")),
-         RuntimeError, rf"te_cpp\.scaled_{stem}_fwd: scales and input must be on the same "
+         RuntimeError, rf"te_cpp\.{stem}_fwd: scales and input must be on the same "
                        rf"device, got meta and cpu"),
     ]
     if gated:
         bad.append(("odd width", lambda: make_op()(torch.ones(3, features + 1), torch.ones(3)),
-                    RuntimeError, rf"te_cpp\.scaled_{stem}_fwd: the last dimension of the input "
+                    RuntimeError, rf"te_cpp\.{stem}_fwd: the last dimension of the input "
                                   rf"\(shape \[3, {features + 1}\]\) must be divisible by"))
     else:
         bad.append(("0-d input", lambda: make_op()(torch.tensor(1.0), torch.tensor(1.0)),
-                    RuntimeError, rf"te_cpp\.scaled_{stem}_fwd: input must have at least 1 "
+                    RuntimeError, rf"te_cpp\.{stem}_fwd: input must have at least 1 "
                                   rf"dimension\(s\), got shape \[\]"))
-    suffix = "" if scales_require_grad else "(scales without grad)"
+    suffix = (f"(interleave={interleave})" if interleave else "") + (
+        "" if scales_require_grad else "(scales without grad)")
     return OpCase(
-        id=case_id or cls.__name__ + suffix,
+        id=cls.__name__ + suffix,
         make=lambda dtype: [make_op()],
-        reference=lambda p, x, s: ref_fn(x, s, *args, **ref_kw),
+        reference=lambda p, x, s: ref_fn(x, s),
         features=features,
         num_extra_inputs=1,
         extra_shape=_rows,
@@ -430,11 +435,12 @@ def _samples_bias_act(stem):
     return samples
 
 
-def _bias_act_case(act_cls, stem, ref_fn):
+def _bias_act_case(act_cls):
     """Bias followed by a unary activation: one bias_act_fwd pass forward, the fused
     dbias_d<act> op (recomputing the bias output from the saved input and bias) backward."""
     from transformer_engine_cpp.ops.fused import BackwardActivationBias, ForwardBiasActivation
 
+    stem, ref_fn = act_cls._op_stem, reference(act_cls())
     return OpCase(
         id=f"Bias+{act_cls.__name__}",
         make=lambda dtype: [te.ops.Bias(37, dtype=dtype), act_cls()],
@@ -443,7 +449,7 @@ def _bias_act_case(act_cls, stem, ref_fn):
         features=37,
         opcheck_samples=_samples_bias_act(stem),
         fused_forward=(ForwardBiasActivation,),
-        fused_backward=(BackwardActivationBias,),
+        fused_backward=(BackwardActivationBias,) if act_cls._fuses_dbias_dact else (),
         bad_inputs=(
             ("size mismatch", lambda: te.ops.Sequential(te.ops.Bias(8), act_cls())(
                 torch.ones(3, 9)), RuntimeError,
@@ -454,8 +460,8 @@ def _bias_act_case(act_cls, stem, ref_fn):
              r"te_cpp\.bias_act_fwd: input must be float32"),
             ("unknown activation", lambda: te_ops.bias_act_fwd(torch.ones(3, 8), torch.ones(8),
                                                                 "tanh"), ValueError,
-             r"te_cpp\.bias_act_fwd: activation must be one of gelu, relu, silu, qgelu, srelu, "
-             r"got 'tanh'"),
+             # the names are checked against the activation table in test_activation_table.py
+             r"te_cpp\.bias_act_fwd: activation must be one of [a-z_, ]+, got 'tanh'"),
             ("dbias bias size mismatch", lambda: getattr(te_ops, f"dbias_d{stem}")(
                 torch.ones(3, 8), torch.ones(3, 8), torch.float32, torch.ones(9)), RuntimeError,
              rf"te_cpp\.dbias_d{stem}: input's last dimension \(shape \[3, 8\]\) must equal the "
@@ -646,6 +652,28 @@ def _linear_cases():
     ]
 
 
+_CLAMPED = dict(limit=1.5, alpha=1.702, glu_linear_offset=0.5)
+_SITU = dict(beta1=2.0, beta2=3.0)
+
+#: The conformance configurations of an activation class: keyword arguments of its case
+#: function (constructor arguments, interleave size, input width and scale, scales without
+#: grad). A class not listed runs once with its defaults. The inputs are scaled up to reach the
+#: clamps (limit 1.5) and SiTUGLU's tanh saturation (beta 2 and 3).
+ACTIVATION_CONFIGS = {
+    te.ops.SwiGLU: [{}, dict(interleave=3, features=42)],
+    te.ops.ClampedSwiGLU: [dict(ctor=_CLAMPED, input_scale=2.0),
+                           dict(ctor=_CLAMPED, interleave=16, features=64, input_scale=2.0)],
+    te.ops.SiTUGLU: [dict(ctor=_SITU, input_scale=3.0),
+                     dict(ctor=_SITU, interleave=5, features=40, input_scale=3.0)],
+    te.ops.ScaledSwiGLU: [{}, dict(interleave=3, features=42), dict(scales_require_grad=False)],
+    te.ops.ScaledClampedQGeGLU: [dict(ctor=_CLAMPED, input_scale=2.0),
+                                 dict(ctor=_CLAMPED, interleave=16, features=64,
+                                      input_scale=2.0)],
+    te.ops.ScaledSiTUGLU: [dict(ctor=_SITU, input_scale=3.0),
+                           dict(ctor=_SITU, interleave=5, features=40, input_scale=3.0)],
+    te.ops.ScaledSReLU: [{}, dict(scales_require_grad=False)],
+}
+
 OP_CASES: list[OpCase] = [
     OpCase(id="Identity", make=lambda dtype: [te.ops.Identity()], reference=lambda p, x: x,
            features=37),
@@ -677,59 +705,14 @@ OP_CASES: list[OpCase] = [
     OpCase(id="AddExtraInput(in_place)", make=lambda dtype: [te.ops.AddExtraInput(in_place=True)],
            reference=lambda p, x, e: x + e, features=37, num_extra_inputs=1,
            opcheck_samples=_samples_add_extra_input),
-    _unary_case(te.ops.GELU, "gelu", ref.gelu),
-    _unary_case(te.ops.ReLU, "relu", ref.relu),
-    _unary_case(te.ops.SiLU, "silu", ref.silu),
-    _unary_case(te.ops.QGELU, "qgelu", ref.qgelu),
-    _unary_case(te.ops.SReLU, "srelu", ref.srelu),
-    _gated_case(te.ops.GLU, "glu", ref.glu),
-    _gated_case(te.ops.GEGLU, "geglu", ref.geglu),
-    _gated_case(te.ops.QGEGLU, "qgeglu", ref.qgeglu),
-    _gated_case(te.ops.ReGLU, "reglu", ref.reglu),
-    _gated_case(te.ops.SReGLU, "sreglu", ref.sreglu),
-    _gated_case(te.ops.SwiGLU, "swiglu", ref.swiglu),
-    _gated_case(te.ops.SwiGLU, "swiglu", ref.swiglu, interleave=3, features=42,
-                case_id="SwiGLU(interleave=3)"),
-    _gated_case(te.ops.ClampedSwiGLU, "clamped_swiglu", ref.clamped_swiglu,
-                ctor=dict(limit=1.5, alpha=1.702, glu_linear_offset=0.5), args=(1.5, 1.702, 0.5),
-                input_scale=2.0),
-    _gated_case(te.ops.ClampedSwiGLU, "clamped_swiglu", ref.clamped_swiglu,
-                ctor=dict(limit=1.5, alpha=1.702, glu_linear_offset=0.5), args=(1.5, 1.702, 0.5),
-                interleave=16, features=64, input_scale=2.0,
-                case_id="ClampedSwiGLU(interleave=16)"),
-    _gated_case(te.ops.SiTUGLU, "situglu", ref.situglu, ctor=dict(beta1=2.0, beta2=3.0),
-                args=(2.0, 3.0), input_scale=3.0),
-    _gated_case(te.ops.SiTUGLU, "situglu", ref.situglu, ctor=dict(beta1=2.0, beta2=3.0),
-                args=(2.0, 3.0), interleave=5, features=40, input_scale=3.0,
-                case_id="SiTUGLU(interleave=5)"),
-    _scaled_case(te.ops.ScaledSwiGLU, "swiglu", ref.scaled_swiglu),
-    _scaled_case(te.ops.ScaledSwiGLU, "swiglu", ref.scaled_swiglu, interleave=3, features=42,
-                 case_id="ScaledSwiGLU(interleave=3)"),
-    _scaled_case(te.ops.ScaledSwiGLU, "swiglu", ref.scaled_swiglu, scales_require_grad=False),
-    _scaled_case(te.ops.ScaledClampedQGeGLU, "clamped_qgeglu", ref.scaled_clamped_qgeglu,
-                 ctor=dict(limit=1.5, alpha=1.702, glu_linear_offset=0.5), args=(1.5, 1.702, 0.5),
-                 input_scale=2.0),
-    _scaled_case(te.ops.ScaledClampedQGeGLU, "clamped_qgeglu", ref.scaled_clamped_qgeglu,
-                 ctor=dict(limit=1.5, alpha=1.702, glu_linear_offset=0.5), args=(1.5, 1.702, 0.5),
-                 interleave=16, features=64, input_scale=2.0,
-                 case_id="ScaledClampedQGeGLU(interleave=16)"),
-    _scaled_case(te.ops.ScaledSiTUGLU, "situglu", ref.scaled_situglu,
-                 ctor=dict(beta1=2.0, beta2=3.0), args=(2.0, 3.0), input_scale=3.0),
-    _scaled_case(te.ops.ScaledSiTUGLU, "situglu", ref.scaled_situglu,
-                 ctor=dict(beta1=2.0, beta2=3.0), args=(2.0, 3.0), interleave=5, features=40,
-                 input_scale=3.0, case_id="ScaledSiTUGLU(interleave=5)"),
-    _scaled_case(te.ops.ScaledSReLU, "srelu", ref.scaled_srelu, features=37),
-    _scaled_case(te.ops.ScaledSReLU, "srelu", ref.scaled_srelu, features=37,
-                 scales_require_grad=False),
+    *[_unary_case(cls) for cls in UNARY],
+    *[_gated_case(cls, **cfg) for cls in GATED for cfg in ACTIVATION_CONFIGS.get(cls, [{}])],
+    *[_scaled_case(cls, **cfg) for cls in SCALED for cfg in ACTIVATION_CONFIGS.get(cls, [{}])],
     _l2normalization_case(),
     _l2normalization_case(eps=0.5),
     _dropout_case(0.3, training=False),
     _dropout_case(0.0, training=True),
-    _bias_act_case(te.ops.GELU, "gelu", ref.gelu),
-    _bias_act_case(te.ops.ReLU, "relu", ref.relu),
-    _bias_act_case(te.ops.SiLU, "silu", ref.silu),
-    _bias_act_case(te.ops.QGELU, "qgelu", ref.qgelu),
-    _bias_act_case(te.ops.SReLU, "srelu", ref.srelu),
+    *[_bias_act_case(cls) for cls in BIAS_ACT],
     _norm_case(te.ops.LayerNorm, 37),
     _norm_case(te.ops.LayerNorm, 37, zcg=True, eps=1e-3),
     _norm_case(te.ops.LayerNorm, (3, 13)),

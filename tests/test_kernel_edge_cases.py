@@ -14,18 +14,18 @@ import torch
 import transformer_engine_cpp as te
 from transformer_engine_cpp.testing import reference as ref
 
+import activations
+from activations import GATED, SCALED, op_params, reference, reference_function
+
 ops = torch.ops.te_cpp
 BIG = 2**63 - 1  # fits int64, but 2 * BIG does not
 
 # ---- item 3: size arguments ------------------------------------------------------------------
 
-# (op stem, extra float args before glu_interleave_size, takes scales)
-GATED_OPS = [
-    ("glu", (), False), ("geglu", (), False), ("qgeglu", (), False), ("reglu", (), False),
-    ("sreglu", (), False), ("swiglu", (), False), ("clamped_swiglu", (7.0, 1.702, 1.0), False),
-    ("situglu", (4.0, 25.0), False), ("scaled_swiglu", (), True),
-    ("scaled_clamped_qgeglu", (7.0, 1.702, 1.0), True), ("scaled_situglu", (4.0, 25.0), True),
-]
+# every gated activation of the activation table, scaled or not
+_GATED = GATED + tuple(cls for cls in SCALED if cls._gated)
+# (op stem, extra float args before glu_interleave_size (the defaults), takes scales)
+GATED_OPS = [(cls._op_stem, op_params(cls()), cls in SCALED) for cls in _GATED]
 
 
 def _gated_call(stem, params, scaled, kind, x, s):
@@ -215,8 +215,7 @@ def _check_nan_semantics(name, ours, want, where, nan_for_inf=False):
                                  f"{[(where(k), ours[k].item(), want[k].item()) for k in i]}")
 
 
-UNARY = {"gelu": ref.gelu, "relu": ref.relu, "silu": ref.silu, "qgelu": ref.qgelu,
-         "srelu": ref.srelu}
+UNARY = {cls._op_stem: reference_function(cls) for cls in activations.UNARY}
 
 
 @pytest.mark.parametrize("stem", list(UNARY))
@@ -239,16 +238,8 @@ def test_unary_activation_nan_semantics(stem):
         _check_nan_semantics("scaled_srelu_bwd", dx, want, where)
 
 
-GATED_REF = {
-    "glu": (ref.glu, ()), "geglu": (ref.geglu, ()), "qgeglu": (ref.qgeglu, ()),
-    "reglu": (ref.reglu, ()), "sreglu": (ref.sreglu, ()), "swiglu": (ref.swiglu, ()),
-    "clamped_swiglu": (lambda x: ref.clamped_swiglu(x, 7.0, 1.702, 1.0), (7.0, 1.702, 1.0)),
-    "situglu": (lambda x: ref.situglu(x, 4.0, 25.0), (4.0, 25.0)),
-    "scaled_swiglu": (lambda x, s: ref.scaled_swiglu(x, s), ()),
-    "scaled_clamped_qgeglu": (lambda x, s: ref.scaled_clamped_qgeglu(x, s, 7.0, 1.702, 1.0),
-                              (7.0, 1.702, 1.0)),
-    "scaled_situglu": (lambda x, s: ref.scaled_situglu(x, s, 4.0, 25.0), (4.0, 25.0)),
-}
+# op stem -> (the reference with the default arguments, those arguments)
+GATED_REF = {cls._op_stem: (reference(cls()), op_params(cls())) for cls in _GATED}
 
 
 @pytest.mark.parametrize("stem", list(GATED_REF))

@@ -4,32 +4,32 @@ dscales dtype, and ScaledSReLU's activation_recompute_in_mlp refusal at run time
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 import transformer_engine_cpp as te
-from transformer_engine_cpp.testing import reference as ref
 
+from activations import SCALED, reference
 from tolerances import tols
 
-OPS = {
-    "ScaledSwiGLU": (lambda: te.ops.ScaledSwiGLU(), ref.scaled_swiglu),
-    "ScaledSwiGLU(interleave=8)": (lambda: te.ops.ScaledSwiGLU(8),
-                                   lambda x, s: ref.scaled_swiglu(x, s, 8)),
-    "ScaledClampedQGeGLU": (lambda: te.ops.ScaledClampedQGeGLU(limit=0.75, glu_linear_offset=0.0),
-                            lambda x, s: ref.scaled_clamped_qgeglu(x, s, 0.75, 1.702, 0.0)),
-    "ScaledSiTUGLU": (lambda: te.ops.ScaledSiTUGLU(beta1=3.0, beta2=12.0),
-                      lambda x, s: ref.scaled_situglu(x, s, 3.0, 12.0)),
-    "ScaledSReLU": (lambda: te.ops.ScaledSReLU(), ref.scaled_srelu),
-}
+# constructor arguments that reach the clamps and the tanh saturation at these inputs
+_CTOR = {te.ops.ScaledClampedQGeGLU: dict(limit=0.75, glu_linear_offset=0.0),
+         te.ops.ScaledSiTUGLU: dict(beta1=3.0, beta2=12.0)}
+
+# every scaled activation (the activation table), and an interleaved one
+OPS = {cls.__name__: functools.partial(cls, **_CTOR.get(cls, {})) for cls in SCALED}
+OPS["ScaledSwiGLU(interleave=8)"] = functools.partial(te.ops.ScaledSwiGLU, 8)
 
 
 def _run(name, shape, dtype, x_rg, s_rg, scales_dtype=None):
-    make, ref_fn = OPS[name]
+    op = OPS[name]()
+    ref_fn = reference(op)
     torch.manual_seed(0)
     x = torch.randn(shape).to(dtype).requires_grad_(x_rg)
     s = torch.randn(shape[:-1]).to(scales_dtype or dtype).requires_grad_(s_rg)
-    y = make()(x, s)
+    y = op(x, s)
     dy = torch.randn(y.shape).to(dtype)
     y.backward(dy)
     x64 = x.detach().double().requires_grad_(x_rg)

@@ -12,6 +12,8 @@ from .activation import (
     SiLU,
     SReGLU,
     SReLU,
+    _ActivationOperation,
+    _ScaledActivation,
 )
 from .add_extra_input import AddExtraInput
 from .basic_linear import BasicLinear
@@ -41,3 +43,22 @@ __all__ = [
     "ScaledSiTUGLU", "ScaledSReLU", "ScaledSwiGLU", "SiLU",
     "SiTUGLU", "SReGLU", "SReLU", "SwiGLU",
 ]
+
+
+def _subclasses(cls):
+    for sub in cls.__subclasses__():  # in definition order
+        yield sub
+        yield from _subclasses(sub)
+
+
+#: The activation table: every public activation class of this package (unary, gated, then
+#: scaled), in definition order. Each class declares its kernels as class attributes (see
+#: ``_ActivationOperation``); the fusion tables of ops/fused and the tests' activation lists are
+#: computed from this tuple, and tests/test_activation_table.py checks the C++ kernels and
+#: docs/ops.md's activation table against it.
+ACTIVATIONS = tuple(
+    cls
+    for base in (_ActivationOperation, _ScaledActivation)
+    for cls in _subclasses(base)
+    if not cls.__name__.startswith("_") and cls.__module__.startswith(__name__ + ".")
+)

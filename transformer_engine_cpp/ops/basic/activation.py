@@ -35,15 +35,34 @@ class ActivationContext(OperationContext):
 class _ActivationOperation(BasicOperation):
     """Base of the activations: declares the custom ops and their extra arguments.
 
-    Subclasses set ``_op_stem`` (``torch.ops.te_cpp.<stem>_fwd`` / ``_bwd``) and may override
-    :meth:`_op_args` with the op's configuration arguments. Each op saves its input and calls
-    ``torch.ops.te_cpp.<name>_fwd`` forward and ``torch.ops.te_cpp.<name>_bwd`` backward.
+    Each activation class declares its kernels once, as class attributes; the fusion tables
+    (ops/fused) and the tests' activation lists are computed from them through
+    ``ops.basic.ACTIVATIONS``, and tests/test_activation_table.py checks the C++ kernels and
+    docs/ops.md's activation table against them:
+
+    * ``_op_stem``: the name shared with the C++ half. The op calls
+      ``torch.ops.te_cpp.<stem>_fwd`` forward and ``<stem>_bwd`` backward, the fused kernels
+      below take the activation as ``<stem>``, and its float64 reference is
+      ``testing.reference.<stem>``;
+    * ``_gated``: y = act(a) * lin(b) over the two halves of the last dim (set by
+      :class:`_GatedActivation`);
+    * the fused kernels that take it, each enabling one fusion: ``_fuses_linear_bias_act``
+      (``linear_bias_act_fwd``, the GEMM epilogue of ForwardLinearBiasActivation),
+      ``_fuses_bias_act`` (``bias_act_fwd``, ForwardBiasActivation) and ``_fuses_dbias_dact``
+      (``dbias_d<stem>``, BackwardActivationBias).
+
+    Subclasses may override :meth:`_op_args` with the op's configuration arguments. Each op
+    saves its input.
     """
 
     accepts_forward_kwargs = False
     context_type = ActivationContext
 
     _op_stem: str = ""
+    _gated: bool = False
+    _fuses_linear_bias_act: bool = False
+    _fuses_bias_act: bool = False
+    _fuses_dbias_dact: bool = False
 
     def __init__(self, *, cache_quantized_input: bool = False) -> None:
         super().__init__()
@@ -141,30 +160,35 @@ class GELU(_ActivationOperation):
     """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
 
     _op_stem = "gelu"
+    _fuses_linear_bias_act = _fuses_bias_act = _fuses_dbias_dact = True
 
 
 class ReLU(_ActivationOperation):
     """max(x, 0)."""
 
     _op_stem = "relu"
+    _fuses_linear_bias_act = _fuses_bias_act = _fuses_dbias_dact = True
 
 
 class SiLU(_ActivationOperation):
     """x * sigmoid(x)."""
 
     _op_stem = "silu"
+    _fuses_linear_bias_act = _fuses_bias_act = _fuses_dbias_dact = True
 
 
 class QGELU(_ActivationOperation):
     """Quick GELU: x * sigmoid(1.702 x)."""
 
     _op_stem = "qgelu"
+    _fuses_linear_bias_act = _fuses_bias_act = _fuses_dbias_dact = True
 
 
 class SReLU(_ActivationOperation):
     """Squared ReLU: max(x, 0)^2."""
 
     _op_stem = "srelu"
+    _fuses_linear_bias_act = _fuses_bias_act = _fuses_dbias_dact = True
 
 
 def _check_interleave(op: str, size: Optional[int]) -> int:
@@ -182,6 +206,8 @@ class _GatedActivation(_ActivationOperation):
     TransformerEngine's convention: the activation applies to the *first* half, y = act(a) * b
     (the opposite of ``torch.nn.functional.glu``).
     """
+
+    _gated = True
 
     def __init__(
         self, *, cache_quantized_input: bool = False, glu_interleave_size: Optional[int] = None
@@ -254,9 +280,11 @@ class ScaledActivationContext(OperationContext):
 
 
 class _ScaledActivation(BasicOperation):
-    """Base of the scaled activations: ``torch.ops.te_cpp.scaled_<stem>_fwd(x, scales, *args)``
-    forward and ``scaled_<stem>_bwd(dy, x, scales, compute_dscales, *args) -> (dx, dscales)``
-    backward, where ``args`` is :meth:`_op_args`.
+    """Base of the scaled activations: ``torch.ops.te_cpp.<stem>_fwd(x, scales, *args)``
+    forward and ``<stem>_bwd(dy, x, scales, compute_dscales, *args) -> (dx, dscales)``
+    backward, where ``args`` is :meth:`_op_args` and ``_op_stem`` is ``scaled_<name>`` (also
+    the name of the float64 reference). ``_gated`` as for :class:`_ActivationOperation`; no
+    fused kernel takes a scaled activation.
 
     A scaled activation multiplies its output rows by per-row scales,
     ``y = scales[..., None] * act(x)`` (the middle op of TransformerEngine's grouped MLP).
@@ -271,14 +299,16 @@ class _ScaledActivation(BasicOperation):
 
     num_extra_inputs = 1
     _op_stem: str = ""
+    _gated: bool = False
+    _fuses_linear_bias_act = _fuses_bias_act = _fuses_dbias_dact = False
 
     def __init__(self, *, activation_recompute_in_mlp: bool = False) -> None:
         super().__init__()
         self.activation_recompute_in_mlp = _check_bool(
             self.__class__.__name__, "activation_recompute_in_mlp", activation_recompute_in_mlp
         )
-        self._fwd_op = getattr(torch.ops.te_cpp, f"scaled_{self._op_stem}_fwd")
-        self._bwd_op = getattr(torch.ops.te_cpp, f"scaled_{self._op_stem}_bwd")
+        self._fwd_op = getattr(torch.ops.te_cpp, f"{self._op_stem}_fwd")
+        self._bwd_op = getattr(torch.ops.te_cpp, f"{self._op_stem}_bwd")
 
     def _op_args(self) -> tuple:
         return ()
@@ -321,6 +351,8 @@ class _ScaledGatedActivation(_ScaledActivation):
     convention of :class:`~transformer_engine_cpp.ops.SwiGLU` (``glu_interleave_size``
     included). Activation recomputation (a fused grouped-MLP feature) is refused."""
 
+    _gated = True
+
     def __init__(
         self,
         glu_interleave_size: Optional[int] = None,
@@ -344,8 +376,9 @@ class _ScaledGatedActivation(_ScaledActivation):
 class ScaledSReLU(_ScaledActivation):
     """``scales[..., None] * max(x, 0)^2``.
 
-    ``activation_recompute_in_mlp=True`` is accepted as configuration (as in the anchor) but
-    running the op then raises RuntimeError: recomputation needs the fused grouped MLP path.
+    ``activation_recompute_in_mlp=True`` is accepted as configuration (as in
+    TransformerEngine) but running the op then raises RuntimeError: recomputation needs the
+    fused grouped MLP path.
     """
 
-    _op_stem = "srelu"
+    _op_stem = "scaled_srelu"

@@ -75,15 +75,15 @@ class SiTUGLU(_GatedActivation):
 class ScaledSwiGLU(_ScaledGatedActivation):
     """``scales[..., None] * silu(a) * b``."""
 
-    _op_stem = "swiglu"
+    _op_stem = "scaled_swiglu"
 
 
 class ScaledClampedQGeGLU(_ScaledGatedActivation):
     """Clamped quick-GEGLU with per-row scales, with :class:`ClampedSwiGLU`'s numerics (as in
-    the anchor): ``a' = min(a, limit)``, ``b' = clamp(b, -limit, limit)``,
+    TransformerEngine): ``a' = min(a, limit)``, ``b' = clamp(b, -limit, limit)``,
     ``y = scales[..., None] * a' * sigmoid(alpha a') * (b' + glu_linear_offset)``."""
 
-    _op_stem = "clamped_qgeglu"
+    _op_stem = "scaled_clamped_qgeglu"
 
     def __init__(
         self,
@@ -115,7 +115,7 @@ class ScaledClampedQGeGLU(_ScaledGatedActivation):
 class ScaledSiTUGLU(_ScaledGatedActivation):
     """``scales[..., None] * beta1 tanh(a / beta1) sigmoid(a) * beta2 tanh(b / beta2)``."""
 
-    _op_stem = "situglu"
+    _op_stem = "scaled_situglu"
 
     def __init__(
         self,

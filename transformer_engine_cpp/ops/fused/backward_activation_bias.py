@@ -1,28 +1,23 @@
 """BackwardActivationBias: the backward of Bias followed by a unary activation in one pass.
 
-Pattern (forward order): ``[Bias, GELU | ReLU | SiLU | QGELU | SReLU]``, exact classes. One
-C++ kernel (``torch.ops.te_cpp.dbias_d<act>``) computes dx = dy * act'(x) and dbias = sum of dx
-over the leading dims. After ForwardBiasActivation the activation's context holds the bias'
-input and the bias instead of x; the kernel then recomputes x = input + bias on the fly. Unlike the anchor, it needs no quantization recipe; under a recipe with
-a ``backward_override`` it is not applied.
+Pattern (forward order): ``[Bias, act]``, exact classes, ``act`` an activation whose class sets
+``_fuses_dbias_dact`` (the table below). One C++ kernel (``torch.ops.te_cpp.dbias_d<act>``)
+computes dx = dy * act'(x) and dbias = sum of dx over the leading dims. After
+ForwardBiasActivation the activation's context holds the bias' input and the bias instead of x;
+the kernel then recomputes x = input + bias on the fly. Unlike TransformerEngine's, it needs no
+quantization recipe; under a recipe with a ``backward_override`` it is not applied.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..basic import GELU, QGELU, Bias, ReLU, SiLU, SReLU
+from ..basic import ACTIVATIONS, Bias
 from ..op import FusedOperation
 from ._window import fuse_windows
 
-# Activation class -> fused dbias+dact custom op name.
-_DBIAS_DACT_OPS = {
-    GELU: "dbias_dgelu",
-    ReLU: "dbias_drelu",
-    SiLU: "dbias_dsilu",
-    QGELU: "dbias_dqgelu",
-    SReLU: "dbias_dsrelu",
-}
+# Activation class -> fused dbias+dact custom op name, from the activation classes' attributes.
+_DBIAS_DACT_OPS = {cls: f"dbias_d{cls._op_stem}" for cls in ACTIVATIONS if cls._fuses_dbias_dact}
 
 
 class BackwardActivationBias(FusedOperation):

@@ -1,11 +1,12 @@
 """ForwardBiasActivation: the forward of Bias followed by a unary activation in one pass.
 
-Pattern: ``[Bias, GELU | ReLU | SiLU | QGELU | SReLU]``, exact classes (the activations that
-``dbias_d<act>`` exists for). One C++ kernel (``torch.ops.te_cpp.bias_act_fwd``) reads x and
-writes y = act(x + b): the pre-activation z = x + b is never stored. The activation's context
-keeps (x, bias) instead of z; its backward, fused (BackwardActivationBias, which passes the
-bias to ``dbias_d<act>``) or not, recomputes z on the fly, rounded to the dtype exactly as the
-unfused Bias op stores it, so results equal the unfused path's. No counterpart in the anchor.
+Pattern: ``[Bias, act]``, exact classes, ``act`` an activation whose class sets
+``_fuses_bias_act`` (the table below). One C++ kernel (``torch.ops.te_cpp.bias_act_fwd``) reads
+x and writes y = act(x + b): the pre-activation z = x + b is never stored. The activation's
+context keeps (x, bias) instead of z; its backward, fused (BackwardActivationBias, which passes
+the bias to ``dbias_d<act>``) or not, recomputes z on the fly, rounded to the dtype exactly as
+the unfused Bias op stores it, so results equal the unfused path's. No counterpart in
+TransformerEngine.
 
 An extension (ops/fused/__init__.py), applied after the linear forward fusions, so
 ``[BasicLinear, Bias, act]`` still becomes a ForwardLinearBiasActivation. Not applied under a
@@ -18,12 +19,12 @@ from __future__ import annotations
 import torch
 
 from .. import _quantized
-from ..basic import GELU, QGELU, Bias, ReLU, SiLU, SReLU
+from ..basic import ACTIVATIONS, Bias
 from ..op import FusedOperation
 from ._window import fuse_windows
 
-# Activation class -> name understood by bias_act_fwd.
-BIAS_ACT_ACTIVATIONS = {GELU: "gelu", ReLU: "relu", SiLU: "silu", QGELU: "qgelu", SReLU: "srelu"}
+# Activation class -> name understood by bias_act_fwd, from the activation classes' attributes.
+BIAS_ACT_ACTIVATIONS = {cls: cls._op_stem for cls in ACTIVATIONS if cls._fuses_bias_act}
 
 
 class ForwardBiasActivation(FusedOperation):

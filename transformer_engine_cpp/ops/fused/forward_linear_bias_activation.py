@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from ..basic import GELU, QGELU, BasicLinear, Bias, ReLU, SiLU, SReLU
+from ..basic import ACTIVATIONS, BasicLinear, Bias
 from ..op import FusedOperation
 from ._linear import _linear_ok, _linear_prologue, bias_fuses
 from ._window import fuse_windows
@@ -15,8 +15,9 @@ from ._window import fuse_windows
 _linear_fwd = torch.ops.te_cpp.linear_fwd.default
 _linear_bias_act_fwd = torch.ops.te_cpp.linear_bias_act_fwd.default
 
-# Activation class -> name understood by linear_bias_act_fwd.
-EPILOGUE_ACTIVATIONS = {GELU: "gelu", ReLU: "relu", SiLU: "silu", QGELU: "qgelu", SReLU: "srelu"}
+# Activation class -> name understood by linear_bias_act_fwd, from the activation classes'
+# attributes.
+EPILOGUE_ACTIVATIONS = {cls: cls._op_stem for cls in ACTIVATIONS if cls._fuses_linear_bias_act}
 
 
 class ForwardLinearBiasActivation(FusedOperation):
@@ -26,8 +27,9 @@ class ForwardLinearBiasActivation(FusedOperation):
     the activation applied in one pass over the GEMM output
     (``torch.ops.te_cpp.linear_bias_act_fwd``), or bias only through the GEMM's own C operand
     (``linear_fwd``). TransformerEngine fuses only the bias, and only for fp16/bf16 weights;
-    here any floating dtype and the activations GELU, ReLU, SiLU, QGELU and SReLU. The fusion
-    functions build it with a bias only where the GEMM can add it (``bias_fuses``).
+    here any floating dtype and the activations whose class sets ``_fuses_linear_bias_act``
+    (EPILOGUE_ACTIVATIONS). The fusion functions build it with a bias only where the GEMM can
+    add it (``bias_fuses``).
     """
 
     def __init__(self, *, linear: BasicLinear, bias: Optional[Bias] = None, activation=None):
