@@ -225,7 +225,7 @@ def _bad_device(op_factory, features, name):
 
 
 def _unary_case(cls):
-    stem, ref_fn = cls._op_stem, reference(cls())
+    stem, ref_fn = cls.op_stem, reference(cls())
     return OpCase(
         id=cls.__name__,
         make=lambda dtype: [cls()],
@@ -240,7 +240,7 @@ def _gated_case(cls, *, ctor=None, interleave=None, features=38, input_scale=1.0
     ctor = dict(ctor or {})
     if interleave is not None:
         ctor["glu_interleave_size"] = interleave
-    stem, op = cls._op_stem, cls(**ctor)
+    stem, op = cls.op_stem, cls(**ctor)
     args, ref_fn = op_params(op), reference(op)
     return OpCase(
         id=cls.__name__ + (f"(interleave={interleave})" if interleave else ""),
@@ -328,7 +328,7 @@ def _with_ones_scales(make_op):
 
 def _scaled_case(cls, *, ctor=None, interleave=None, features=None, input_scale=1.0,
                  scales_require_grad=True):
-    gated, stem = cls._gated, cls._op_stem
+    gated, stem = cls.gated, cls.op_stem
     features = features or (38 if gated else 37)
     ctor = dict(ctor or {})
     make_op = lambda: cls(interleave, **ctor) if gated else cls(**ctor)  # noqa: E731
@@ -440,7 +440,7 @@ def _bias_act_case(act_cls):
     dbias_d<act> op (recomputing the bias output from the saved input and bias) backward."""
     from transformer_engine_cpp.ops.fused import BackwardActivationBias, ForwardBiasActivation
 
-    stem, ref_fn = act_cls._op_stem, reference(act_cls())
+    stem, ref_fn = act_cls.op_stem, reference(act_cls())
     return OpCase(
         id=f"Bias+{act_cls.__name__}",
         make=lambda dtype: [te.ops.Bias(37, dtype=dtype), act_cls()],
@@ -449,7 +449,7 @@ def _bias_act_case(act_cls):
         features=37,
         opcheck_samples=_samples_bias_act(stem),
         fused_forward=(ForwardBiasActivation,),
-        fused_backward=(BackwardActivationBias,) if act_cls._fuses_dbias_dact else (),
+        fused_backward=(BackwardActivationBias,) if act_cls.fuses_dbias_dact else (),
         bad_inputs=(
             ("size mismatch", lambda: te.ops.Sequential(te.ops.Bias(8), act_cls())(
                 torch.ones(3, 9)), RuntimeError,

@@ -47,25 +47,25 @@ def test_the_table_is_every_exported_activation():
                 and issubclass(obj, (_ActivationOperation, _ScaledActivation))}
     assert set(ACTIVATIONS) == exported
     assert len(set(ACTIVATIONS)) == len(ACTIVATIONS)
-    assert len({c._op_stem for c in ACTIVATIONS}) == len(ACTIVATIONS), "one stem per class"
+    assert len({c.op_stem for c in ACTIVATIONS}) == len(ACTIVATIONS), "one stem per class"
     for cls in ACTIVATIONS:
         assert getattr(te.ops, cls.__name__) is cls
-        assert cls._op_stem, cls
+        assert cls.op_stem, cls
         if issubclass(cls, _ScaledActivation):  # the scaled ops' prefix
-            assert cls._op_stem.startswith("scaled_"), cls
+            assert cls.op_stem.startswith("scaled_"), cls
         # no fused kernel takes a gated or a scaled activation (none exists in C++)
-        if cls._gated or cls in SCALED:
-            assert not (cls._fuses_linear_bias_act or cls._fuses_bias_act
-                        or cls._fuses_dbias_dact), cls
+        if cls.gated or cls in SCALED:
+            assert not (cls.fuses_linear_bias_act or cls.fuses_bias_act
+                        or cls.fuses_dbias_dact), cls
 
 
 @pytest.mark.parametrize("cls", ACTIVATIONS, ids=_ids(ACTIVATIONS))
 def test_every_activation_has_its_float64_reference(cls):
     fn = reference_function(cls)
-    assert fn.__module__ == ref.__name__ and fn.__name__ == cls._op_stem
+    assert fn.__module__ == ref.__name__ and fn.__name__ == cls.op_stem
     x = torch.randn(3, 8, dtype=torch.float64)
     inputs = (x, torch.randn(3, dtype=torch.float64)) if cls in SCALED else (x,)
-    assert reference(cls())(*inputs).shape == (3, 4 if cls._gated else 8)
+    assert reference(cls())(*inputs).shape == (3, 4 if cls.gated else 8)
 
 
 # ---- the C++ half -------------------------------------------------------------------------------
@@ -87,10 +87,10 @@ def test_kernels_taking_an_activation_by_name_accept_exactly_the_table(kernel, t
     """The C++ kernels accept the names the fusion tables (the classes' attributes) pass, and
     refuse every other activation's stem and unknown names, naming what they accept."""
     names = set(table.values())
-    assert names == {c._op_stem for c in table}
+    assert names == {c.op_stem for c in table}
     for name in sorted(names):
         _call_by_name(kernel, name, device)
-    for name in sorted({c._op_stem for c in ACTIVATIONS} - names) + list(UNKNOWN_NAMES):
+    for name in sorted({c.op_stem for c in ACTIVATIONS} - names) + list(UNKNOWN_NAMES):
         with pytest.raises(ValueError, match=rf"te_cpp\.{kernel}: activation must be one of "
                                              rf"(.*), got '{re.escape(name)}'") as info:
             _call_by_name(kernel, name, device)
@@ -105,24 +105,24 @@ def test_each_class_has_its_ops():
     are generated from the classes.)"""
     ops = _registered_ops()
     for cls in ACTIVATIONS:
-        assert {f"{cls._op_stem}_fwd", f"{cls._op_stem}_bwd"} <= ops, cls
+        assert {f"{cls.op_stem}_fwd", f"{cls.op_stem}_bwd"} <= ops, cls
     assert {n for n in ops if n.startswith("dbias_d")} == \
-        {f"dbias_d{c._op_stem}" for c in ACTIVATIONS if c._fuses_dbias_dact}
+        {f"dbias_d{c.op_stem}" for c in ACTIVATIONS if c.fuses_dbias_dact}
     assert {n for n in ops if n.startswith("scaled_")} == \
-        {f"{c._op_stem}_{k}" for c in SCALED for k in ("fwd", "bwd")}
+        {f"{c.op_stem}_{k}" for c in SCALED for k in ("fwd", "bwd")}
 
 
 @pytest.mark.parametrize("cls", ACTIVATIONS, ids=_ids(ACTIVATIONS))
 def test_gated_is_what_the_kernels_do(cls):
-    """``_gated`` halves the last dim, as the C++ forward does (a tiny call of each kernel)."""
+    """``gated`` halves the last dim, as the C++ forward does (a tiny call of each kernel)."""
     op = cls()
     x = torch.randn(3, 8)
     args = op._op_args()
     if cls in SCALED:
-        y = getattr(te_ops, f"{cls._op_stem}_fwd")(x, torch.ones(3), *args)
+        y = getattr(te_ops, f"{cls.op_stem}_fwd")(x, torch.ones(3), *args)
     else:
-        y = getattr(te_ops, f"{cls._op_stem}_fwd")(x, *args)
-    assert y.shape == (3, 4 if cls._gated else 8)
+        y = getattr(te_ops, f"{cls.op_stem}_fwd")(x, *args)
+    assert y.shape == (3, 4 if cls.gated else 8)
 
 
 # ---- the fusions --------------------------------------------------------------------------------
@@ -138,23 +138,23 @@ def test_fusions_follow_the_class_attributes(cls):
     bias, lin = te.ops.Bias(8), te.ops.BasicLinear(8, 8)
     act = cls()
     assert _fused_types(F.extend_forward_bias_activation, [bias, act]) == \
-        ([F.ForwardBiasActivation] if cls._fuses_bias_act else [te.ops.Bias, cls])
+        ([F.ForwardBiasActivation] if cls.fuses_bias_act else [te.ops.Bias, cls])
     assert _fused_types(F.extend_backward_activation_bias, [bias, act]) == \
-        ([F.BackwardActivationBias] if cls._fuses_dbias_dact else [te.ops.Bias, cls])
+        ([F.BackwardActivationBias] if cls.fuses_dbias_dact else [te.ops.Bias, cls])
     recipe = te.recipe.Float8CurrentScaling()
     assert [type(op) for op in F.fuse_backward_activation_bias([bias, act], recipe=recipe)] == \
-        ([F.BackwardActivationBias] if cls._fuses_dbias_dact else [te.ops.Bias, cls])
+        ([F.BackwardActivationBias] if cls.fuses_dbias_dact else [te.ops.Bias, cls])
     assert _fused_types(F.extend_forward_linear_bias_activation, [lin, act]) == \
-        ([F.ForwardLinearBiasActivation] if cls._fuses_linear_bias_act
+        ([F.ForwardLinearBiasActivation] if cls.fuses_linear_bias_act
          else [te.ops.BasicLinear, cls])
     # the fused ops' constructors refuse the activations their kernel does not take
-    for fused_cls, flag in ((F.ForwardBiasActivation, cls._fuses_bias_act),
-                            (F.BackwardActivationBias, cls._fuses_dbias_dact)):
+    for fused_cls, flag in ((F.ForwardBiasActivation, cls.fuses_bias_act),
+                            (F.BackwardActivationBias, cls.fuses_dbias_dact)):
         if not flag:
             with pytest.raises(ValueError, match=f"{fused_cls.__name__}: the activation must "
                                                  f"be one of .*, got {cls.__name__}"):
                 fused_cls(bias=bias, activation=act)
-    if not cls._fuses_linear_bias_act:
+    if not cls.fuses_linear_bias_act:
         with pytest.raises(ValueError, match=r"ForwardLinearBiasActivation: unsupported "
                                              rf"activation {cls.__name__}"):
             F.ForwardLinearBiasActivation(linear=lin, activation=act)
@@ -209,7 +209,7 @@ def _table(section: str) -> list[list[str]]:
 
 
 def _kind(cls) -> str:
-    return ("scaled " if cls in SCALED else "") + ("gated" if cls._gated else "unary")
+    return ("scaled " if cls in SCALED else "") + ("gated" if cls.gated else "unary")
 
 
 def test_docs_activation_table_lists_exactly_the_registered_activations():
@@ -217,8 +217,8 @@ def test_docs_activation_table_lists_exactly_the_registered_activations():
     stem and fused kernels as the class declares them."""
     rows = _table(_section(OPS_MD.read_text(), "### The activation table"))
     mark = lambda flag: "yes" if flag else ""  # noqa: E731
-    want = [[f"`{c.__name__}`", _kind(c), f"`{c._op_stem}`", mark(c._fuses_linear_bias_act),
-             mark(c._fuses_bias_act), mark(c._fuses_dbias_dact)] for c in ACTIVATIONS]
+    want = [[f"`{c.__name__}`", _kind(c), f"`{c.op_stem}`", mark(c.fuses_linear_bias_act),
+             mark(c.fuses_bias_act), mark(c.fuses_dbias_dact)] for c in ACTIVATIONS]
     assert rows == want
 
 
@@ -231,7 +231,7 @@ def test_docs_activation_sections_list_their_kind(heading, classes):
     assert [row[0] for row in rows] == [f"`{c.__name__}`" for c in classes]
     if heading != "### Gated activations":  # those tables give each class's stem
         assert [row[1 if classes is UNARY else 2] for row in rows] == \
-            [f"`{c._op_stem}`" for c in classes]
+            [f"`{c.op_stem}`" for c in classes]
 
 
 def test_op_params_are_the_reference_arguments():

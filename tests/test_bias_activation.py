@@ -16,7 +16,7 @@ from transformer_engine_cpp.testing import reference as ref
 from activations import BIAS_ACT
 from test_memory import saved_activation_bytes
 
-ACTS = [cls for cls in BIAS_ACT if cls._fuses_dbias_dact]  # both fusions apply
+ACTS = [cls for cls in BIAS_ACT if cls.fuses_dbias_dact]  # both fusions apply
 
 
 def _run(act_cls, x_dtype, bias_dtype, *, seed=0, shape=(3, 5, 37)):

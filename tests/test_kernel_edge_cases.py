@@ -23,9 +23,9 @@ BIG = 2**63 - 1  # fits int64, but 2 * BIG does not
 # ---- item 3: size arguments ------------------------------------------------------------------
 
 # every gated activation of the activation table, scaled or not
-_GATED = GATED + tuple(cls for cls in SCALED if cls._gated)
+_GATED = GATED + tuple(cls for cls in SCALED if cls.gated)
 # (op stem, extra float args before glu_interleave_size (the defaults), takes scales)
-GATED_OPS = [(cls._op_stem, op_params(cls()), cls in SCALED) for cls in _GATED]
+GATED_OPS = [(cls.op_stem, op_params(cls()), cls in SCALED) for cls in _GATED]
 
 
 def _gated_call(stem, params, scaled, kind, x, s):
@@ -215,7 +215,7 @@ def _check_nan_semantics(name, ours, want, where, nan_for_inf=False):
                                  f"{[(where(k), ours[k].item(), want[k].item()) for k in i]}")
 
 
-UNARY = {cls._op_stem: reference_function(cls) for cls in activations.UNARY}
+UNARY = {cls.op_stem: reference_function(cls) for cls in activations.UNARY}
 
 
 @pytest.mark.parametrize("stem", list(UNARY))
@@ -239,7 +239,7 @@ def test_unary_activation_nan_semantics(stem):
 
 
 # op stem -> (the reference with the default arguments, those arguments)
-GATED_REF = {cls._op_stem: (reference(cls()), op_params(cls())) for cls in _GATED}
+GATED_REF = {cls.op_stem: (reference(cls()), op_params(cls())) for cls in _GATED}
 
 
 @pytest.mark.parametrize("stem", list(GATED_REF))

@@ -40,15 +40,15 @@ class _ActivationOperation(BasicOperation):
     ``ops.basic.ACTIVATIONS``, and tests/test_activation_table.py checks the C++ kernels and
     docs/ops.md's activation table against them:
 
-    * ``_op_stem``: the name shared with the C++ half. The op calls
+    * ``op_stem``: the name shared with the C++ half. The op calls
       ``torch.ops.te_cpp.<stem>_fwd`` forward and ``<stem>_bwd`` backward, the fused kernels
       below take the activation as ``<stem>``, and its float64 reference is
       ``testing.reference.<stem>``;
-    * ``_gated``: y = act(a) * lin(b) over the two halves of the last dim (set by
+    * ``gated``: y = act(a) * lin(b) over the two halves of the last dim (set by
       :class:`_GatedActivation`);
-    * the fused kernels that take it, each enabling one fusion: ``_fuses_linear_bias_act``
+    * the fused kernels that take it, each enabling one fusion: ``fuses_linear_bias_act``
       (``linear_bias_act_fwd``, the GEMM epilogue of ForwardLinearBiasActivation),
-      ``_fuses_bias_act`` (``bias_act_fwd``, ForwardBiasActivation) and ``_fuses_dbias_dact``
+      ``fuses_bias_act`` (``bias_act_fwd``, ForwardBiasActivation) and ``fuses_dbias_dact``
       (``dbias_d<stem>``, BackwardActivationBias).
 
     Subclasses may override :meth:`_op_args` with the op's configuration arguments. Each op
@@ -58,11 +58,11 @@ class _ActivationOperation(BasicOperation):
     accepts_forward_kwargs = False
     context_type = ActivationContext
 
-    _op_stem: str = ""
-    _gated: bool = False
-    _fuses_linear_bias_act: bool = False
-    _fuses_bias_act: bool = False
-    _fuses_dbias_dact: bool = False
+    op_stem: str = ""
+    gated: bool = False
+    fuses_linear_bias_act: bool = False
+    fuses_bias_act: bool = False
+    fuses_dbias_dact: bool = False
 
     def __init__(self, *, cache_quantized_input: bool = False) -> None:
         super().__init__()
@@ -73,8 +73,8 @@ class _ActivationOperation(BasicOperation):
             )
         self.cache_quantized_input = cache_quantized_input
         # the OpOverloads (a packet call resolves the overload on every call)
-        self._fwd_op = getattr(torch.ops.te_cpp, f"{self._op_stem}_fwd").default
-        self._bwd_op = getattr(torch.ops.te_cpp, f"{self._op_stem}_bwd").default
+        self._fwd_op = getattr(torch.ops.te_cpp, f"{self.op_stem}_fwd").default
+        self._bwd_op = getattr(torch.ops.te_cpp, f"{self.op_stem}_bwd").default
 
     def _op_args(self) -> tuple:
         return ()
@@ -159,36 +159,36 @@ class _ActivationOperation(BasicOperation):
 class GELU(_ActivationOperation):
     """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
 
-    _op_stem = "gelu"
-    _fuses_linear_bias_act = _fuses_bias_act = _fuses_dbias_dact = True
+    op_stem = "gelu"
+    fuses_linear_bias_act = fuses_bias_act = fuses_dbias_dact = True
 
 
 class ReLU(_ActivationOperation):
     """max(x, 0)."""
 
-    _op_stem = "relu"
-    _fuses_linear_bias_act = _fuses_bias_act = _fuses_dbias_dact = True
+    op_stem = "relu"
+    fuses_linear_bias_act = fuses_bias_act = fuses_dbias_dact = True
 
 
 class SiLU(_ActivationOperation):
     """x * sigmoid(x)."""
 
-    _op_stem = "silu"
-    _fuses_linear_bias_act = _fuses_bias_act = _fuses_dbias_dact = True
+    op_stem = "silu"
+    fuses_linear_bias_act = fuses_bias_act = fuses_dbias_dact = True
 
 
 class QGELU(_ActivationOperation):
     """Quick GELU: x * sigmoid(1.702 x)."""
 
-    _op_stem = "qgelu"
-    _fuses_linear_bias_act = _fuses_bias_act = _fuses_dbias_dact = True
+    op_stem = "qgelu"
+    fuses_linear_bias_act = fuses_bias_act = fuses_dbias_dact = True
 
 
 class SReLU(_ActivationOperation):
     """Squared ReLU: max(x, 0)^2."""
 
-    _op_stem = "srelu"
-    _fuses_linear_bias_act = _fuses_bias_act = _fuses_dbias_dact = True
+    op_stem = "srelu"
+    fuses_linear_bias_act = fuses_bias_act = fuses_dbias_dact = True
 
 
 def _check_interleave(op: str, size: Optional[int]) -> int:
@@ -207,7 +207,7 @@ class _GatedActivation(_ActivationOperation):
     (the opposite of ``torch.nn.functional.glu``).
     """
 
-    _gated = True
+    gated = True
 
     def __init__(
         self, *, cache_quantized_input: bool = False, glu_interleave_size: Optional[int] = None
@@ -223,7 +223,7 @@ class _GatedActivation(_ActivationOperation):
 class GLU(_GatedActivation):
     """sigmoid(a) * b."""
 
-    _op_stem = "glu"
+    op_stem = "glu"
 
     def __init__(self, *, cache_quantized_input: bool = False) -> None:
         super().__init__(cache_quantized_input=cache_quantized_input)
@@ -232,7 +232,7 @@ class GLU(_GatedActivation):
 class GEGLU(_GatedActivation):
     """gelu_tanh(a) * b."""
 
-    _op_stem = "geglu"
+    op_stem = "geglu"
 
     def __init__(self, *, cache_quantized_input: bool = False) -> None:
         super().__init__(cache_quantized_input=cache_quantized_input)
@@ -241,7 +241,7 @@ class GEGLU(_GatedActivation):
 class QGEGLU(_GatedActivation):
     """a * sigmoid(1.702 a) * b."""
 
-    _op_stem = "qgeglu"
+    op_stem = "qgeglu"
 
     def __init__(self, *, cache_quantized_input: bool = False) -> None:
         super().__init__(cache_quantized_input=cache_quantized_input)
@@ -250,7 +250,7 @@ class QGEGLU(_GatedActivation):
 class ReGLU(_GatedActivation):
     """relu(a) * b."""
 
-    _op_stem = "reglu"
+    op_stem = "reglu"
 
     def __init__(self, *, cache_quantized_input: bool = False) -> None:
         super().__init__(cache_quantized_input=cache_quantized_input)
@@ -259,7 +259,7 @@ class ReGLU(_GatedActivation):
 class SReGLU(_GatedActivation):
     """relu(a)^2 * b."""
 
-    _op_stem = "sreglu"
+    op_stem = "sreglu"
 
     def __init__(self, *, cache_quantized_input: bool = False) -> None:
         super().__init__(cache_quantized_input=cache_quantized_input)
@@ -282,8 +282,8 @@ class ScaledActivationContext(OperationContext):
 class _ScaledActivation(BasicOperation):
     """Base of the scaled activations: ``torch.ops.te_cpp.<stem>_fwd(x, scales, *args)``
     forward and ``<stem>_bwd(dy, x, scales, compute_dscales, *args) -> (dx, dscales)``
-    backward, where ``args`` is :meth:`_op_args` and ``_op_stem`` is ``scaled_<name>`` (also
-    the name of the float64 reference). ``_gated`` as for :class:`_ActivationOperation`; no
+    backward, where ``args`` is :meth:`_op_args` and ``op_stem`` is ``scaled_<name>`` (also
+    the name of the float64 reference). ``gated`` as for :class:`_ActivationOperation`; no
     fused kernel takes a scaled activation.
 
     A scaled activation multiplies its output rows by per-row scales,
@@ -298,17 +298,17 @@ class _ScaledActivation(BasicOperation):
     context_type = ScaledActivationContext
 
     num_extra_inputs = 1
-    _op_stem: str = ""
-    _gated: bool = False
-    _fuses_linear_bias_act = _fuses_bias_act = _fuses_dbias_dact = False
+    op_stem: str = ""
+    gated: bool = False
+    fuses_linear_bias_act = fuses_bias_act = fuses_dbias_dact = False
 
     def __init__(self, *, activation_recompute_in_mlp: bool = False) -> None:
         super().__init__()
         self.activation_recompute_in_mlp = _check_bool(
             self.__class__.__name__, "activation_recompute_in_mlp", activation_recompute_in_mlp
         )
-        self._fwd_op = getattr(torch.ops.te_cpp, f"{self._op_stem}_fwd")
-        self._bwd_op = getattr(torch.ops.te_cpp, f"{self._op_stem}_bwd")
+        self._fwd_op = getattr(torch.ops.te_cpp, f"{self.op_stem}_fwd")
+        self._bwd_op = getattr(torch.ops.te_cpp, f"{self.op_stem}_bwd")
 
     def _op_args(self) -> tuple:
         return ()
@@ -351,7 +351,7 @@ class _ScaledGatedActivation(_ScaledActivation):
     convention of :class:`~transformer_engine_cpp.ops.SwiGLU` (``glu_interleave_size``
     included). Activation recomputation (a fused grouped-MLP feature) is refused."""
 
-    _gated = True
+    gated = True
 
     def __init__(
         self,
@@ -381,4 +381,4 @@ class ScaledSReLU(_ScaledActivation):
     fused grouped MLP path.
     """
 
-    _op_stem = "scaled_srelu"
+    op_stem = "scaled_srelu"

@@ -11,14 +11,14 @@ from .activation import _GatedActivation, _ScaledGatedActivation
 class SwiGLU(_GatedActivation):
     """silu(a) * b, with optional ``glu_interleave_size``."""
 
-    _op_stem = "swiglu"
+    op_stem = "swiglu"
 
 
 class ClampedSwiGLU(_GatedActivation):
     """GPT-OSS SwiGLU: a' = min(a, limit), b' = clamp(b, -limit, limit),
     y = a' * sigmoid(alpha a') * (b' + glu_linear_offset)."""
 
-    _op_stem = "clamped_swiglu"
+    op_stem = "clamped_swiglu"
 
     def __init__(
         self,
@@ -49,7 +49,7 @@ class ClampedSwiGLU(_GatedActivation):
 class SiTUGLU(_GatedActivation):
     """beta1 tanh(a / beta1) sigmoid(a) * beta2 tanh(b / beta2)."""
 
-    _op_stem = "situglu"
+    op_stem = "situglu"
 
     def __init__(
         self,
@@ -75,7 +75,7 @@ class SiTUGLU(_GatedActivation):
 class ScaledSwiGLU(_ScaledGatedActivation):
     """``scales[..., None] * silu(a) * b``."""
 
-    _op_stem = "scaled_swiglu"
+    op_stem = "scaled_swiglu"
 
 
 class ScaledClampedQGeGLU(_ScaledGatedActivation):
@@ -83,7 +83,7 @@ class ScaledClampedQGeGLU(_ScaledGatedActivation):
     TransformerEngine): ``a' = min(a, limit)``, ``b' = clamp(b, -limit, limit)``,
     ``y = scales[..., None] * a' * sigmoid(alpha a') * (b' + glu_linear_offset)``."""
 
-    _op_stem = "scaled_clamped_qgeglu"
+    op_stem = "scaled_clamped_qgeglu"
 
     def __init__(
         self,
@@ -115,7 +115,7 @@ class ScaledClampedQGeGLU(_ScaledGatedActivation):
 class ScaledSiTUGLU(_ScaledGatedActivation):
     """``scales[..., None] * beta1 tanh(a / beta1) sigmoid(a) * beta2 tanh(b / beta2)``."""
 
-    _op_stem = "scaled_situglu"
+    op_stem = "scaled_situglu"
 
     def __init__(
         self,

@@ -1,7 +1,7 @@
 """BackwardActivationBias: the backward of Bias followed by a unary activation in one pass.
 
 Pattern (forward order): ``[Bias, act]``, exact classes, ``act`` an activation whose class sets
-``_fuses_dbias_dact`` (the table below). One C++ kernel (``torch.ops.te_cpp.dbias_d<act>``)
+``fuses_dbias_dact`` (the table below). One C++ kernel (``torch.ops.te_cpp.dbias_d<act>``)
 computes dx = dy * act'(x) and dbias = sum of dx over the leading dims. After
 ForwardBiasActivation the activation's context holds the bias' input and the bias instead of x;
 the kernel then recomputes x = input + bias on the fly. Unlike TransformerEngine's, it needs no
@@ -17,7 +17,7 @@ from ..op import FusedOperation
 from ._window import fuse_windows
 
 # Activation class -> fused dbias+dact custom op name, from the activation classes' attributes.
-_DBIAS_DACT_OPS = {cls: f"dbias_d{cls._op_stem}" for cls in ACTIVATIONS if cls._fuses_dbias_dact}
+_DBIAS_DACT_OPS = {cls: f"dbias_d{cls.op_stem}" for cls in ACTIVATIONS if cls.fuses_dbias_dact}
 
 
 class BackwardActivationBias(FusedOperation):

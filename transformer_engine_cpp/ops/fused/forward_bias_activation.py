@@ -1,7 +1,7 @@
 """ForwardBiasActivation: the forward of Bias followed by a unary activation in one pass.
 
 Pattern: ``[Bias, act]``, exact classes, ``act`` an activation whose class sets
-``_fuses_bias_act`` (the table below). One C++ kernel (``torch.ops.te_cpp.bias_act_fwd``) reads
+``fuses_bias_act`` (the table below). One C++ kernel (``torch.ops.te_cpp.bias_act_fwd``) reads
 x and writes y = act(x + b): the pre-activation z = x + b is never stored. The activation's
 context keeps (x, bias) instead of z; its backward, fused (BackwardActivationBias, which passes
 the bias to ``dbias_d<act>``) or not, recomputes z on the fly, rounded to the dtype exactly as
@@ -24,7 +24,7 @@ from ..op import FusedOperation
 from ._window import fuse_windows
 
 # Activation class -> name understood by bias_act_fwd, from the activation classes' attributes.
-BIAS_ACT_ACTIVATIONS = {cls: cls._op_stem for cls in ACTIVATIONS if cls._fuses_bias_act}
+BIAS_ACT_ACTIVATIONS = {cls: cls.op_stem for cls in ACTIVATIONS if cls.fuses_bias_act}
 
 
 class ForwardBiasActivation(FusedOperation):

@@ -17,7 +17,7 @@ _linear_bias_act_fwd = torch.ops.te_cpp.linear_bias_act_fwd.default
 
 # Activation class -> name understood by linear_bias_act_fwd, from the activation classes'
 # attributes.
-EPILOGUE_ACTIVATIONS = {cls: cls._op_stem for cls in ACTIVATIONS if cls._fuses_linear_bias_act}
+EPILOGUE_ACTIVATIONS = {cls: cls.op_stem for cls in ACTIVATIONS if cls.fuses_linear_bias_act}
 
 
 class ForwardLinearBiasActivation(FusedOperation):
@@ -27,7 +27,7 @@ class ForwardLinearBiasActivation(FusedOperation):
     the activation applied in one pass over the GEMM output
     (``torch.ops.te_cpp.linear_bias_act_fwd``), or bias only through the GEMM's own C operand
     (``linear_fwd``). TransformerEngine fuses only the bias, and only for fp16/bf16 weights;
-    here any floating dtype and the activations whose class sets ``_fuses_linear_bias_act``
+    here any floating dtype and the activations whose class sets ``fuses_linear_bias_act``
     (EPILOGUE_ACTIVATIONS). The fusion functions build it with a bias only where the GEMM can
     add it (``bias_fuses``).
     """
