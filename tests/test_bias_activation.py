@@ -107,6 +107,29 @@ def test_frozen_bias_and_input_not_requiring_grad():
     assert seq[0].bias.grad is not None
 
 
+def test_frozen_bias_runs_the_fused_backward_kernel(monkeypatch):
+    """A fused op in the plan is the code that runs: with the bias frozen,
+    BackwardActivationBias still makes its one dbias_d<act> call (the dbias is dropped), never
+    the activation's or the Bias' own backward; dx equals the float64 reference's."""
+    seq = te.ops.Sequential(te.ops.Bias(8), te.ops.GELU())
+    seq[0].bias.requires_grad_(False)
+    plan, = seq.fusion_plan(torch.randn(3, 8), requires_grad=True)
+    assert [type(op).__name__ for op, _ in plan.backward_ops] == ["BackwardActivationBias"]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("an unfused backward ran inside BackwardActivationBias")
+
+    for op in seq:
+        monkeypatch.setattr(op, "op_backward", refuse)
+    x = torch.randn(3, 8, requires_grad=True)
+    dy = torch.randn(3, 8)
+    seq(x).backward(dy)
+    x64 = x.detach().double().requires_grad_()
+    ref.gelu(ref.bias(x64, seq[0].bias.detach().double())).backward(dy.double())
+    torch.testing.assert_close(x.grad, x64.grad.float(), rtol=1.3e-6, atol=1e-5)
+    assert seq[0].bias.grad is None
+
+
 def test_autocast_runs_in_the_autocast_dtype():
     seq = te.ops.Sequential(te.ops.Bias(8), te.ops.GELU())
     x = torch.randn(3, 8, requires_grad=True)

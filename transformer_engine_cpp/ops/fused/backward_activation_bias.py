@@ -35,14 +35,11 @@ class BackwardActivationBias(FusedOperation):
     def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
         bias_op, act_op = self._ops
         bias_ctx, act_ctx = basic_op_ctxs
-        if not bias_op.bias_grad_required(bias_ctx):
-            # Nothing to fuse: the two ops' own backwards (dbias is not needed).
-            dx, _ = act_op.op_backward(act_ctx, grad_output)
-            dx, _ = bias_op.op_backward(bias_ctx, dx)
-            return dx, [(None,), ()], [(), ()]
         # x is z, or (after ForwardBiasActivation) the bias' input, z = x + bias recomputed
         x, bias = act_op.saved_operands(act_ctx)
         dx, db = self._dbias_dact(grad_output, x, bias_op.bias_dtype, bias)
+        if not bias_op.bias_grad_required(bias_ctx):  # a frozen bias: dbias is dropped
+            db = None
         # dx as the Bias' own backward hands it on (dtype, the previous op's quantizer)
         return bias_op.input_grad(bias_ctx, dx), [(db,), ()], [(), ()]
 
