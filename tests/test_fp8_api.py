@@ -92,13 +92,12 @@ def test_availability():
 @pytest.mark.parametrize("fp8_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_current_scaling_quantizer_round_trip(fp8_dtype, dtype):
-    fmt = 0 if fp8_dtype == torch.float8_e4m3fn else 1
     x = torch.randn(6, 40, dtype=dtype)
     q = te.Float8CurrentScalingQuantizer(fp8_dtype, force_pow_2_scales=True, amax_epsilon=0.1)
     t = q(x)
     assert isinstance(t, te.Float8Tensor) and isinstance(t, te.QuantizedTensor)
     assert t.dtype == dtype and t.shape == x.shape and t._fp8_dtype == fp8_dtype
-    data, scale_inv, _ = te_ops.fp8_quantize(x, fmt, True, 0.1)
+    data, scale_inv, _ = te_ops.fp8_quantize(x, fp8_dtype, True, 0.1)
     assert torch.equal(t._data, data) and torch.equal(bits(t._scale_inv), bits(scale_inv))
     assert t._data.dtype == torch.uint8 and t._scale_inv.shape == (1,)
     y = t.dequantize()
@@ -161,13 +160,15 @@ def test_mxfp8_quantizer_rowwise_and_columnwise():
     x = torch.randn(64, 96)
     t = te.MXFP8Quantizer(torch.float8_e4m3fn)(x)
     assert isinstance(t, MXFP8Tensor) and t.shape == x.shape
-    d, s = te_ops.mxfp8_quantize(x, 0)
+    d, s = te_ops.mxfp8_quantize(x, torch.float8_e4m3fn)
     assert torch.equal(t._rowwise_data, d) and torch.equal(t._rowwise_scale_inv, s)
-    dc, sc = te_ops.mxfp8_quantize(x.t().contiguous(), 0)
+    dc, sc = te_ops.mxfp8_quantize(x.t().contiguous(), torch.float8_e4m3fn)
     assert torch.equal(t._columnwise_data, dc) and torch.equal(t._columnwise_scale_inv, sc)
-    assert torch.equal(t.dequantize(), te_ops.mxfp8_dequantize(d, s, 0, torch.float32))
+    assert torch.equal(t.dequantize(),
+                       te_ops.mxfp8_dequantize(d, s, torch.float8_e4m3fn, torch.float32))
     t.update_usage(rowwise_usage=False)
-    assert torch.equal(t.dequantize(), te_ops.mxfp8_dequantize(dc, sc, 0, torch.float32).t())
+    assert torch.equal(t.dequantize(),
+                       te_ops.mxfp8_dequantize(dc, sc, torch.float8_e4m3fn, torch.float32).t())
     with pytest.raises(RuntimeError, match="cannot be rebuilt"):
         t.update_usage(rowwise_usage=True)
     assert torch.equal(t + 0, t.dequantize())
@@ -182,7 +183,7 @@ def test_float8_quantizer_uses_scale_and_records_amax():
     q = te.Float8Quantizer(scale, amax, torch.float8_e4m3fn)
     x = torch.randn(5, 9)
     t = q(x)
-    data, scale_inv, _ = te_ops.fp8_quantize_scaled(x, scale, 0)
+    data, scale_inv, _ = te_ops.fp8_quantize_scaled(x, scale, torch.float8_e4m3fn)
     assert torch.equal(t._data, data) and t._scale_inv.item() == 0.25
     assert amax.item() == x.abs().max().item()
     q(x * 0.5)  # a smaller amax does not lower the running max

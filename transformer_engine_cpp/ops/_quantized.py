@@ -29,7 +29,7 @@ class QuantizedOperand:
     both usages) or "mxfp8" (rowwise and/or columnwise copies, 32-element E8M0 blocks)."""
 
     kind: str
-    fmt: int
+    fmt: torch.dtype  # the FP8 format as its torch dtype
     shape: tuple
     row_data: Optional[torch.Tensor]
     row_scale: Optional[torch.Tensor]
@@ -76,27 +76,27 @@ def quantize(quantizer, t: torch.Tensor, *, rowwise: bool = True,
     """Quantize ``t`` with ``quantizer``'s configuration into plain buffers. ``op`` names the
     calling op in errors."""
     if isinstance(quantizer, Float8CurrentScalingQuantizer):
-        data, scale_inv, _ = te_ops.fp8_quantize(t, quantizer._format,
+        data, scale_inv, _ = te_ops.fp8_quantize(t, quantizer.dtype,
                                                  quantizer.force_pow_2_scales,
                                                  quantizer.amax_epsilon)
-        return QuantizedOperand("fp8", quantizer._format, tuple(t.shape), data, scale_inv,
+        return QuantizedOperand("fp8", quantizer.dtype, tuple(t.shape), data, scale_inv,
                                 dtype=t.dtype)
     if isinstance(quantizer, Float8Quantizer):
         data, scale_inv, amax = te_ops.fp8_quantize_scaled(t, quantizer.scale.reshape(1),
-                                                           quantizer._format)
+                                                           quantizer.dtype)
         with torch.no_grad():  # the amax history slot (delayed scaling: eager only)
             quantizer.amax.copy_(torch.maximum(quantizer.amax, amax.reshape(quantizer.amax.shape)))
-        return QuantizedOperand("fp8", quantizer._format, tuple(t.shape), data, scale_inv,
+        return QuantizedOperand("fp8", quantizer.dtype, tuple(t.shape), data, scale_inv,
                                 dtype=t.dtype)
     if isinstance(quantizer, MXFP8Quantizer):
         check_mxfp8_shape(op or "MXFP8BlockScaling", t.shape, rowwise=rowwise,
                           columnwise=columnwise)
-        row = te_ops.mxfp8_quantize(t, quantizer._format) if rowwise else (None, None)
+        row = te_ops.mxfp8_quantize(t, quantizer.dtype) if rowwise else (None, None)
         col = (None, None)
         if columnwise:
             cols = t.shape[-1]
-            col = te_ops.mxfp8_quantize(t.reshape(-1, cols).t().contiguous(), quantizer._format)
-        return QuantizedOperand("mxfp8", quantizer._format, tuple(t.shape), *row, *col,
+            col = te_ops.mxfp8_quantize(t.reshape(-1, cols).t().contiguous(), quantizer.dtype)
+        return QuantizedOperand("mxfp8", quantizer.dtype, tuple(t.shape), *row, *col,
                                 dtype=t.dtype)
     raise TypeError(f"unsupported quantizer {type(quantizer).__name__}")
 

@@ -19,8 +19,8 @@ from typing import Optional
 
 import torch
 
-from ._formats import format_of
-from .tensor import Float8Tensor, Float8TensorStorage, MXFP8Tensor, MXFP8TensorStorage
+from .tensor import (Float8Tensor, Float8TensorStorage, MXFP8Tensor, MXFP8TensorStorage,
+                     check_fp8_dtype)
 
 te_ops = torch.ops.te_cpp
 
@@ -88,7 +88,7 @@ class Float8CurrentScalingQuantizer(Quantizer):
                  columnwise: bool = True, force_pow_2_scales: bool = False,
                  amax_epsilon: float = 0.0):
         super().__init__(rowwise=rowwise, columnwise=columnwise)
-        self._format = format_of(fp8_dtype)
+        check_fp8_dtype(fp8_dtype)
         if (isinstance(amax_epsilon, bool) or not isinstance(amax_epsilon, (int, float))
                 or not math.isfinite(amax_epsilon) or amax_epsilon < 0):
             raise ValueError(f"Float8CurrentScalingQuantizer: amax_epsilon must be a finite "
@@ -98,7 +98,7 @@ class Float8CurrentScalingQuantizer(Quantizer):
         self.amax_epsilon = float(amax_epsilon)
 
     def quantize_impl(self, tensor):
-        data, scale_inv, _amax = te_ops.fp8_quantize(tensor, self._format,
+        data, scale_inv, _amax = te_ops.fp8_quantize(tensor, self.dtype,
                                                      self.force_pow_2_scales, self.amax_epsilon)
         return self._make_float8(data, scale_inv, tensor.dtype)
 
@@ -110,7 +110,7 @@ class Float8Quantizer(Quantizer):
     def __init__(self, scale: torch.Tensor, amax: torch.Tensor, fp8_dtype: torch.dtype, *,
                  rowwise: bool = True, columnwise: bool = True):
         super().__init__(rowwise=rowwise, columnwise=columnwise)
-        self._format = format_of(fp8_dtype)
+        check_fp8_dtype(fp8_dtype)
         for name, t in (("scale", scale), ("amax", amax)):
             if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.numel() != 1:
                 raise ValueError(f"Float8Quantizer: {name} must be a float32 tensor with one "
@@ -121,7 +121,7 @@ class Float8Quantizer(Quantizer):
 
     def quantize_impl(self, tensor):
         data, scale_inv, amax = te_ops.fp8_quantize_scaled(tensor, self.scale.reshape(1),
-                                                           self._format)
+                                                           self.dtype)
         with torch.no_grad():
             self.amax.copy_(torch.maximum(self.amax, amax.reshape(self.amax.shape)))
         return self._make_float8(data, scale_inv, tensor.dtype)
@@ -134,7 +134,7 @@ class MXFP8Quantizer(Quantizer):
 
     def __init__(self, fp8_dtype: torch.dtype, *, rowwise: bool = True, columnwise: bool = True):
         super().__init__(rowwise=rowwise, columnwise=columnwise)
-        self._format = format_of(fp8_dtype)
+        check_fp8_dtype(fp8_dtype)
         self.dtype = fp8_dtype
 
     def quantize_impl(self, tensor):
@@ -144,11 +144,11 @@ class MXFP8Quantizer(Quantizer):
                           columnwise=self.columnwise_usage)
         row_data = row_scale = col_data = col_scale = None
         if self.rowwise_usage:
-            row_data, row_scale = te_ops.mxfp8_quantize(tensor, self._format)
+            row_data, row_scale = te_ops.mxfp8_quantize(tensor, self.dtype)
         if self.columnwise_usage:
             cols = tensor.shape[-1]
             col_data, col_scale = te_ops.mxfp8_quantize(
-                tensor.reshape(-1, cols).t().contiguous(), self._format)
+                tensor.reshape(-1, cols).t().contiguous(), self.dtype)
         cls = MXFP8TensorStorage if self.internal else MXFP8Tensor
         return cls(row_data, row_scale, col_data, col_scale, self.dtype, tensor.dtype,
                    tensor.shape, self)

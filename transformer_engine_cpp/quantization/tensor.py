@@ -15,7 +15,6 @@ from typing import Optional
 import torch
 from torch.utils._pytree import tree_map
 
-from ._formats import dtype_of, format_of
 
 te_ops = torch.ops.te_cpp
 aten = torch.ops.aten
@@ -36,6 +35,13 @@ def _wrapper_mode(src: torch.Tensor):
     if torch.is_inference_mode_enabled() != src.is_inference():
         return torch.inference_mode(src.is_inference())
     return contextlib.nullcontext()
+
+
+def check_fp8_dtype(fp8_dtype) -> None:
+    """The public ``fp8_dtype`` is a torch float8 dtype (ValueError for anything else)."""
+    if fp8_dtype is not torch.float8_e4m3fn and fp8_dtype is not torch.float8_e5m2:
+        raise ValueError("fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, "
+                         f"got {fp8_dtype!r}")
 
 
 class QuantizedTensorStorage:
@@ -137,8 +143,7 @@ class Float8TensorStorage(QuantizedTensorStorage):
         return self._data.shape
 
     def _dequantize_impl(self, dtype):
-        return te_ops.fp8_dequantize(self._data, self._scale_inv, format_of(self._fp8_dtype),
-                                     dtype)
+        return te_ops.fp8_dequantize(self._data, self._scale_inv, self._fp8_dtype, dtype)
 
     def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         return self._dequantize_impl(self._nominal_dtype if dtype is None else dtype)
@@ -156,7 +161,7 @@ class Float8Tensor(Float8TensorStorage, QuantizedTensor):
                 dtype: torch.dtype, quantizer=None, requires_grad: bool = False):
         if data.dtype != torch.uint8:
             raise ValueError(f"Float8Tensor: data must be uint8, got {data.dtype}")
-        format_of(fp8_dtype)
+        check_fp8_dtype(fp8_dtype)
         self = torch.Tensor._make_wrapper_subclass(
             cls, data.shape, dtype=dtype, device=data.device, requires_grad=requires_grad)
         Float8TensorStorage.__init__(self, data, scale_inv, fp8_dtype, dtype, quantizer)
@@ -300,7 +305,7 @@ class MXFP8TensorStorage(QuantizedTensorStorage):
         return self._logical_shape
 
     def _dequantize_impl(self, dtype):
-        fmt = format_of(self._fp8_dtype)
+        fmt = self._fp8_dtype
         if self._rowwise_data is not None:
             return te_ops.mxfp8_dequantize(self._rowwise_data, self._rowwise_scale_inv, fmt, dtype)
         if self._columnwise_data is not None:
@@ -330,7 +335,7 @@ class MXFP8Tensor(MXFP8TensorStorage, QuantizedTensor):
     @staticmethod
     def __new__(cls, rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv,
                 fp8_dtype, dtype, shape, quantizer=None, requires_grad=False):
-        format_of(fp8_dtype)
+        check_fp8_dtype(fp8_dtype)
         ref = rowwise_data if rowwise_data is not None else columnwise_data
         self = torch.Tensor._make_wrapper_subclass(
             cls, torch.Size(shape), dtype=dtype, device=ref.device, requires_grad=requires_grad)

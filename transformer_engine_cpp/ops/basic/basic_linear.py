@@ -10,7 +10,6 @@ import torch
 from .._common import (autocast_dtype, canonicalize_device, canonicalize_dtype, check_numel,
                        check_size, init_parameter, materialize_device)
 from ...quantization import FP8GlobalStateManager, RecipeState
-from ...quantization._formats import format_of
 from ...quantization.quantizer import Float8CurrentScalingQuantizer, Float8Quantizer
 from ...quantization.tensor import Float8Tensor, QuantizedTensor
 from .. import _quantized
@@ -217,7 +216,7 @@ class BasicLinear(BasicOperation):
             xq = _quantized.quantize(ctx.input_quantizer, x, columnwise=ctx.weight_requires_grad,
                                      op=type(self).__name__)
         if isinstance(w, Float8Tensor):  # a quantized weight: its own buffers, no second cast
-            wq = _quantized.QuantizedOperand("fp8", format_of(w._fp8_dtype), tuple(w.shape),
+            wq = _quantized.QuantizedOperand("fp8", w._fp8_dtype, tuple(w.shape),
                                              w._data, w._scale_inv, dtype=w.dtype)
         else:
             wq = _quantized.quantize(ctx.weight_quantizer, w, columnwise=need_dgrad,
