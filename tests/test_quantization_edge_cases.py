@@ -261,12 +261,11 @@ def test_mxfp8_quantizer_errors_name_user_shape():
 
 
 def test_mxfp8_quantize_in_ops_names_the_op_and_user_shape():
-    from transformer_engine_cpp.ops import _quantized
     q = te.MXFP8Quantizer(E4M3)
     with pytest.raises(ValueError, match=r"^BasicLinear: columnwise .*\(40, 64\)"):
-        _quantized.quantize(q, torch.randn(40, 64), columnwise=True, op="BasicLinear")
+        q.quantize_storage(torch.randn(40, 64), columnwise=True, op="BasicLinear")
     with pytest.raises(ValueError, match=r"^MXFP8BlockScaling: MXFP8 needs .*\(8, 40\)"):
-        _quantized.quantize(q, torch.randn(8, 40))
+        q.quantize_storage(torch.randn(8, 40))
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), -1e-3, True])
