@@ -313,7 +313,9 @@ def _f8_unsafe_view(t, size):
 
 def _called_by_module_apply(depth: int = 8) -> bool:
     """Whether this conversion runs inside ``nn.Module._apply`` (``model.half()``,
-    ``model.to(dtype)``, ...)."""
+    ``model.to(dtype)``, ...). A look at the calling frames: torch tells a tensor conversion
+    nothing about its caller, and the alternatives are an ``_apply`` override in every module
+    that can hold a quantized parameter or a global patch of ``nn.Module._apply``."""
     code = torch.nn.Module._apply.__code__
     f = sys._getframe(2)
     for _ in range(depth):
