@@ -35,7 +35,7 @@ from suite import mlp_builder  # noqa: E402
 from transformer_engine_cpp.testing.reference import (  # noqa: E402
     fp8_quantize_current_scaling, mxfp8_quantize_reference)
 
-E4M3 = 0  # fp8_format int of the custom ops
+E4M3 = torch.float8_e4m3fn  # the custom ops name the format by its torch dtype
 FP8_TOL = 0.10  # relative error (Frobenius norm) allowed between the FP8 and the bf16 block
 
 

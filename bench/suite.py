@@ -41,7 +41,7 @@ import transformer_engine_cpp as te  # noqa: E402
 from transformer_engine_cpp.testing import reference as ref  # noqa: E402
 
 PROVIDERS = ("torch", "torch.compile", "ours", "ours compiled")
-E4M3 = 0  # fp8_format of the te_cpp quantize ops
+E4M3 = torch.float8_e4m3fn  # the te_cpp quantize ops name the format by its torch dtype
 
 
 # ---- cases ----------------------------------------------------------------------------------

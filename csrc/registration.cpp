@@ -182,24 +182,26 @@ TORCH_LIBRARY(te_cpp, m) {
   m.def("dropout_fwd(Tensor x, Tensor seed, float p) -> (Tensor, Tensor)", tags);
   m.def("dropout_bwd(Tensor dy, Tensor mask, float p) -> Tensor", tags);
 
-  // ---- Quantize: FP8 as plain buffers, fp8_format 0 = E4M3, 1 = E5M2 (docs/fp8.md) ---------
+  // ---- Quantize: FP8 as plain buffers, the format named by its torch dtype (fp8_dtype:
+  // float8_e4m3fn or float8_e5m2; docs/fp8.md) -----------------------------------------------
   // Per-tensor current scaling (te_ops.md 4.3): data = uint8 bytes of the saturating RNE cast
   // of x * scale; scale_inv = 1 / scale and amax = max |x| (fp32, shape [1]).
-  m.def("fp8_quantize(Tensor x, int fp8_format, bool force_pow_2_scales, float amax_epsilon) "
-        "-> (Tensor data, Tensor scale_inv, Tensor amax)",
+  m.def("fp8_quantize(Tensor x, ScalarType fp8_dtype, bool force_pow_2_scales, "
+        "float amax_epsilon) -> (Tensor data, Tensor scale_inv, Tensor amax)",
         tags);
   // Delayed scaling's cast with a given scale (fp32, shape [1]); amax is for the history.
-  m.def("fp8_quantize_scaled(Tensor x, Tensor scale, int fp8_format) "
+  m.def("fp8_quantize_scaled(Tensor x, Tensor scale, ScalarType fp8_dtype) "
         "-> (Tensor data, Tensor scale_inv, Tensor amax)",
         tags);
-  m.def("fp8_dequantize(Tensor data, Tensor scale_inv, int fp8_format, ScalarType dtype) "
+  m.def("fp8_dequantize(Tensor data, Tensor scale_inv, ScalarType fp8_dtype, ScalarType dtype) "
         "-> Tensor",
         tags);
   // MXFP8: blocks of 32 consecutive elements of the last dim, one E8M0 scale (uint8 biased
   // exponent) per block; scale_e8m0 has x's shape with the last dim divided by 32.
-  m.def("mxfp8_quantize(Tensor x, int fp8_format) -> (Tensor data, Tensor scale_e8m0)", tags);
-  m.def("mxfp8_dequantize(Tensor data, Tensor scale_e8m0, int fp8_format, ScalarType dtype) "
-        "-> Tensor",
+  m.def("mxfp8_quantize(Tensor x, ScalarType fp8_dtype) -> (Tensor data, Tensor scale_e8m0)",
+        tags);
+  m.def("mxfp8_dequantize(Tensor data, Tensor scale_e8m0, ScalarType fp8_dtype, "
+        "ScalarType dtype) -> Tensor",
         tags);
 }
 

@@ -741,7 +741,7 @@ def _samples_quantize(dtype):
     out = []
     for shape in [(1, 64), (2, 3, 64), (0, 64)]:
         x = _rand(*shape, dtype=dtype)
-        for fmt in (0, 1):
+        for fmt in (torch.float8_e4m3fn, torch.float8_e5m2):
             out.append((te_ops.fp8_quantize, (x, fmt, False, 0.0)))
             out.append((te_ops.fp8_quantize, (x, fmt, True, 1e-3)))
             out.append((te_ops.fp8_quantize_scaled, (x, torch.tensor([3.0]), fmt)))
@@ -752,8 +752,8 @@ def _samples_quantize(dtype):
             out.append((te_ops.mxfp8_dequantize, (mx, sc, fmt, dtype)))
     # a non-contiguous (transposed) input
     xt = _rand(64, 32, dtype=dtype).t()
-    out.append((te_ops.fp8_quantize, (xt, 0, False, 0.0)))
-    out.append((te_ops.mxfp8_quantize, (xt, 0)))
+    out.append((te_ops.fp8_quantize, (xt, torch.float8_e4m3fn, False, 0.0)))
+    out.append((te_ops.mxfp8_quantize, (xt, torch.float8_e4m3fn)))
     return _with_non_contiguous(out)
 
 

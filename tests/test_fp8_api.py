@@ -92,13 +92,12 @@ def test_availability():
 @pytest.mark.parametrize("fp8_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_current_scaling_quantizer_round_trip(fp8_dtype, dtype):
-    fmt = 0 if fp8_dtype == torch.float8_e4m3fn else 1
     x = torch.randn(6, 40, dtype=dtype)
     q = te.Float8CurrentScalingQuantizer(fp8_dtype, force_pow_2_scales=True, amax_epsilon=0.1)
     t = q(x)
     assert isinstance(t, te.Float8Tensor) and isinstance(t, te.QuantizedTensor)
     assert t.dtype == dtype and t.shape == x.shape and t._fp8_dtype == fp8_dtype
-    data, scale_inv, _ = te_ops.fp8_quantize(x, fmt, True, 0.1)
+    data, scale_inv, _ = te_ops.fp8_quantize(x, fp8_dtype, True, 0.1)
     assert torch.equal(t._data, data) and torch.equal(bits(t._scale_inv), bits(scale_inv))
     assert t._data.dtype == torch.uint8 and t._scale_inv.shape == (1,)
     y = t.dequantize()
@@ -161,13 +160,15 @@ def test_mxfp8_quantizer_rowwise_and_columnwise():
     x = torch.randn(64, 96)
     t = te.MXFP8Quantizer(torch.float8_e4m3fn)(x)
     assert isinstance(t, MXFP8Tensor) and t.shape == x.shape
-    d, s = te_ops.mxfp8_quantize(x, 0)
+    d, s = te_ops.mxfp8_quantize(x, torch.float8_e4m3fn)
     assert torch.equal(t._rowwise_data, d) and torch.equal(t._rowwise_scale_inv, s)
-    dc, sc = te_ops.mxfp8_quantize(x.t().contiguous(), 0)
+    dc, sc = te_ops.mxfp8_quantize(x.t().contiguous(), torch.float8_e4m3fn)
     assert torch.equal(t._columnwise_data, dc) and torch.equal(t._columnwise_scale_inv, sc)
-    assert torch.equal(t.dequantize(), te_ops.mxfp8_dequantize(d, s, 0, torch.float32))
+    assert torch.equal(t.dequantize(),
+                       te_ops.mxfp8_dequantize(d, s, torch.float8_e4m3fn, torch.float32))
     t.update_usage(rowwise_usage=False)
-    assert torch.equal(t.dequantize(), te_ops.mxfp8_dequantize(dc, sc, 0, torch.float32).t())
+    assert torch.equal(t.dequantize(),
+                       te_ops.mxfp8_dequantize(dc, sc, torch.float8_e4m3fn, torch.float32).t())
     with pytest.raises(RuntimeError, match="cannot be rebuilt"):
         t.update_usage(rowwise_usage=True)
     assert torch.equal(t + 0, t.dequantize())
@@ -182,7 +183,7 @@ def test_float8_quantizer_uses_scale_and_records_amax():
     q = te.Float8Quantizer(scale, amax, torch.float8_e4m3fn)
     x = torch.randn(5, 9)
     t = q(x)
-    data, scale_inv, _ = te_ops.fp8_quantize_scaled(x, scale, 0)
+    data, scale_inv, _ = te_ops.fp8_quantize_scaled(x, scale, torch.float8_e4m3fn)
     assert torch.equal(t._data, data) and t._scale_inv.item() == 0.25
     assert amax.item() == x.abs().max().item()
     q(x * 0.5)  # a smaller amax does not lower the running max
@@ -312,3 +313,126 @@ def test_quantized_model_init_flag():
             assert not M.with_fp8_parameters()
         assert M.with_fp8_parameters()
     assert not M.with_fp8_parameters() and M.get_fp8_model_init_recipe() is None
+
+
+# ---- the storage form: the one representation of a quantized operand ---------------------------
+
+
+def _quantizers():
+    return {
+        "current": lambda: te.Float8CurrentScalingQuantizer(torch.float8_e4m3fn),
+        "delayed": lambda: te.Float8Quantizer(torch.tensor([3.0]), torch.zeros(1),
+                                              torch.float8_e5m2),
+        "mxfp8": lambda: te.MXFP8Quantizer(torch.float8_e4m3fn),
+    }
+
+
+@pytest.mark.parametrize("usage", ["row", "col", "both"])
+@pytest.mark.parametrize("name", list(_quantizers()))
+def test_storage_saves_plain_buffers_and_rebuilds(name, usage):
+    """quantize_storage gives the storage form; buffers() are plain tensors (or None),
+    metadata() constants only, and from_buffers rebuilds a storage that dequantizes to the
+    same bits, rowwise, columnwise and in the nominal dtype."""
+    from transformer_engine_cpp.quantization.tensor import QuantizedTensorStorage
+
+    q = _quantizers()[name]()
+    x = torch.randn(2, 32, 64, dtype=torch.bfloat16)
+    s = q.quantize_storage(x, rowwise=usage != "col", columnwise=usage != "row")
+    assert isinstance(s, QuantizedTensorStorage) and not isinstance(s, torch.Tensor)
+    assert s.nominal_dtype == torch.bfloat16 and tuple(s.shape) == (2, 32, 64)
+    buffers, meta = s.buffers(), s.metadata()
+    assert len(buffers) == 4
+    assert all(b is None or type(b) is torch.Tensor for b in buffers)
+    assert not any(isinstance(m, torch.Tensor) for m in meta)
+    r = QuantizedTensorStorage.from_buffers(buffers, meta)
+    assert type(r) is type(s)
+    checks = [lambda t: t.dequantize()]
+    if name != "mxfp8" or usage != "col":
+        checks.append(lambda t: t.dequantize_rowwise())
+    if name != "mxfp8" or usage != "row":
+        checks.append(lambda t: t.dequantize_columnwise(torch.float64))
+    for f in checks:
+        a, b = f(s), f(r)
+        assert a.shape == x.shape and torch.equal(bits(a.float()), bits(b.float()))
+    assert s.dequantize().dtype == torch.bfloat16
+    if name == "mxfp8" and usage == "row":
+        with pytest.raises(RuntimeError, match="columnwise data was not quantized"):
+            s.dequantize_columnwise()
+
+
+@pytest.mark.parametrize("name", list(_quantizers()))
+def test_public_quantize_and_pipeline_share_one_implementation(name, monkeypatch):
+    """quantizer(t) wraps quantize_storage with the quantizer's usages (same buffers), and a
+    BasicLinear under the matching recipe quantizes through the same method."""
+    q = _quantizers()[name]()
+    cls = type(q)
+    calls = []
+    original = cls.quantize_storage
+
+    def spy(self, tensor, **kwargs):
+        calls.append(kwargs.get("op"))
+        return original(self, tensor, **kwargs)
+
+    monkeypatch.setattr(cls, "quantize_storage", spy)
+    x = torch.randn(64, 64)
+    t = q(x)
+    assert calls == [cls.__name__] and isinstance(t, te.QuantizedTensor)
+    s = _quantizers()[name]().quantize_storage(x, rowwise=True, columnwise=True)
+    assert all((a is None and b is None) or torch.equal(a, b)
+               for a, b in zip(t.buffers(), s.buffers()))
+    calls.clear()
+    make_recipe = {"current": recipe.Float8CurrentScaling,
+                   "delayed": recipe.DelayedScaling, "mxfp8": recipe.MXFP8BlockScaling}[name]
+    op = te.ops.BasicLinear(64, 64)
+    with te.autocast(recipe=make_recipe()):
+        op(torch.randn(32, 64, requires_grad=True)).sum().backward()
+    assert calls == ["BasicLinear"] * 3  # input, weight, grad output
+
+
+def test_emit_is_decided_by_the_quantizer():
+    from transformer_engine_cpp.ops import _quantized
+    from transformer_engine_cpp.quantization import Quantizer
+
+    y = torch.randn(64, 32)
+    for name, make in _quantizers().items():
+        q = make()
+        out = q.emit(y)
+        assert _quantized.is_storage(out), name
+        assert torch.equal(out.dequantize(), q.quantize_storage(y).dequantize()), name
+        assert _quantized.emit(y, q).buffers()[0] is not None
+    mx = te.MXFP8Quantizer(torch.float8_e4m3fn).emit(y)
+    assert all(b is not None for b in mx.buffers())  # both copies for the consumer's GEMMs
+    y_odd = torch.randn(40, 32)  # rows not a multiple of 32: MXFP8 hands over nothing
+    assert te.MXFP8Quantizer(torch.float8_e4m3fn).emit(y_odd) is y_odd
+    assert _quantized.emit(y, None) is y and Quantizer().emit(y) is y
+    delayed = _quantizers()["delayed"]()
+    delayed.emit(y * 5)
+    assert delayed.amax.item() == (y * 5).abs().max().item()  # the amax record
+
+
+def test_fake_quantize_is_the_rowwise_dequantization():
+    x = torch.randn(32, 64, dtype=torch.float16)
+    for q in (f() for f in _quantizers().values()):
+        got = q.fake_quantize(x)
+        assert got.dtype == torch.float16
+        assert torch.equal(got, q.quantize_storage(x).dequantize_rowwise(torch.float16))
+
+
+def test_caller_tensors_are_not_handed_over_storages():
+    """Inside the pipeline only a bare storage counts as a handed-over operand: a Float8Tensor
+    the caller passes is a tensor (quantized again like any input, as before)."""
+    from transformer_engine_cpp.ops import _quantized
+    from transformer_engine_cpp.quantization.tensor import as_storage
+
+    q = te.Float8CurrentScalingQuantizer(torch.float8_e4m3fn)
+    t = q(torch.randn(8, 32))
+    assert not _quantized.is_storage(t) and _quantized.as_high_precision(t) is t
+    s = as_storage(t)
+    assert _quantized.is_storage(s) and s._data is t._data and s._scale_inv is t._scale_inv
+    assert torch.equal(_quantized.as_high_precision(s), t.dequantize())
+    assert as_storage(s) is s
+    m = te.MXFP8Quantizer(torch.float8_e4m3fn)(torch.randn(32, 64))
+    ms = as_storage(m)
+    assert _quantized.is_storage(ms) and ms._columnwise_data is m._columnwise_data
+    assert torch.equal(ms.dequantize_columnwise(), m.dequantize_columnwise())
+    assert torch.equal(s.to_tensor()._data, t._data)  # back to the public subclass

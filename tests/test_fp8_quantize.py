@@ -12,8 +12,9 @@ import transformer_engine_cpp  # noqa: F401  (registers torch.ops.te_cpp)
 
 te_ops = torch.ops.te_cpp
 
-FP8 = {0: torch.float8_e4m3fn, 1: torch.float8_e5m2}
-FP8_MAX = {0: 448.0, 1: 57344.0}
+# the ops name the format by its torch dtype
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+FP8_MAX = {E4M3: 448.0, E5M2: 57344.0}
 FLT_MAX = torch.finfo(torch.float32).max
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 SHAPES = [(1,), (7,), (3, 5), (2, 3, 64), (300, 97), (70000,)]
@@ -22,7 +23,7 @@ SHAPES = [(1,), (7,), (3, 5), (2, 3, 64), (300, 97), (70000,)]
 # ---- references (written from te_ops.md 4.3 and TE's MXFP8 rule, torch ops only) ----------------
 
 
-def ref_scale(amax: torch.Tensor, fmt: int, pow2: bool, eps: float) -> torch.Tensor:
+def ref_scale(amax: torch.Tensor, fmt: torch.dtype, pow2: bool, eps: float) -> torch.Tensor:
     a = torch.where(amax < eps, torch.tensor(eps, dtype=torch.float32), amax)
     special = (a == 0) | torch.isinf(a) | torch.isnan(a)
     scale = torch.tensor(FP8_MAX[fmt], dtype=torch.float32) / a  # fp32, correctly rounded
@@ -33,9 +34,9 @@ def ref_scale(amax: torch.Tensor, fmt: int, pow2: bool, eps: float) -> torch.Ten
     return scale
 
 
-def ref_cast(xf: torch.Tensor, scale: torch.Tensor, fmt: int) -> torch.Tensor:
+def ref_cast(xf: torch.Tensor, scale: torch.Tensor, fmt: torch.dtype) -> torch.Tensor:
     m = FP8_MAX[fmt]
-    return (xf * scale).clamp(-m, m).to(FP8[fmt]).view(torch.uint8)
+    return (xf * scale).clamp(-m, m).to(fmt).view(torch.uint8)
 
 
 def ref_current(x, fmt, pow2=False, eps=0.0):
@@ -46,7 +47,7 @@ def ref_current(x, fmt, pow2=False, eps=0.0):
 
 
 def ref_dequant(data, scale_inv, fmt, dtype):
-    return (data.view(FP8[fmt]).float() * scale_inv).to(dtype)
+    return (data.view(fmt).float() * scale_inv).to(dtype)
 
 
 def ref_e8m0(v: torch.Tensor) -> torch.Tensor:
@@ -67,7 +68,7 @@ def ref_mxfp8(x, fmt):
     v = amax * torch.tensor(1.0 / m, dtype=torch.float32)
     e = ref_e8m0(v)
     rcp = torch.where(e == 0, torch.tensor(1.0), ((254 - e) << 23).view(torch.float32))
-    data = (xf * rcp[:, None]).clamp(-m, m).to(FP8[fmt]).view(torch.uint8)
+    data = (xf * rcp[:, None]).clamp(-m, m).to(fmt).view(torch.uint8)
     return data.reshape(x.shape), e.to(torch.uint8).reshape(*x.shape[:-1], x.shape[-1] // 32)
 
 
@@ -75,7 +76,7 @@ def ref_mx_dequant(data, scale, fmt, dtype):
     e = scale.to(torch.int32).reshape(-1, 1)
     s = torch.where(e == 0, torch.tensor(2.0 ** -127, dtype=torch.float32),
                     (e << 23).view(torch.float32))
-    return (data.view(FP8[fmt]).float().reshape(-1, 32) * s).reshape(data.shape).to(dtype)
+    return (data.view(fmt).float().reshape(-1, 32) * s).reshape(data.shape).to(dtype)
 
 
 def assert_bits_equal(a: torch.Tensor, b: torch.Tensor):
@@ -90,10 +91,10 @@ def assert_bits_equal(a: torch.Tensor, b: torch.Tensor):
     assert torch.equal(a, b), f"{(a != b).sum()} of {a.numel()} elements differ"
 
 
-def assert_fp8_bytes_equal(a: torch.Tensor, b: torch.Tensor, fmt: int):
+def assert_fp8_bytes_equal(a: torch.Tensor, b: torch.Tensor, fmt: torch.dtype):
     """Byte equality, with every NaN encoding counted as one value."""
-    nan_a = torch.isnan(a.view(FP8[fmt]).float())
-    nan_b = torch.isnan(b.view(FP8[fmt]).float())
+    nan_a = torch.isnan(a.view(fmt).float())
+    nan_b = torch.isnan(b.view(fmt).float())
     assert torch.equal(nan_a, nan_b)
     assert torch.equal(a[~nan_a], b[~nan_b]), f"{(a != b).sum()} bytes differ"
 
@@ -106,7 +107,7 @@ def randn(shape, dtype, scale=1.0, seed=0):
 # ---- current scaling --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fmt", [0, 1], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_current_scaling_matches_reference(shape, dtype, fmt):
@@ -123,7 +124,7 @@ def test_current_scaling_matches_reference(shape, dtype, fmt):
         assert_bits_equal(y, ref_dequant(data, scale_inv, fmt, dtype))
 
 
-@pytest.mark.parametrize("fmt", [0, 1], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("pow2", [False, True], ids=["fp32scale", "pow2"])
 @pytest.mark.parametrize("eps", [0.0, 1e-2, 10.0])
 def test_current_scaling_pow2_and_epsilon(fmt, pow2, eps):
@@ -141,12 +142,12 @@ def test_current_scaling_pow2_and_epsilon(fmt, pow2, eps):
 
 def test_current_scaling_epsilon_floors_amax():
     x = torch.full((4,), 1e-3)
-    _, scale_inv, amax = te_ops.fp8_quantize(x, 0, False, 0.5)
+    _, scale_inv, amax = te_ops.fp8_quantize(x, E4M3, False, 0.5)
     assert amax.item() == pytest.approx(1e-3)
     assert scale_inv.item() == torch.reciprocal(torch.tensor(448.0) / torch.tensor(0.5)).item()
 
 
-@pytest.mark.parametrize("fmt", [0, 1], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
 def test_current_scaling_special_values(fmt):
     cases = {
         "zeros": torch.zeros(3, 40),
@@ -168,15 +169,15 @@ def test_current_scaling_special_values(fmt):
     assert scale_inv.item() == torch.reciprocal(torch.tensor(FLT_MAX)).item()  # scale = FLT_MAX
     # inf saturates to the format's max; NaN stays NaN
     data, _, _ = te_ops.fp8_quantize(cases["inf"], fmt, False, 0.0)
-    assert data.view(FP8[fmt]).float()[1].item() == -FP8_MAX[fmt]
+    assert data.view(fmt).float()[1].item() == -FP8_MAX[fmt]
     data, _, amax = te_ops.fp8_quantize(cases["nan"], fmt, False, 0.0)
-    assert torch.isnan(data.view(FP8[fmt]).float()[1]) and torch.isnan(amax).all()
+    assert torch.isnan(data.view(fmt).float()[1]) and torch.isnan(amax).all()
 
 
 def test_current_scaling_fp64_input_is_rounded_to_fp32():
     x = torch.randn(5, 33, dtype=torch.float64)
-    got = te_ops.fp8_quantize(x, 0, False, 0.0)
-    for a, b in zip(got, ref_current(x.float(), 0)):
+    got = te_ops.fp8_quantize(x, E4M3, False, 0.0)
+    for a, b in zip(got, ref_current(x.float(), E4M3)):
         assert_bits_equal(a, b)
 
 
@@ -185,9 +186,9 @@ def test_current_scaling_thread_count_independent():
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = te_ops.fp8_quantize(x, 0, False, 0.0)
+        one = te_ops.fp8_quantize(x, E4M3, False, 0.0)
         torch.set_num_threads(max(2, before))
-        many = te_ops.fp8_quantize(x, 0, False, 0.0)
+        many = te_ops.fp8_quantize(x, E4M3, False, 0.0)
     finally:
         torch.set_num_threads(before)
     for a, b in zip(one, many):
@@ -197,7 +198,7 @@ def test_current_scaling_thread_count_independent():
 # ---- delayed scaling's cast -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fmt", [0, 1], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
 def test_quantize_scaled_matches_reference(dtype, fmt):
     x = randn((9, 70), dtype, 4.0, 1)
@@ -208,13 +209,13 @@ def test_quantize_scaled_matches_reference(dtype, fmt):
         assert_bits_equal(scale_inv, torch.reciprocal(scale))
         assert_bits_equal(amax, x.float().abs().amax().reshape(1))
     data, _, _ = te_ops.fp8_quantize_scaled(x, torch.tensor([1e6]), fmt)
-    assert data.view(FP8[fmt]).float().abs().max().item() == FP8_MAX[fmt]
+    assert data.view(fmt).float().abs().max().item() == FP8_MAX[fmt]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 def test_dequantize_dtypes(dtype):
     data = torch.arange(256, dtype=torch.uint8).reshape(16, 16)
-    for fmt in (0, 1):
+    for fmt in (E4M3, E5M2):
         scale_inv = torch.tensor([0.125])
         got = te_ops.fp8_dequantize(data, scale_inv, fmt, dtype)
         assert got.dtype == dtype
@@ -224,7 +225,7 @@ def test_dequantize_dtypes(dtype):
 # ---- MXFP8 -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fmt", [0, 1], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("shape", [(32,), (3, 64), (2, 5, 96), (129, 320)], ids=str)
 def test_mxfp8_matches_reference(shape, dtype, fmt):
@@ -242,7 +243,7 @@ def test_mxfp8_matches_reference(shape, dtype, fmt):
     assert_bits_equal(y, ref_mx_dequant(data, scale, fmt, dtype))
 
 
-@pytest.mark.parametrize("fmt", [0, 1], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
 def test_mxfp8_scale_fits_block_amax(fmt):
     """The rule's intent: block_amax * 2^-(e-127) lies in (fp8_max/2, fp8_max]."""
     x = randn((64, 256), torch.float32, 3.0, 5) * torch.exp2(torch.randint(-30, 30, (64, 1)))
@@ -252,7 +253,7 @@ def test_mxfp8_scale_fits_block_amax(fmt):
     assert (scaled <= FP8_MAX[fmt]).all() and (scaled > FP8_MAX[fmt] / 2).all()
 
 
-@pytest.mark.parametrize("fmt", [0, 1], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
 def test_mxfp8_special_blocks(fmt):
     x = torch.randn(6, 32)
     x[0] = 0.0                       # zero block: e = 0, data 0
@@ -267,14 +268,14 @@ def test_mxfp8_special_blocks(fmt):
     assert_fp8_bytes_equal(data, rdata, fmt)
     assert scale[0, 0].item() == 0 and scale[2, 0].item() == 254
     assert scale[4, 0].item() == 127 + 5
-    assert torch.isnan(data[1].view(FP8[fmt]).float()[3])
-    assert not torch.isnan(data[1].view(FP8[fmt]).float()[torch.arange(32) != 3]).any()
+    assert torch.isnan(data[1].view(fmt).float()[3])
+    assert not torch.isnan(data[1].view(fmt).float()[torch.arange(32) != 3]).any()
 
 
 def test_mxfp8_e4m3_known_value():
     x = torch.zeros(32)
     x[0] = 1.0  # amax/448 = 2^-8.8 -> rounded up to 2^-8: e = 119, data = 256 in E4M3
-    data, scale = te_ops.mxfp8_quantize(x, 0)
+    data, scale = te_ops.mxfp8_quantize(x, E4M3)
     assert scale.item() == 119
     assert data.view(torch.float8_e4m3fn).float()[0].item() == 256.0
 
@@ -284,29 +285,63 @@ def test_mxfp8_e4m3_known_value():
 
 def test_bad_inputs():
     x = torch.randn(4, 64)
-    with pytest.raises(ValueError, match=r"te_cpp.fp8_quantize: fp8_format must be 0 \(E4M3\) or 1"):
-        te_ops.fp8_quantize(x, 2, False, 0.0)
     with pytest.raises(ValueError, match="te_cpp.fp8_quantize: amax_epsilon must be >= 0"):
-        te_ops.fp8_quantize(x, 0, False, -1.0)
+        te_ops.fp8_quantize(x, E4M3, False, -1.0)
     with pytest.raises(RuntimeError, match="te_cpp.fp8_quantize: input must be float32"):
-        te_ops.fp8_quantize(x.to(torch.int32), 0, False, 0.0)
+        te_ops.fp8_quantize(x.to(torch.int32), E4M3, False, 0.0)
     with pytest.raises(RuntimeError, match=r"te_cpp.fp8_quantize_scaled: scale must have shape \[1\]"):
-        te_ops.fp8_quantize_scaled(x, torch.ones(2), 0)
+        te_ops.fp8_quantize_scaled(x, torch.ones(2), E4M3)
     with pytest.raises(RuntimeError, match="te_cpp.fp8_quantize_scaled: scale must be float32"):
-        te_ops.fp8_quantize_scaled(x, torch.ones(1, dtype=torch.float64), 0)
-    data, scale_inv, _ = te_ops.fp8_quantize(x, 0, False, 0.0)
+        te_ops.fp8_quantize_scaled(x, torch.ones(1, dtype=torch.float64), E4M3)
+    data, scale_inv, _ = te_ops.fp8_quantize(x, E4M3, False, 0.0)
     with pytest.raises(RuntimeError, match="te_cpp.fp8_dequantize: data must be uint8"):
-        te_ops.fp8_dequantize(x, scale_inv, 0, torch.float32)
+        te_ops.fp8_dequantize(x, scale_inv, E4M3, torch.float32)
     with pytest.raises(ValueError, match="te_cpp.fp8_dequantize: dtype must be"):
-        te_ops.fp8_dequantize(data, scale_inv, 0, torch.int32)
+        te_ops.fp8_dequantize(data, scale_inv, E4M3, torch.int32)
     with pytest.raises(RuntimeError, match=r"te_cpp.mxfp8_quantize: input's last dimension must be "
                                            r"a multiple of 32.*\[4, 48\]"):
-        te_ops.mxfp8_quantize(torch.randn(4, 48), 0)
-    mx, sc = te_ops.mxfp8_quantize(x, 0)
+        te_ops.mxfp8_quantize(torch.randn(4, 48), E4M3)
+    mx, sc = te_ops.mxfp8_quantize(x, E4M3)
     with pytest.raises(RuntimeError, match="te_cpp.mxfp8_dequantize: scale_e8m0 must have shape"):
-        te_ops.mxfp8_dequantize(mx, sc[:, :1], 0, torch.float32)
-    with pytest.raises(ValueError, match="te_cpp.mxfp8_dequantize: fp8_format"):
-        te_ops.mxfp8_dequantize(mx, sc, 5, torch.float32)
+        te_ops.mxfp8_dequantize(mx, sc[:, :1], E4M3, torch.float32)
+
+
+_BAD_FP8_DTYPES = [torch.float32, torch.bfloat16, torch.uint8, torch.float8_e4m3fnuz,
+                   torch.float8_e5m2fnuz]
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize("bad", _BAD_FP8_DTYPES, ids=str)
+def test_wrong_fp8_dtype_is_rejected(bad, device):
+    """Every quantize op takes the format as its torch dtype; any dtype but float8_e4m3fn and
+    float8_e5m2 is a RuntimeError naming the op and the dtype, from the CPU and the Meta
+    kernel alike (they share the check)."""
+    x = torch.randn(4, 64, device=device)
+    data = torch.zeros(4, 64, dtype=torch.uint8, device=device)
+    scale = torch.ones(1, device=device)
+    e8m0 = torch.full((4, 2), 127, dtype=torch.uint8, device=device)
+    calls = {
+        "fp8_quantize": lambda: te_ops.fp8_quantize(x, bad, False, 0.0),
+        "fp8_quantize_scaled": lambda: te_ops.fp8_quantize_scaled(x, scale, bad),
+        "fp8_dequantize": lambda: te_ops.fp8_dequantize(data, scale, bad, torch.float32),
+        "mxfp8_quantize": lambda: te_ops.mxfp8_quantize(x, bad),
+        "mxfp8_dequantize": lambda: te_ops.mxfp8_dequantize(data, e8m0, bad, torch.float32),
+    }
+    name = str(bad).replace(".", r"\.")
+    for op, call in calls.items():
+        with pytest.raises(RuntimeError, match=rf"te_cpp\.{op}: fp8_dtype must be "
+                                               rf"torch\.float8_e4m3fn or torch\.float8_e5m2, "
+                                               rf"got {name}$"):
+            call()
+
+
+def test_format_is_a_scalar_type_in_the_schemas():
+    """The format argument is a ScalarType named fp8_dtype in every quantize schema."""
+    for op in ("fp8_quantize", "fp8_quantize_scaled", "fp8_dequantize", "mxfp8_quantize",
+               "mxfp8_dequantize"):
+        args = {a.name: str(a.real_type) for a in getattr(te_ops, op).default._schema.arguments}
+        assert args.get("fp8_dtype") == "ScalarType", (op, args)
+        assert "fp8_format" not in args
 
 
 # ---- torch.compile -----------------------------------------------------------------------------
@@ -316,11 +351,12 @@ def test_compiled_quantize_dequantize_matches_eager():
     torch._dynamo.reset()
 
     def f(x, scale):
-        d, si, amax = te_ops.fp8_quantize(x, 0, False, 0.0)
-        d2, si2, _ = te_ops.fp8_quantize_scaled(x * 2, scale, 1)
-        m, s = te_ops.mxfp8_quantize(x, 0)
-        return (te_ops.fp8_dequantize(d, si, 0, x.dtype) + te_ops.fp8_dequantize(d2, si2, 1, x.dtype),
-                te_ops.mxfp8_dequantize(m, s, 0, x.dtype), amax)
+        d, si, amax = te_ops.fp8_quantize(x, E4M3, False, 0.0)
+        d2, si2, _ = te_ops.fp8_quantize_scaled(x * 2, scale, E5M2)
+        m, s = te_ops.mxfp8_quantize(x, E4M3)
+        return (te_ops.fp8_dequantize(d, si, E4M3, x.dtype)
+                + te_ops.fp8_dequantize(d2, si2, E5M2, x.dtype),
+                te_ops.mxfp8_dequantize(m, s, E4M3, x.dtype), amax)
 
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
     for shape in [(4, 64), (3, 5, 32)]:

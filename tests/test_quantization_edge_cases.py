@@ -66,7 +66,7 @@ def test_dtype_conversion_of_fp16_differs_from_relabelling():
     """The case of the report: relabelling fp16 FP8 data as float64 is off by up to ~2e-4
     relative; the conversion must round to fp16 first."""
     t = _f8(dtype=torch.float16)
-    direct = torch.ops.te_cpp.fp8_dequantize(t._data, t._scale_inv, 0, torch.float64)
+    direct = torch.ops.te_cpp.fp8_dequantize(t._data, t._scale_inv, E4M3, torch.float64)
     assert not torch.equal(direct, t.dequantize().double())  # the test would catch a relabel
     assert torch.equal(t.to(torch.float64), t.dequantize().double())
 
@@ -261,12 +261,11 @@ def test_mxfp8_quantizer_errors_name_user_shape():
 
 
 def test_mxfp8_quantize_in_ops_names_the_op_and_user_shape():
-    from transformer_engine_cpp.ops import _quantized
     q = te.MXFP8Quantizer(E4M3)
     with pytest.raises(ValueError, match=r"^BasicLinear: columnwise .*\(40, 64\)"):
-        _quantized.quantize(q, torch.randn(40, 64), columnwise=True, op="BasicLinear")
+        q.quantize_storage(torch.randn(40, 64), columnwise=True, op="BasicLinear")
     with pytest.raises(ValueError, match=r"^MXFP8BlockScaling: MXFP8 needs .*\(8, 40\)"):
-        _quantized.quantize(q, torch.randn(8, 40))
+        q.quantize_storage(torch.randn(8, 40))
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), -1e-3, True])
@@ -395,7 +394,7 @@ def test_quantized_weight_under_delayed_scaling_gets_new_scales():
 def test_fp8_quantize_op_refuses_non_finite_amax_epsilon(value):
     with pytest.raises(ValueError, match=r"te_cpp.fp8_quantize: amax_epsilon must be >= 0 and "
                                          r"finite, got " + ("nan" if value != value else "inf")):
-        torch.ops.te_cpp.fp8_quantize(torch.randn(4, 32), 0, False, value)
+        torch.ops.te_cpp.fp8_quantize(torch.randn(4, 32), E4M3, False, value)
 
 
 def test_mxfp8_shape_error_in_basic_linear_names_the_op():

@@ -13,6 +13,8 @@ import math
 import os
 from typing import Callable, Optional, Union
 
+import torch
+
 __all__ = ["Format", "QParams", "Recipe", "DelayedScaling", "Float8CurrentScaling",
            "MXFP8BlockScaling"]
 
@@ -33,8 +35,11 @@ class _FormatHelper:
 class Format(enum.Enum):
     """FP8 format: E4M3 (max 448), E5M2 (max 57344), HYBRID (E4M3 forward, E5M2 backward)."""
 
-    E4M3 = _FormatHelper(max_fwd=448.0, max_bwd=448.0)
-    E5M2 = _FormatHelper(max_fwd=57344.0, max_bwd=57344.0)
+    # the formats' limits as torch defines them (torch.finfo of the float8 dtypes)
+    E4M3 = _FormatHelper(max_fwd=torch.finfo(torch.float8_e4m3fn).max,
+                         max_bwd=torch.finfo(torch.float8_e4m3fn).max)
+    E5M2 = _FormatHelper(max_fwd=torch.finfo(torch.float8_e5m2).max,
+                         max_bwd=torch.finfo(torch.float8_e5m2).max)
     HYBRID = _FormatHelper(max_fwd=E4M3.max_fwd, max_bwd=E5M2.max_bwd)
 
     @property

@@ -7,29 +7,26 @@
 
 namespace te_cpp {
 
-void check_fp8_format(const char* op, int64_t fp8_format) {
-  TE_CHECK_VALUE(fp8::valid_format(fp8_format), op,
-                 "fp8_format must be 0 (E4M3) or 1 (E5M2), got ", fp8_format);
+void check_fp8_dtype(const char* op, at::ScalarType fp8_dtype) {
+  TE_CHECK(fp8::is_fp8(fp8_dtype), op,
+           "fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got torch.",
+           c10::getDtypeNames(fp8_dtype).first);
 }
 
-void Fp8Quantize::check(const char* op, const Tensor& x, int64_t fp8_format) {
-  check_float(op, "input", x);
-  check_fp8_format(op, fp8_format);
-}
+namespace {
 
-void Fp8Quantize::check_scale(const char* op, const Tensor& x, const Tensor& scale) {
-  TE_CHECK(scale.defined(), op, "scale is undefined");
-  TE_CHECK(scale.scalar_type() == at::kFloat, op, "scale must be float32, got ",
-           scale.scalar_type());
-  TE_CHECK(scale.dim() == 1 && scale.sym_size(0) == 1, op, "scale must have shape [1], got ",
-           shape_str(scale));
-  check_same_device(op, "input", x, "scale", scale);
-}
-
-void Fp8Quantize::check_epsilon(const char* op, double amax_epsilon) {
+void check_epsilon(const char* op, double amax_epsilon) {
   // NaN fails the comparison; inf would floor every amax to inf, i.e. scale 1 silently
   TE_CHECK_VALUE(std::isfinite(amax_epsilon) && amax_epsilon >= 0.0, op,
                  "amax_epsilon must be >= 0 and finite, got ", amax_epsilon);
+}
+
+}  // namespace
+
+void Fp8Quantize::check(const Tensor& x, at::ScalarType fp8_dtype, double amax_epsilon) {
+  check_float(kName, "input", x);
+  check_fp8_dtype(kName, fp8_dtype);
+  check_epsilon(kName, amax_epsilon);
 }
 
 std::tuple<Tensor, Tensor, Tensor> Fp8Quantize::allocate(const Tensor& x) {
@@ -39,8 +36,19 @@ std::tuple<Tensor, Tensor, Tensor> Fp8Quantize::allocate(const Tensor& x) {
   return {data, scale_inv, amax};
 }
 
-void Fp8Dequantize::check(const Tensor& data, const Tensor& scale_inv, int64_t fp8_format,
-                          at::ScalarType dtype) {
+void Fp8QuantizeScaled::check(const Tensor& x, const Tensor& scale, at::ScalarType fp8_dtype) {
+  check_float(kName, "input", x);
+  check_fp8_dtype(kName, fp8_dtype);
+  TE_CHECK(scale.defined(), kName, "scale is undefined");
+  TE_CHECK(scale.scalar_type() == at::kFloat, kName, "scale must be float32, got ",
+           scale.scalar_type());
+  TE_CHECK(scale.dim() == 1 && scale.sym_size(0) == 1, kName, "scale must have shape [1], got ",
+           shape_str(scale));
+  check_same_device(kName, "input", x, "scale", scale);
+}
+
+void Fp8Dequantize::check(const Tensor& data, const Tensor& scale_inv,
+                          at::ScalarType fp8_dtype, at::ScalarType dtype) {
   TE_CHECK(data.defined() && data.scalar_type() == at::kByte, kName,
            "data must be uint8 (raw FP8 bytes), got ",
            data.defined() ? c10::toString(data.scalar_type()) : "undefined");
@@ -50,7 +58,7 @@ void Fp8Dequantize::check(const Tensor& data, const Tensor& scale_inv, int64_t f
   TE_CHECK(scale_inv.dim() == 1 && scale_inv.sym_size(0) == 1, kName,
            "scale_inv must have shape [1], got ", shape_str(scale_inv));
   check_same_device(kName, "data", data, "scale_inv", scale_inv);
-  check_fp8_format(kName, fp8_format);
+  check_fp8_dtype(kName, fp8_dtype);
   TE_CHECK_VALUE(is_supported_float(dtype), kName,
                  "dtype must be float32, float64, bfloat16 or float16, got ", dtype);
 }
@@ -70,9 +78,9 @@ void check_mxfp8_last_dim(const char* op, const char* name, const Tensor& t) {
 
 }  // namespace
 
-void Mxfp8Quantize::check(const Tensor& x, int64_t fp8_format) {
+void Mxfp8Quantize::check(const Tensor& x, at::ScalarType fp8_dtype) {
   check_float(kName, "input", x);
-  check_fp8_format(kName, fp8_format);
+  check_fp8_dtype(kName, fp8_dtype);
   check_mxfp8_last_dim(kName, "input", x);
 }
 
@@ -83,8 +91,8 @@ std::tuple<Tensor, Tensor> Mxfp8Quantize::allocate(const Tensor& x) {
   return {data, scale};
 }
 
-void Mxfp8Dequantize::check(const Tensor& data, const Tensor& scale_e8m0, int64_t fp8_format,
-                            at::ScalarType dtype) {
+void Mxfp8Dequantize::check(const Tensor& data, const Tensor& scale_e8m0,
+                            at::ScalarType fp8_dtype, at::ScalarType dtype) {
   TE_CHECK(data.defined() && data.scalar_type() == at::kByte, kName,
            "data must be uint8 (raw FP8 bytes), got ",
            data.defined() ? c10::toString(data.scalar_type()) : "undefined");
@@ -92,7 +100,7 @@ void Mxfp8Dequantize::check(const Tensor& data, const Tensor& scale_e8m0, int64_
            "scale_e8m0 must be uint8 (biased E8M0 exponents), got ",
            scale_e8m0.defined() ? c10::toString(scale_e8m0.scalar_type()) : "undefined");
   check_same_device(kName, "data", data, "scale_e8m0", scale_e8m0);
-  check_fp8_format(kName, fp8_format);
+  check_fp8_dtype(kName, fp8_dtype);
   check_mxfp8_last_dim(kName, "data", data);
   const auto expected = sizes_with_last(data, data.sym_size(-1) / fp8::kMXFP8BlockSize);
   TE_CHECK(scale_e8m0.sym_sizes() == c10::SymIntArrayRef(expected), kName,
@@ -108,34 +116,32 @@ Tensor Mxfp8Dequantize::allocate(const Tensor& data, at::ScalarType dtype) {
 
 namespace {
 
-std::tuple<Tensor, Tensor, Tensor> fp8_quantize_meta(const Tensor& x, int64_t fp8_format, bool,
-                                                     double amax_epsilon) {
-  Fp8Quantize::check("fp8_quantize", x, fp8_format);
-  Fp8Quantize::check_epsilon("fp8_quantize", amax_epsilon);
+std::tuple<Tensor, Tensor, Tensor> fp8_quantize_meta(const Tensor& x, at::ScalarType fp8_dtype,
+                                                     bool, double amax_epsilon) {
+  Fp8Quantize::check(x, fp8_dtype, amax_epsilon);
   return Fp8Quantize::allocate(x);
 }
 
 std::tuple<Tensor, Tensor, Tensor> fp8_quantize_scaled_meta(const Tensor& x, const Tensor& scale,
-                                                            int64_t fp8_format) {
-  Fp8Quantize::check("fp8_quantize_scaled", x, fp8_format);
-  Fp8Quantize::check_scale("fp8_quantize_scaled", x, scale);
+                                                            at::ScalarType fp8_dtype) {
+  Fp8QuantizeScaled::check(x, scale, fp8_dtype);
   return Fp8Quantize::allocate(x);
 }
 
-Tensor fp8_dequantize_meta(const Tensor& data, const Tensor& scale_inv, int64_t fp8_format,
+Tensor fp8_dequantize_meta(const Tensor& data, const Tensor& scale_inv, at::ScalarType fp8_dtype,
                            at::ScalarType dtype) {
-  Fp8Dequantize::check(data, scale_inv, fp8_format, dtype);
+  Fp8Dequantize::check(data, scale_inv, fp8_dtype, dtype);
   return Fp8Dequantize::allocate(data, dtype);
 }
 
-std::tuple<Tensor, Tensor> mxfp8_quantize_meta(const Tensor& x, int64_t fp8_format) {
-  Mxfp8Quantize::check(x, fp8_format);
+std::tuple<Tensor, Tensor> mxfp8_quantize_meta(const Tensor& x, at::ScalarType fp8_dtype) {
+  Mxfp8Quantize::check(x, fp8_dtype);
   return Mxfp8Quantize::allocate(x);
 }
 
-Tensor mxfp8_dequantize_meta(const Tensor& data, const Tensor& scale_e8m0, int64_t fp8_format,
-                             at::ScalarType dtype) {
-  Mxfp8Dequantize::check(data, scale_e8m0, fp8_format, dtype);
+Tensor mxfp8_dequantize_meta(const Tensor& data, const Tensor& scale_e8m0,
+                             at::ScalarType fp8_dtype, at::ScalarType dtype) {
+  Mxfp8Dequantize::check(data, scale_e8m0, fp8_dtype, dtype);
   return Mxfp8Dequantize::allocate(data, dtype);
 }
 

@@ -7,9 +7,15 @@
   (``amax = max(amax, amax of this tensor)``, the amax history slot of its recipe state).
 * ``MXFP8Quantizer``: 32-element blocks with E8M0 scales (``te_cpp.mxfp8_quantize``).
 
-``quantize(t)`` (and ``__call__``) returns a ``Float8Tensor`` / ``MXFP8Tensor``, or the
-bare storage (``Float8TensorStorage`` / ``MXFP8TensorStorage``) when ``internal`` is set.
-``__call__`` passes gradients straight through when grad is enabled and not ``internal``.
+Each quantizer implements its quantization once, in ``quantize_storage(t, rowwise=,
+columnwise=, op=)``: it returns the storage form (``Float8TensorStorage`` /
+``MXFP8TensorStorage``) and never changes the quantizer's settings (the usages are arguments),
+so the ops call it inside the pipeline, traced backward included; only delayed scaling records
+its amax (eager only). The public ``quantize(t)`` (and ``__call__``) calls it with the
+quantizer's own usages and returns a ``Float8Tensor`` / ``MXFP8Tensor``, or the bare storage
+when ``internal`` is set; it passes gradients straight through when grad is enabled and not
+``internal``. ``emit(y)`` is the neighbour protocol (what the quantizer can hand over to the op
+that quantizes its input with it) and ``fake_quantize(t)`` the values an FP8 consumer sees.
 """
 
 from __future__ import annotations
@@ -19,12 +25,14 @@ from typing import Optional
 
 import torch
 
-from ._formats import format_of
-from .tensor import Float8Tensor, Float8TensorStorage, MXFP8Tensor, MXFP8TensorStorage
-
-te_ops = torch.ops.te_cpp
+from .tensor import Float8TensorStorage, MXFP8TensorStorage, check_fp8_dtype
 
 __all__ = ["Quantizer", "Float8CurrentScalingQuantizer", "Float8Quantizer", "MXFP8Quantizer"]
+
+# the custom ops' OpOverloads, resolved once (a packet call resolves the overload every time)
+_fp8_quantize = torch.ops.te_cpp.fp8_quantize.default
+_fp8_quantize_scaled = torch.ops.te_cpp.fp8_quantize_scaled.default
+_mxfp8_quantize = torch.ops.te_cpp.mxfp8_quantize.default
 
 
 class _QuantizeFunc(torch.autograd.Function):
@@ -62,8 +70,19 @@ class Quantizer:
             raise TypeError(f"{type(self).__name__}.quantize: expected a high-precision floating "
                             f"tensor, got {tensor.dtype}")
 
-    def quantize_impl(self, tensor: torch.Tensor):  # pragma: no cover - abstract
-        raise NotImplementedError
+    def quantize_storage(self, tensor: torch.Tensor, *, rowwise: bool = True,
+                         columnwise: bool = False, op: Optional[str] = None):
+        """``tensor`` quantized into the storage form, with the copies ``rowwise`` /
+        ``columnwise`` ask for; ``op`` names the caller in errors. The one implementation of
+        this quantizer's quantization."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def quantize_impl(self, tensor: torch.Tensor):
+        """``quantize`` without the straight-through Function: this quantizer's usages, the
+        tensor subclass unless ``internal``."""
+        q = self.quantize_storage(tensor, rowwise=self.rowwise_usage,
+                                  columnwise=self.columnwise_usage, op=type(self).__name__)
+        return q if self.internal else q.to_tensor()
 
     def quantize(self, tensor: torch.Tensor):
         """Quantize ``tensor`` (straight-through gradient when it requires grad)."""
@@ -75,20 +94,34 @@ class Quantizer:
     def __call__(self, tensor: torch.Tensor):
         return self.quantize(tensor)
 
-    def _make_float8(self, data, scale_inv, dtype):
-        if self.internal:
-            return Float8TensorStorage(data, scale_inv, self.dtype, dtype, quantizer=self)
-        return Float8Tensor(data, scale_inv, self.dtype, dtype, quantizer=self)
+    def emit(self, y: torch.Tensor):
+        """The neighbour protocol (te_ops.md 4.2): an op whose next op quantizes its input with
+        this quantizer hands over ``y`` already quantized (the storage form), so the consumer
+        skips that step; ``y`` itself where this quantizer cannot hand it over."""
+        return y
+
+    def fake_quantize(self, tensor: torch.Tensor) -> torch.Tensor:
+        """dequantize(quantize(t)) in t's dtype (the rowwise copy): the values an FP8 consumer
+        sees."""
+        return self.quantize_storage(tensor).dequantize_rowwise(tensor.dtype)
 
 
-class Float8CurrentScalingQuantizer(Quantizer):
+class _PerTensorQuantizer(Quantizer):
+    """Per-tensor FP8 (current or delayed scaling): one copy serves both usages, so the
+    neighbour protocol always hands the output over."""
+
+    def emit(self, y: torch.Tensor):
+        return self.quantize_storage(y)
+
+
+class Float8CurrentScalingQuantizer(_PerTensorQuantizer):
     """Per-tensor current scaling: scale = fp8_max / amax of the tensor itself."""
 
     def __init__(self, fp8_dtype: torch.dtype, device=None, *, rowwise: bool = True,
                  columnwise: bool = True, force_pow_2_scales: bool = False,
                  amax_epsilon: float = 0.0):
         super().__init__(rowwise=rowwise, columnwise=columnwise)
-        self._format = format_of(fp8_dtype)
+        check_fp8_dtype(fp8_dtype)
         if (isinstance(amax_epsilon, bool) or not isinstance(amax_epsilon, (int, float))
                 or not math.isfinite(amax_epsilon) or amax_epsilon < 0):
             raise ValueError(f"Float8CurrentScalingQuantizer: amax_epsilon must be a finite "
@@ -97,20 +130,20 @@ class Float8CurrentScalingQuantizer(Quantizer):
         self.force_pow_2_scales = bool(force_pow_2_scales)
         self.amax_epsilon = float(amax_epsilon)
 
-    def quantize_impl(self, tensor):
-        data, scale_inv, _amax = te_ops.fp8_quantize(tensor, self._format,
-                                                     self.force_pow_2_scales, self.amax_epsilon)
-        return self._make_float8(data, scale_inv, tensor.dtype)
+    def quantize_storage(self, tensor, *, rowwise=True, columnwise=False, op=None):
+        data, scale_inv, _amax = _fp8_quantize(tensor, self.dtype, self.force_pow_2_scales,
+                                               self.amax_epsilon)
+        return Float8TensorStorage(data, scale_inv, self.dtype, tensor.dtype, self)
 
 
-class Float8Quantizer(Quantizer):
+class Float8Quantizer(_PerTensorQuantizer):
     """Delayed scaling: casts with ``scale`` (fp32, one element) and writes the running max of
     the amaxes it sees into ``amax`` (fp32, one element; a slot of the amax history)."""
 
     def __init__(self, scale: torch.Tensor, amax: torch.Tensor, fp8_dtype: torch.dtype, *,
                  rowwise: bool = True, columnwise: bool = True):
         super().__init__(rowwise=rowwise, columnwise=columnwise)
-        self._format = format_of(fp8_dtype)
+        check_fp8_dtype(fp8_dtype)
         for name, t in (("scale", scale), ("amax", amax)):
             if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.numel() != 1:
                 raise ValueError(f"Float8Quantizer: {name} must be a float32 tensor with one "
@@ -119,12 +152,11 @@ class Float8Quantizer(Quantizer):
         self.amax = amax
         self.dtype = fp8_dtype
 
-    def quantize_impl(self, tensor):
-        data, scale_inv, amax = te_ops.fp8_quantize_scaled(tensor, self.scale.reshape(1),
-                                                           self._format)
-        with torch.no_grad():
+    def quantize_storage(self, tensor, *, rowwise=True, columnwise=False, op=None):
+        data, scale_inv, amax = _fp8_quantize_scaled(tensor, self.scale.reshape(1), self.dtype)
+        with torch.no_grad():  # the amax history slot (delayed scaling: eager only)
             self.amax.copy_(torch.maximum(self.amax, amax.reshape(self.amax.shape)))
-        return self._make_float8(data, scale_inv, tensor.dtype)
+        return Float8TensorStorage(data, scale_inv, self.dtype, tensor.dtype, self)
 
 
 class MXFP8Quantizer(Quantizer):
@@ -134,24 +166,31 @@ class MXFP8Quantizer(Quantizer):
 
     def __init__(self, fp8_dtype: torch.dtype, *, rowwise: bool = True, columnwise: bool = True):
         super().__init__(rowwise=rowwise, columnwise=columnwise)
-        self._format = format_of(fp8_dtype)
+        check_fp8_dtype(fp8_dtype)
         self.dtype = fp8_dtype
 
-    def quantize_impl(self, tensor):
-        if not (self.rowwise_usage or self.columnwise_usage):
-            raise ValueError("MXFP8Quantizer: neither rowwise nor columnwise usage is set")
-        check_mxfp8_shape("MXFP8Quantizer", tensor.shape, rowwise=self.rowwise_usage,
-                          columnwise=self.columnwise_usage)
+    def quantize_storage(self, tensor, *, rowwise=True, columnwise=False, op=None):
+        who = op or "MXFP8BlockScaling"
+        if not (rowwise or columnwise):
+            raise ValueError(f"{who}: neither rowwise nor columnwise usage is set")
+        check_mxfp8_shape(who, tensor.shape, rowwise=rowwise, columnwise=columnwise)
         row_data = row_scale = col_data = col_scale = None
-        if self.rowwise_usage:
-            row_data, row_scale = te_ops.mxfp8_quantize(tensor, self._format)
-        if self.columnwise_usage:
+        if rowwise:
+            row_data, row_scale = _mxfp8_quantize(tensor, self.dtype)
+        if columnwise:
             cols = tensor.shape[-1]
-            col_data, col_scale = te_ops.mxfp8_quantize(
-                tensor.reshape(-1, cols).t().contiguous(), self._format)
-        cls = MXFP8TensorStorage if self.internal else MXFP8Tensor
-        return cls(row_data, row_scale, col_data, col_scale, self.dtype, tensor.dtype,
-                   tensor.shape, self)
+            col_data, col_scale = _mxfp8_quantize(tensor.reshape(-1, cols).t().contiguous(),
+                                                  self.dtype)
+        return MXFP8TensorStorage(row_data, row_scale, col_data, col_scale, self.dtype,
+                                  tensor.dtype, tensor.shape, self)
+
+    def emit(self, y: torch.Tensor):
+        """Both copies (the consumer's GEMMs need blocks along either dim) when the last dim
+        and the rows are multiples of 32; otherwise ``y`` stays high precision."""
+        if y.dim() >= 1 and y.shape[-1] % 32 == 0 \
+                and (y.numel() // max(y.shape[-1], 1)) % 32 == 0:
+            return self.quantize_storage(y, rowwise=True, columnwise=True)
+        return y
 
 
 def check_mxfp8_shape(who: str, shape, *, rowwise: bool, columnwise: bool) -> None:

@@ -1,9 +1,14 @@
 """Quantized tensors: ``Float8Tensor`` (per-tensor scale) and ``MXFP8Tensor`` (E8M0 scale per
-32-element block), torch.Tensor subclasses that exist only at the public API boundary.
+32-element block), torch.Tensor subclasses that exist only at the public API boundary, built on
+their storage forms ``Float8TensorStorage`` / ``MXFP8TensorStorage``.
 
-Inside ops, FP8 travels as plain buffers (``_data`` uint8, ``_scale_inv``); these classes hold
-those buffers plus the nominal ("fake") high-precision dtype. Any aten op the subclass does not
-handle runs on the dequantized tensor (``__torch_dispatch__`` fallback).
+The storage form is the one representation of a quantized operand: quantizers return it
+(``Quantizer.quantize_storage``), the ops hand it to each other inside the pipeline and run
+their GEMMs on its dequantized copies (``dequantize_rowwise`` / ``dequantize_columnwise``), and
+save its plain buffers for backward (``buffers()`` / ``metadata()``, rebuilt by
+``QuantizedTensorStorage.from_buffers``). The tensor subclasses hold the same buffers plus the
+nominal ("fake") high-precision dtype; any aten op they do not handle runs on the dequantized
+tensor (``__torch_dispatch__`` fallback).
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ from typing import Optional
 import torch
 from torch.utils._pytree import tree_map
 
-from ._formats import dtype_of, format_of
 
-te_ops = torch.ops.te_cpp
 aten = torch.ops.aten
+# the custom ops' OpOverloads, resolved once (a packet call resolves the overload every time)
+_fp8_dequantize = torch.ops.te_cpp.fp8_dequantize.default
+_mxfp8_dequantize = torch.ops.te_cpp.mxfp8_dequantize.default
 
 __all__ = ["QuantizedTensorStorage", "QuantizedTensor", "Float8TensorStorage", "Float8Tensor",
            "MXFP8TensorStorage", "MXFP8Tensor"]
@@ -38,12 +44,65 @@ def _wrapper_mode(src: torch.Tensor):
     return contextlib.nullcontext()
 
 
+def check_fp8_dtype(fp8_dtype) -> None:
+    """The public ``fp8_dtype`` is a torch float8 dtype (ValueError for anything else)."""
+    if fp8_dtype is not torch.float8_e4m3fn and fp8_dtype is not torch.float8_e5m2:
+        raise ValueError("fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, "
+                         f"got {fp8_dtype!r}")
+
+
 class QuantizedTensorStorage:
-    """Buffers of a quantized tensor without the torch.Tensor wrapper (``internal`` quantizers)."""
+    """Buffers of a quantized tensor without the torch.Tensor wrapper: what quantizers return
+    to the ops (and to the public API for ``internal`` quantizers).
+
+    GEMM operands: ``dequantize_rowwise(dtype)`` is the copy blocked along the last dim (the
+    reduction dim of the forward GEMM), ``dequantize_columnwise(dtype)`` the copy blocked down
+    the columns (the reduction dim of dgrad and wgrad), both in the logical shape and fp32 by
+    default. ``dequantize(dtype=None)`` gives the values in the nominal dtype.
+
+    Saving for backward: ``buffers()`` is a fixed-length tuple of plain tensors (None where
+    absent) for ``ctx.save_for_backward``, ``metadata()`` a tuple of Python constants, and
+    ``QuantizedTensorStorage.from_buffers(buffers, metadata)`` rebuilds the storage in backward.
+    Under torch.compile only these tensors cross the traced forward and backward, never the
+    storage object."""
 
     _quantizer = None
+    _nominal_dtype = None
+
+    @property
+    def nominal_dtype(self) -> torch.dtype:
+        """The high-precision dtype the quantized values stand for."""
+        return self._nominal_dtype
 
     def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        return self._dequantize_impl(self._nominal_dtype if dtype is None else dtype)
+
+    def _dequantize_impl(self, dtype):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def dequantize_rowwise(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def dequantize_columnwise(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def buffers(self) -> tuple:
+        """(rowwise data, rowwise scale, columnwise data, columnwise scale), None where absent."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def metadata(self) -> tuple:
+        """(storage class, fp8 dtype, nominal dtype, logical shape): constants only (the
+        storage class, not the tensor subclass, so backward rebuilds a bare storage)."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    @staticmethod
+    def from_buffers(buffers, metadata) -> "QuantizedTensorStorage":
+        """The storage ``buffers()`` and ``metadata()`` describe (without a quantizer)."""
+        cls, fp8_dtype, dtype, shape = metadata
+        return cls._from_buffers(tuple(buffers), fp8_dtype, dtype, shape)
+
+    def to_tensor(self) -> "QuantizedTensor":  # pragma: no cover - abstract
+        """The public torch.Tensor subclass over the same buffers."""
         raise NotImplementedError
 
     def update_usage(self, rowwise_usage: Optional[bool] = None,
@@ -136,12 +195,25 @@ class Float8TensorStorage(QuantizedTensorStorage):
     def shape(self):
         return self._data.shape
 
-    def _dequantize_impl(self, dtype):
-        return te_ops.fp8_dequantize(self._data, self._scale_inv, format_of(self._fp8_dtype),
-                                     dtype)
+    def dequantize_rowwise(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return _fp8_dequantize(self._data, self._scale_inv, self._fp8_dtype, dtype)
 
-    def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        return self._dequantize_impl(self._nominal_dtype if dtype is None else dtype)
+    # one copy serves both usages and the nominal values
+    dequantize_columnwise = _dequantize_impl = dequantize_rowwise
+
+    def buffers(self) -> tuple:
+        return (self._data, self._scale_inv, None, None)
+
+    def metadata(self) -> tuple:
+        return (Float8TensorStorage, self._fp8_dtype, self._nominal_dtype, tuple(self.shape))
+
+    @staticmethod
+    def _from_buffers(buffers, fp8_dtype, dtype, shape):
+        return Float8TensorStorage(buffers[0], buffers[1], fp8_dtype, dtype)
+
+    def to_tensor(self) -> "Float8Tensor":
+        return Float8Tensor(self._data, self._scale_inv, self._fp8_dtype, self._nominal_dtype,
+                            self._quantizer)
 
     def update_usage(self, rowwise_usage=None, columnwise_usage=None) -> None:
         if rowwise_usage is False and columnwise_usage is False:
@@ -156,7 +228,7 @@ class Float8Tensor(Float8TensorStorage, QuantizedTensor):
                 dtype: torch.dtype, quantizer=None, requires_grad: bool = False):
         if data.dtype != torch.uint8:
             raise ValueError(f"Float8Tensor: data must be uint8, got {data.dtype}")
-        format_of(fp8_dtype)
+        check_fp8_dtype(fp8_dtype)
         self = torch.Tensor._make_wrapper_subclass(
             cls, data.shape, dtype=dtype, device=data.device, requires_grad=requires_grad)
         Float8TensorStorage.__init__(self, data, scale_inv, fp8_dtype, dtype, quantizer)
@@ -183,7 +255,7 @@ class Float8Tensor(Float8TensorStorage, QuantizedTensor):
                 f"Float8Tensor: {_op_name(op)} writes into a Float8Tensor of shape "
                 f"{tuple(self.shape)} that has no quantizer to re-quantize the result; build it "
                 "with a quantizer or dequantize() it first")
-        fresh = self._quantizer.quantize_impl(values.to(self.dtype))
+        fresh = self._quantizer.quantize_storage(values.to(self.dtype))
         with torch.no_grad():
             self._data.copy_(fresh._data)
             self._scale_inv.copy_(fresh._scale_inv)
@@ -241,7 +313,9 @@ def _f8_unsafe_view(t, size):
 
 def _called_by_module_apply(depth: int = 8) -> bool:
     """Whether this conversion runs inside ``nn.Module._apply`` (``model.half()``,
-    ``model.to(dtype)``, ...)."""
+    ``model.to(dtype)``, ...). A look at the calling frames: torch tells a tensor conversion
+    nothing about its caller, and the alternatives are an ``_apply`` override in every module
+    that can hold a quantized parameter or a global patch of ``nn.Module._apply``."""
     code = torch.nn.Module._apply.__code__
     f = sys._getframe(2)
     for _ in range(depth):
@@ -299,18 +373,44 @@ class MXFP8TensorStorage(QuantizedTensorStorage):
     def shape(self):
         return self._logical_shape
 
+    def dequantize_rowwise(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if self._rowwise_data is None:
+            raise RuntimeError("MXFP8Tensor: rowwise data was not quantized; quantize with "
+                               "rowwise usage")
+        return _mxfp8_dequantize(self._rowwise_data, self._rowwise_scale_inv, self._fp8_dtype,
+                                 dtype)
+
+    def dequantize_columnwise(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if self._columnwise_data is None:
+            raise RuntimeError("MXFP8Tensor: columnwise data was not quantized; quantize with "
+                               "columnwise usage")
+        t = _mxfp8_dequantize(self._columnwise_data, self._columnwise_scale_inv,
+                              self._fp8_dtype, dtype)
+        return t.t().reshape(self._logical_shape)
+
     def _dequantize_impl(self, dtype):
-        fmt = format_of(self._fp8_dtype)
         if self._rowwise_data is not None:
-            return te_ops.mxfp8_dequantize(self._rowwise_data, self._rowwise_scale_inv, fmt, dtype)
+            return self.dequantize_rowwise(dtype)
         if self._columnwise_data is not None:
-            t = te_ops.mxfp8_dequantize(self._columnwise_data, self._columnwise_scale_inv, fmt,
-                                        dtype)
-            return t.t().reshape(self._logical_shape)
+            return self.dequantize_columnwise(dtype)
         raise RuntimeError("MXFP8Tensor has neither rowwise nor columnwise data")
 
-    def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        return self._dequantize_impl(self._nominal_dtype if dtype is None else dtype)
+    def buffers(self) -> tuple:
+        return (self._rowwise_data, self._rowwise_scale_inv, self._columnwise_data,
+                self._columnwise_scale_inv)
+
+    def metadata(self) -> tuple:
+        return (MXFP8TensorStorage, self._fp8_dtype, self._nominal_dtype,
+                tuple(self._logical_shape))
+
+    @staticmethod
+    def _from_buffers(buffers, fp8_dtype, dtype, shape):
+        return MXFP8TensorStorage(*buffers, fp8_dtype, dtype, shape)
+
+    def to_tensor(self) -> "MXFP8Tensor":
+        return MXFP8Tensor(self._rowwise_data, self._rowwise_scale_inv, self._columnwise_data,
+                           self._columnwise_scale_inv, self._fp8_dtype, self._nominal_dtype,
+                           self._logical_shape, self._quantizer)
 
     def update_usage(self, rowwise_usage=None, columnwise_usage=None) -> None:
         if rowwise_usage and self._rowwise_data is None:
@@ -330,7 +430,7 @@ class MXFP8Tensor(MXFP8TensorStorage, QuantizedTensor):
     @staticmethod
     def __new__(cls, rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv,
                 fp8_dtype, dtype, shape, quantizer=None, requires_grad=False):
-        format_of(fp8_dtype)
+        check_fp8_dtype(fp8_dtype)
         ref = rowwise_data if rowwise_data is not None else columnwise_data
         self = torch.Tensor._make_wrapper_subclass(
             cls, torch.Size(shape), dtype=dtype, device=ref.device, requires_grad=requires_grad)
@@ -350,6 +450,19 @@ class MXFP8Tensor(MXFP8TensorStorage, QuantizedTensor):
 
     def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         return QuantizedTensor.dequantize(self, dtype=dtype)
+
+
+def as_storage(t: QuantizedTensorStorage) -> QuantizedTensorStorage:
+    """The bare storage over a quantized tensor's buffers (a storage is returned as it is).
+    A function, not a method: under torch.compile a method call on the traced tensor subclass
+    is dispatched as a torch function, while reading its attributes traces."""
+    if isinstance(t, Float8Tensor):
+        return Float8TensorStorage(t._data, t._scale_inv, t._fp8_dtype, t.dtype, t._quantizer)
+    if isinstance(t, MXFP8Tensor):
+        return MXFP8TensorStorage(t._rowwise_data, t._rowwise_scale_inv, t._columnwise_data,
+                                  t._columnwise_scale_inv, t._fp8_dtype, t.dtype, t.shape,
+                                  t._quantizer)
+    return t
 
 
 def _mx_detach(t):

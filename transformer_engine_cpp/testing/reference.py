@@ -252,7 +252,7 @@ class LinearWithSkip(torch.nn.Module):
 
 # ---- FP8 ------------------------------------------------------------------------------------
 
-E4M3_MAX = 448.0
+E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 
 
 def fp8_quantize_current_scaling(x: torch.Tensor):

@@ -23,11 +23,12 @@ using fp8::kE5M2;
 
 constexpr int64_t kAmaxBlock = 16384;
 
-// Calls f(std::integral_constant<int64_t, F>{}) for the runtime format.
+// Calls f(std::integral_constant<c10::ScalarType, F>{}) for the runtime format (checked to be
+// kE4M3 or kE5M2 before).
 template <typename Fn>
-decltype(auto) visit_format(int64_t fmt, const Fn& f) {
-  if (fmt == kE4M3) return f(std::integral_constant<int64_t, kE4M3>{});
-  return f(std::integral_constant<int64_t, kE5M2>{});
+decltype(auto) visit_format(at::ScalarType fmt, const Fn& f) {
+  if (fmt == kE4M3) return f(std::integral_constant<c10::ScalarType, kE4M3>{});
+  return f(std::integral_constant<c10::ScalarType, kE5M2>{});
 }
 
 // Inputs the kernels read: fp32, bf16, fp16 as they are; fp64 is first rounded to fp32 (the
@@ -141,9 +142,9 @@ float amax_of(const T* x, int64_t n) {
 // after it, c10's overflow branch is reached only by NaN (0x7F | sign in both formats), and
 // rounding cannot carry past the largest finite code. The denormal and NaN fix-ups are
 // skipped when no lane needs them (rare in real data; the masks are always computed).
-template <int64_t F>
+template <c10::ScalarType F>
 inline void store_fp8(uint8_t* out, __m512 v) {
-  constexpr float kMax = F == fp8::kE4M3 ? 448.0f : 57344.0f;
+  constexpr float kMax = fp8::max_norm(F);
   // E4M3: denormal below 2^-6 (exponent 121), 3 mantissa bits (shift 20), bias 7.
   // E5M2: denormal below 2^-14 (exponent 113), 2 mantissa bits (shift 21), bias 15.
   constexpr uint32_t kDenormExp = F == fp8::kE4M3 ? 121u : 113u;
@@ -153,11 +154,13 @@ inline void store_fp8(uint8_t* out, __m512 v) {
   const __m512i bits = _mm512_castps_si512(v);
   const __m512i mag0 = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF));
   const __mmask16 nan = _mm512_cmpgt_epu32_mask(mag0, _mm512_set1_epi32(0x7F800000));
-  const __m512i mag = _mm512_min_epu32(mag0, _mm512_set1_epi32(static_cast<int>(c10::bit_cast<uint32_t>(kMax))));
+  const __m512i mag = _mm512_min_epu32(
+      mag0, _mm512_set1_epi32(static_cast<int>(c10::bit_cast<uint32_t>(kMax))));
   // normal: (mag + ((bias - 127) << 23) + (2^(shift-1) - 1) + odd) >> shift
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(mag, kShift), _mm512_set1_epi32(1));
   const __m512i rnd = _mm512_add_epi32(
-      mag, _mm512_set1_epi32(static_cast<int>(((kBias - 127u) << 23) + ((1u << (kShift - 1)) - 1u))));
+      mag, _mm512_set1_epi32(
+               static_cast<int>(((kBias - 127u) << 23) + ((1u << (kShift - 1)) - 1u))));
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(rnd, odd), kShift);
   const __mmask16 den =
       _mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(static_cast<int>(kDenormExp << 23)));
@@ -176,7 +179,7 @@ inline void store_fp8(uint8_t* out, __m512 v) {
 #endif
 
 // data[i] = cast_to_fp8(float(x[i]) * scale): one fp32 multiply, then the saturating RNE cast.
-template <typename T, int64_t F>
+template <typename T, c10::ScalarType F>
 void cast_scaled(const T* x, uint8_t* out, int64_t n, float scale) {
   using V = at::vec::Vectorized<float>;
   constexpr int64_t W = V::size();
@@ -204,7 +207,7 @@ void cast_scaled(const T* x, uint8_t* out, int64_t n, float scale) {
 
 // Shared by fp8_quantize and fp8_quantize_scaled: amax, the scale (from amax or given), the cast.
 template <typename ScaleFn>
-std::tuple<Tensor, Tensor, Tensor> quantize_impl(const Tensor& x_in, int64_t fmt,
+std::tuple<Tensor, Tensor, Tensor> quantize_impl(const Tensor& x_in, at::ScalarType fmt,
                                                  const ScaleFn& scale_of) {
   auto [data, scale_inv, amax_out] = Fp8Quantize::allocate(x_in);
   const Tensor x = as_kernel_input(x_in);
@@ -223,34 +226,32 @@ std::tuple<Tensor, Tensor, Tensor> quantize_impl(const Tensor& x_in, int64_t fmt
   return {data, scale_inv, amax_out};
 }
 
-std::tuple<Tensor, Tensor, Tensor> fp8_quantize_cpu(const Tensor& x, int64_t fp8_format,
+std::tuple<Tensor, Tensor, Tensor> fp8_quantize_cpu(const Tensor& x, at::ScalarType fp8_dtype,
                                                     bool force_pow_2_scales,
                                                     double amax_epsilon) {
-  Fp8Quantize::check("fp8_quantize", x, fp8_format);
-  Fp8Quantize::check_epsilon("fp8_quantize", amax_epsilon);
-  const float fp8_max = fp8::max_norm(fp8_format);
+  Fp8Quantize::check(x, fp8_dtype, amax_epsilon);
+  const float fp8_max = fp8::max_norm(fp8_dtype);
   const float eps = static_cast<float>(amax_epsilon);
-  return quantize_impl(x, fp8_format, [&](float amax) {
+  return quantize_impl(x, fp8_dtype, [&](float amax) {
     return fp8::compute_scale(amax, fp8_max, force_pow_2_scales, eps);
   });
 }
 
 std::tuple<Tensor, Tensor, Tensor> fp8_quantize_scaled_cpu(const Tensor& x, const Tensor& scale,
-                                                           int64_t fp8_format) {
-  Fp8Quantize::check("fp8_quantize_scaled", x, fp8_format);
-  Fp8Quantize::check_scale("fp8_quantize_scaled", x, scale);
+                                                           at::ScalarType fp8_dtype) {
+  Fp8QuantizeScaled::check(x, scale, fp8_dtype);
   const float s = scale.item<float>();
-  return quantize_impl(x, fp8_format, [&](float) { return s; });
+  return quantize_impl(x, fp8_dtype, [&](float) { return s; });
 }
 
-template <int64_t F>
+template <c10::ScalarType F>
 std::array<float, 256> fp8_table() {
   std::array<float, 256> t{};
   for (int b = 0; b < 256; ++b) t[b] = fp8::fp8_to_float<F>(static_cast<uint8_t>(b));
   return t;
 }
 
-const std::array<float, 256>& table_for(int64_t fmt) {
+const std::array<float, 256>& table_for(at::ScalarType fmt) {
   static const std::array<float, 256> e4m3 = fp8_table<kE4M3>();
   static const std::array<float, 256> e5m2 = fp8_table<kE5M2>();
   return fmt == kE4M3 ? e4m3 : e5m2;
@@ -258,7 +259,8 @@ const std::array<float, 256>& table_for(int64_t fmt) {
 
 // out[i] = T(table[data[i]] * s(i)), the product in fp32.
 template <typename SFn>
-void dequantize_into(const Tensor& data, const Tensor& out, int64_t fmt, const SFn& s_of) {
+void dequantize_into(const Tensor& data, const Tensor& out, at::ScalarType fmt,
+                     const SFn& s_of) {
   const auto& table = table_for(fmt);
   const uint8_t* dp = data.const_data_ptr<uint8_t>();
   const int64_t n = data.numel();
@@ -270,12 +272,12 @@ void dequantize_into(const Tensor& data, const Tensor& out, int64_t fmt, const S
   });
 }
 
-Tensor fp8_dequantize_cpu(const Tensor& data_in, const Tensor& scale_inv, int64_t fp8_format,
+Tensor fp8_dequantize_cpu(const Tensor& data_in, const Tensor& scale_inv, at::ScalarType fp8_dtype,
                           at::ScalarType dtype) {
-  Fp8Dequantize::check(data_in, scale_inv, fp8_format, dtype);
+  Fp8Dequantize::check(data_in, scale_inv, fp8_dtype, dtype);
   Tensor out = Fp8Dequantize::allocate(data_in, dtype);
   const float s = scale_inv.item<float>();
-  dequantize_into(data_in.contiguous(), out, fp8_format, [s](int64_t) { return s; });
+  dequantize_into(data_in.contiguous(), out, fp8_dtype, [s](int64_t) { return s; });
   return out;
 }
 
@@ -304,7 +306,7 @@ inline __m512 max_lanes_16(__m512 m[16]) {
 // 16 consecutive MXFP8 blocks (16 x 32 elements): the block maxima side by side in one
 // vector, fp8::float_to_e8m0 and fp8::e8m0_rcp lane by lane (the value is never NaN here),
 // then each block's data cast with its lane's multiplier.
-template <typename T, int64_t F>
+template <typename T, c10::ScalarType F>
 inline void mxfp8_16_blocks(const T* __restrict x, uint8_t* __restrict data,
                             uint8_t* __restrict scales, float max_norm_rcp) {
   constexpr int64_t W = 16;
@@ -341,13 +343,13 @@ inline void mxfp8_16_blocks(const T* __restrict x, uint8_t* __restrict data,
 // MXFP8 (TE quantize_mxfp8.cuh, rowwise): per block of 32 consecutive elements of the last
 // dim, amax = max |x| ignoring NaN (fmaxf); e = float_to_e8m0(amax * float(1/fp8_max));
 // data = cast_to_fp8(x * e8m0_rcp(e)).
-template <typename T, int64_t F>
+template <typename T, c10::ScalarType F>
 void mxfp8_quantize_blocks(const T* x, uint8_t* data, uint8_t* scales, int64_t nblocks) {
   constexpr int64_t B = fp8::kMXFP8BlockSize;
   constexpr int64_t W = at::vec::Vectorized<float>::size();
   static_assert(B % W == 0, "block must be a whole number of vectors");
   const float max_norm_rcp =
-      static_cast<float>(1.0 / static_cast<double>(F == kE4M3 ? 448.0 : 57344.0));
+      static_cast<float>(1.0 / static_cast<double>(fp8::max_norm(F)));
   at::parallel_for(0, nblocks, std::max<int64_t>(1, kParallelGrainElems / B),
                    [=](int64_t b0, int64_t b1) {
 #if defined(CPU_CAPABILITY_AVX512)
@@ -357,7 +359,9 @@ void mxfp8_quantize_blocks(const T* x, uint8_t* data, uint8_t* scales, int64_t n
     using V = at::vec::Vectorized<float>;
     static_assert(B == 2 * W, "the AVX512 path handles a block as two vectors");
     int64_t b = b0;
-    for (; b + 16 <= b1; b += 16) mxfp8_16_blocks<T, F>(xl + b * B, dl + b * B, sl + b, max_norm_rcp);
+    for (; b + 16 <= b1; b += 16) {
+      mxfp8_16_blocks<T, F>(xl + b * B, dl + b * B, sl + b, max_norm_rcp);
+    }
     for (; b < b1; ++b) {
       const T* xb = xl + b * B;
       const V v0 = load_acc<T>(xb), v1 = load_acc<T>(xb + W);
@@ -388,14 +392,14 @@ void mxfp8_quantize_blocks(const T* x, uint8_t* data, uint8_t* scales, int64_t n
   });
 }
 
-std::tuple<Tensor, Tensor> mxfp8_quantize_cpu(const Tensor& x_in, int64_t fp8_format) {
-  Mxfp8Quantize::check(x_in, fp8_format);
+std::tuple<Tensor, Tensor> mxfp8_quantize_cpu(const Tensor& x_in, at::ScalarType fp8_dtype) {
+  Mxfp8Quantize::check(x_in, fp8_dtype);
   auto [data, scales] = Mxfp8Quantize::allocate(x_in);
   const Tensor x = as_kernel_input(x_in);
   const int64_t nblocks = x.numel() / fp8::kMXFP8BlockSize;
   TE_DISPATCH_QUANT_INPUT(x.scalar_type(), "mxfp8_quantize", [&] {
     using T = std::conditional_t<std::is_same_v<scalar_t, double>, float, scalar_t>;
-    visit_format(fp8_format, [&](auto F) {
+    visit_format(fp8_dtype, [&](auto F) {
       mxfp8_quantize_blocks<T, decltype(F)::value>(x.const_data_ptr<T>(),
                                                     data.mutable_data_ptr<uint8_t>(),
                                                     scales.mutable_data_ptr<uint8_t>(), nblocks);
@@ -404,15 +408,15 @@ std::tuple<Tensor, Tensor> mxfp8_quantize_cpu(const Tensor& x_in, int64_t fp8_fo
   return {data, scales};
 }
 
-Tensor mxfp8_dequantize_cpu(const Tensor& data_in, const Tensor& scale_in, int64_t fp8_format,
+Tensor mxfp8_dequantize_cpu(const Tensor& data_in, const Tensor& scale_in, at::ScalarType fp8_dtype,
                             at::ScalarType dtype) {
-  Mxfp8Dequantize::check(data_in, scale_in, fp8_format, dtype);
+  Mxfp8Dequantize::check(data_in, scale_in, fp8_dtype, dtype);
   Tensor out = Mxfp8Dequantize::allocate(data_in, dtype);
   const Tensor scales = scale_in.contiguous();
   std::array<float, 256> pow2{};
   for (int e = 0; e < 256; ++e) pow2[e] = fp8::e8m0_to_float(static_cast<uint8_t>(e));
   const uint8_t* sp = scales.const_data_ptr<uint8_t>();
-  dequantize_into(data_in.contiguous(), out, fp8_format,
+  dequantize_into(data_in.contiguous(), out, fp8_dtype,
                   [&](int64_t i) { return pow2[sp[i / fp8::kMXFP8BlockSize]]; });
   return out;
 }

@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 import torch
 
+from ...quantization.tensor import QuantizedTensorStorage
 from .. import _quantized
 from .._common import INT64_MAX, autocast_dtype, check_size
 from ..op import BasicOperation, OperationContext
@@ -93,11 +94,11 @@ class _ActivationOperation(BasicOperation):
         if self.cache_quantized_input:
             # as the anchor: x is FP8-quantized (current scaling, E4M3) first; the forward
             # uses those values and the backward keeps only the FP8 buffers
-            xq = _quantized.quantize(_cache_quantizer(), x)
-            ctx.cached_quantized = (xq.meta(), x.dtype)
-            x = xq.rowwise(x.dtype)
+            xq = _cache_quantizer().quantize_storage(x)
+            ctx.cached_quantized = (xq.metadata(), x.dtype)
+            x = xq.dequantize_rowwise(x.dtype)
             if ctx.requires_grad:
-                ctx.save_for_backward(*xq.tensors())
+                ctx.save_for_backward(*xq.buffers())
         elif ctx.requires_grad:
             ctx.save_for_backward(x)
         return _quantized.emit(self._fwd_op(x, *self._op_args()), next_op_input_quantizer)
@@ -133,7 +134,8 @@ class _ActivationOperation(BasicOperation):
         if cached is None:
             return ctx.saved_tensors[0], None
         meta, dtype = cached
-        return _quantized.QuantizedOperand.rebuild(ctx.saved_tensors, meta).rowwise(dtype), None
+        return (QuantizedTensorStorage.from_buffers(ctx.saved_tensors, meta)
+                .dequantize_rowwise(dtype), None)
 
     def saved_input(self, ctx: ActivationContext) -> torch.Tensor:
         """The activation's input as saved in forward (dequantized if it was cached in FP8;

@@ -11,9 +11,9 @@ import torch
 from .._common import (autocast_dtype, canonicalize_device, canonicalize_dtype, check_numel,
                        check_size, compute_dtype, init_parameter, materialize_device)
 from ...quantization import FP8GlobalStateManager, RecipeState
-from ...quantization._formats import format_of
 from ...quantization.quantizer import Float8CurrentScalingQuantizer, Float8Quantizer
-from ...quantization.tensor import Float8Tensor, QuantizedTensor
+from ...quantization.tensor import (Float8Tensor, QuantizedTensor, QuantizedTensorStorage,
+                                    as_storage)
 from .. import _quantized
 from ..op import BasicOperation, OperationContext
 
@@ -195,10 +195,11 @@ class BasicLinear(BasicOperation):
         """Input and weight in the compute dtype (the autocast dtype when autocast is on, else
         the weight's), recording the dtypes on ctx. An input the previous op already quantized
         (the neighbour protocol) is returned as it is."""
-        if isinstance(input_, _quantized.QuantizedOperand):
-            dtype = autocast_dtype(input_.row_data, self._parameters["weight"].dtype)
+        if _quantized.is_storage(input_):
+            weight = self._parameters["weight"]
+            dtype = autocast_dtype(weight, weight.dtype)
             ctx.dtype = dtype
-            ctx.input_dtype = input_.dtype
+            ctx.input_dtype = input_.nominal_dtype
             return input_, self._weight_in(dtype)
         if not input_.is_floating_point():
             raise TypeError(f"{self.__class__.__name__}: input must be floating point, "
@@ -246,24 +247,23 @@ class BasicLinear(BasicOperation):
         ctx.grad_input_quantizer = None
         ctx.weight_requires_grad = ctx.requires_grad and self.weight.requires_grad
         need_dgrad = ctx.requires_grad and ctx.input_requires_grad
-        ctx.input_was_quantized = isinstance(x, _quantized.QuantizedOperand)
+        ctx.input_was_quantized = _quantized.is_storage(x)
         if ctx.input_was_quantized:  # the previous op emitted it quantized: no second cast
             xq = x
         else:
-            xq = _quantized.quantize(ctx.input_quantizer, x, columnwise=ctx.weight_requires_grad,
-                                     op=type(self).__name__)
+            xq = ctx.input_quantizer.quantize_storage(x, columnwise=ctx.weight_requires_grad,
+                                                      op=type(self).__name__)
         if isinstance(w, Float8Tensor):  # a quantized weight: its own buffers, no second cast
-            wq = _quantized.QuantizedOperand("fp8", format_of(w._fp8_dtype), tuple(w.shape),
-                                             w._data, w._scale_inv, dtype=w.dtype)
+            wq = as_storage(w)
         else:
-            wq = _quantized.quantize(ctx.weight_quantizer, w, columnwise=need_dgrad,
-                                     op=type(self).__name__)
-        y = _linear_fwd(xq.rowwise(), wq.rowwise())
+            wq = ctx.weight_quantizer.quantize_storage(w, columnwise=need_dgrad,
+                                                       op=type(self).__name__)
+        y = _linear_fwd(xq.dequantize_rowwise(), wq.dequantize_rowwise())
         if ctx.requires_grad:
-            saved_x = xq.tensors() if ctx.weight_requires_grad else (None,) * 4
-            saved_w = wq.tensors() if need_dgrad else (None,) * 4
+            saved_x = xq.buffers() if ctx.weight_requires_grad else (None,) * 4
+            saved_w = wq.buffers() if need_dgrad else (None,) * 4
             ctx.save_for_backward(*saved_x, *saved_w)
-            ctx.quantized_meta = (xq.meta(), wq.meta())
+            ctx.quantized_meta = (xq.metadata(), wq.metadata())
         return y if y.dtype == ctx.dtype else y.to(ctx.dtype)
 
     def op_backward(self, ctx: LinearContext, grad_output: torch.Tensor):
@@ -324,18 +324,18 @@ class BasicLinear(BasicOperation):
                             alpha: float, grad_extra: Optional[torch.Tensor]):
         saved = ctx.saved_tensors
         x_meta, w_meta = ctx.quantized_meta
-        ctx.grad_output_was_quantized = isinstance(grad_output, _quantized.QuantizedOperand)
+        ctx.grad_output_was_quantized = _quantized.is_storage(grad_output)
         if ctx.grad_output_was_quantized:  # the next op's backward emitted it quantized
             dyq = grad_output
         else:
-            dyq = _quantized.quantize(ctx.grad_output_quantizer, grad_output,
-                                      rowwise=ctx.input_requires_grad,
-                                      columnwise=ctx.weight_requires_grad,
-                                      op=type(self).__name__)
+            dyq = ctx.grad_output_quantizer.quantize_storage(grad_output,
+                                                             rowwise=ctx.input_requires_grad,
+                                                             columnwise=ctx.weight_requires_grad,
+                                                             op=type(self).__name__)
         dx = None
         if ctx.input_requires_grad:
-            w = _quantized.QuantizedOperand.rebuild(saved[4:], w_meta).columnwise()
-            dy_row = dyq.rowwise()
+            w = QuantizedTensorStorage.from_buffers(saved[4:], w_meta).dequantize_columnwise()
+            dy_row = dyq.dequantize_rowwise()
             if grad_extra is None:
                 dx = _linear_dgrad(dy_row, w, alpha).to(ctx.input_dtype)
             else:
@@ -344,8 +344,8 @@ class BasicLinear(BasicOperation):
             dx = grad_extra
         dw = None
         if ctx.weight_requires_grad:
-            x = _quantized.QuantizedOperand.rebuild(saved[:4], x_meta).columnwise()
-            dw = _linear_wgrad(dyq.columnwise(), x, alpha)
+            x = QuantizedTensorStorage.from_buffers(saved[:4], x_meta).dequantize_columnwise()
+            dw = _linear_wgrad(dyq.dequantize_columnwise(), x, alpha)
             if self._accumulate_into_main_grad:
                 dw = self._accumulate_main_grad(dw)
             else:

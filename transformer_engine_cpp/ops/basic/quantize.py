@@ -50,18 +50,18 @@ class Quantize(BasicOperation):
         quantizer = self.get_quantizer("forward", 0) if self._quantize_forward else None
         ctx.grad_quantizer = (self.get_quantizer("backward", 0) if self._quantize_backward
                               else None)
-        if isinstance(input_, _quantized.QuantizedOperand):
+        if _quantized.is_storage(input_):
             return input_.dequantize()  # the previous op already quantized it with ours
         if quantizer is None:
             return input_
-        return _quantized.fake_quantize(quantizer, input_)
+        return quantizer.fake_quantize(input_)
 
     def op_backward(self, ctx: QuantizeContext, grad_output: torch.Tensor):
-        if isinstance(grad_output, _quantized.QuantizedOperand):
+        if _quantized.is_storage(grad_output):
             return grad_output.dequantize(), ()
         if ctx.grad_quantizer is None:
             return grad_output, ()
-        return _quantized.fake_quantize(ctx.grad_quantizer, grad_output), ()
+        return ctx.grad_quantizer.fake_quantize(grad_output), ()
 
     def extra_repr(self) -> str:
         return f"forward={self._quantize_forward}, backward={self._quantize_backward}"
