@@ -85,6 +85,34 @@ def test_module_dtype_cast_still_keeps_quantized_weights():
     assert type(plain) is torch.Tensor and torch.equal(plain, w.dequantize().double())
 
 
+@pytest.mark.parametrize("overwrite", [False, True], ids=["set_data", "overwrite"])
+def test_module_cast_is_marked_by_the_te_ops_module(overwrite):
+    """A te.ops op marks its own casts (BasicOperation._apply), also when a user container
+    holding it is cast, so its quantized weights stay quantized whichever way nn.Module
+    applies the conversion (``param.data = ...``, or new parameters with
+    ``torch.__future__.set_overwrite_module_params_on_conversion(True)``). A quantized
+    parameter of another module is converted as a tensor: dequantized."""
+    previous = torch.__future__.get_overwrite_module_params_on_conversion()
+    torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
+    try:
+        with te.quantized_model_init(recipe=recipe.Float8CurrentScaling()):
+            inner = te.ops.Sequential(te.ops.BasicLinear(32, 32, dtype=torch.float16))
+        data = inner[0].weight._data.clone()
+        torch.nn.ModuleDict({"block": inner}).to(torch.float32)
+        w = inner[0].weight
+        assert isinstance(w, te.Float8Tensor) and w.dtype == torch.float32
+        assert torch.equal(w._data, data)
+        if overwrite:
+            plain = torch.nn.Linear(32, 32, bias=False)
+            f8 = _f8(shape=(32, 32), dtype=torch.float32)
+            plain.weight = torch.nn.Parameter(f8, requires_grad=False)
+            plain.half()
+            assert type(plain.weight.data) is torch.Tensor
+            assert torch.equal(plain.weight.data, f8.dequantize().half())
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(previous)
+
+
 # ---- item 9: in-place ops on quantized tensors ----------------------------------------------
 
 

@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import io
 from typing import Any, Iterable, Optional
 
 import torch
+
+from ..quantization import (FP8GlobalStateManager, RecipeState,
+                            update_delayed_scaling)
+from ..quantization.tensor import module_cast
 
 
 @dataclasses.dataclass
@@ -176,6 +181,13 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
                 self.reset_parameters()
                 return
 
+    def _apply(self, fn, recurse=True):
+        """Module casts (``.half()``, ``.to(dtype)``) keep quantized parameters quantized and
+        change their nominal dtype (TransformerEngine's rule): the conversions inside are
+        marked as a module cast."""
+        with module_cast():
+            return super()._apply(fn, recurse)
+
     # ---- extra-tensor channels ---------------------------------------------------------------
 
     def extra_input_channels(self) -> tuple:
@@ -233,7 +245,7 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
         self._extra_output_to_caller[index] = True if channel is None else output_to_caller
         return self
 
-    # ---- quantization (recipes arrive with the FP8 work) --------------------------------------
+    # ---- quantization ---------------------------------------------------------------------------
 
     def num_quantizers(self, mode: str) -> int:  # pylint: disable=unused-argument
         """Number of quantizers this op uses in ``mode`` ("forward" or "backward")."""
@@ -251,14 +263,10 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
             return
         if self._fp8_metas is not None and self._fp8_metas["recipe"] == recipe:
             return
-        from ..quantization import FP8GlobalStateManager, RecipeState  # noqa: PLC0415
         states = {mode: RecipeState.create(recipe, mode=mode, num_quantizers=n)
                   for mode, n in (("forward", n_fwd), ("backward", n_bwd)) if n > 0}
         self._fp8_metas = {"recipe": recipe, **states}
         self._quantizers = {mode: state.make_quantizers() for mode, state in states.items()}
-        for quantizers in self._quantizers.values():
-            for q in quantizers:
-                q.internal = True
         self._apply_pending_fp8_state()
 
     def register_delayed_scaling_states(self) -> None:
@@ -269,8 +277,6 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
         metas = self._fp8_metas
         if metas is None or not metas["recipe"].delayed() or "forward" not in metas:
             return
-        from ..quantization import FP8GlobalStateManager  # noqa: PLC0415
-
         FP8GlobalStateManager.add_delayed_scaling_state(metas["forward"])
 
     def update_delayed_backward_state(self) -> None:
@@ -280,8 +286,6 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
         metas = self._fp8_metas
         if metas is None or not metas["recipe"].delayed() or "backward" not in metas:
             return
-        from ..quantization import update_delayed_scaling  # noqa: PLC0415
-
         update_delayed_scaling(metas["backward"])
 
     # ---- checkpointing of quantization state ------------------------------------------------
@@ -298,7 +302,6 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
                     state[f"{mode}_amax_history"] = metas[mode].amax_history.detach().clone()
         if not state:
             return torch.empty(0, dtype=torch.uint8)
-        import io  # noqa: PLC0415
 
         buf = io.BytesIO()
         torch.save(state, buf)
@@ -309,7 +312,6 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
         If no delayed-scaling recipe state exists yet, it is applied when one is built."""
         if state is None or state.numel() == 0:
             return
-        import io  # noqa: PLC0415
 
         loaded = torch.load(io.BytesIO(state.cpu().numpy().tobytes()), weights_only=True)
         self.__dict__["_pending_fp8_state"] = loaded

@@ -14,7 +14,7 @@ tensor (``__torch_dispatch__`` fallback).
 from __future__ import annotations
 
 import contextlib
-import sys
+import contextvars
 from typing import Optional
 
 import torch
@@ -311,20 +311,20 @@ def _f8_unsafe_view(t, size):
     return t._with_data(aten._unsafe_view.default(t._data, size))
 
 
-def _called_by_module_apply(depth: int = 8) -> bool:
-    """Whether this conversion runs inside ``nn.Module._apply`` (``model.half()``,
-    ``model.to(dtype)``, ...). A look at the calling frames: torch tells a tensor conversion
-    nothing about its caller, and the alternatives are an ``_apply`` override in every module
-    that can hold a quantized parameter or a global patch of ``nn.Module._apply``."""
-    code = torch.nn.Module._apply.__code__
-    f = sys._getframe(2)
-    for _ in range(depth):
-        if f is None:
-            return False
-        if f.f_code is code:
-            return True
-        f = f.f_back
-    return False
+# Set while nn.Module._apply converts a te.ops module's tensors (model.half(), model.to(dtype)):
+# BasicOperation._apply enters module_cast(), since torch tells a tensor conversion nothing
+# about its caller.
+_MODULE_CAST = contextvars.ContextVar("transformer_engine_cpp_module_cast", default=False)
+
+
+@contextlib.contextmanager
+def module_cast():
+    """Marks the tensor conversions inside as a module cast (see ``_f8_to_copy``)."""
+    token = _MODULE_CAST.set(True)
+    try:
+        yield
+    finally:
+        _MODULE_CAST.reset(token)
 
 
 def _f8_to_copy(t, *, dtype=None, layout=None, device=None, pin_memory=None,
@@ -332,11 +332,12 @@ def _f8_to_copy(t, *, dtype=None, layout=None, device=None, pin_memory=None,
     """A dtype conversion dequantizes to the nominal dtype first and then casts
     (TransformerEngine's rule), giving a plain tensor equal to ``dequantize().to(dtype)``. A
     module cast (``nn.Module._apply``) of a quantized parameter instead keeps the FP8 buffers
-    and changes the nominal dtype, so ``model.half()`` keeps quantized weights. Another device
+    and changes the nominal dtype, so ``model.half()`` keeps quantized weights (of te.ops
+    modules, which mark their casts with :func:`module_cast`). Another device
     dequantizes."""
     same_device = device is None or torch.device(device) == t._data.device
     if same_device and (dtype is None or dtype == t.dtype or (
-            dtype.is_floating_point and _called_by_module_apply())):
+            dtype.is_floating_point and _MODULE_CAST.get())):
         return Float8Tensor(t._data.clone(), t._scale_inv.clone(), t._fp8_dtype,
                             t.dtype if dtype is None else dtype, t._quantizer)
     return t._dequantize_impl(t.dtype).to(dtype=dtype, device=device)
