@@ -218,8 +218,8 @@ def test_recipe_state_quantizer_types_and_dtypes():
 
 
 def test_fp8_scale_update_margin_hybrid():
-    """As the anchor's test_fp8_scale_update: HYBRID, margin 2: (448/amax)/4 forward for x and w,
-    (57344/amax)/4 backward for dy."""
+    """As TransformerEngine's test_fp8_scale_update: HYBRID, margin 2: (448/amax)/4 forward for
+    x and w, (57344/amax)/4 backward for dy."""
     r = recipe.DelayedScaling(margin=2, amax_history_len=3, fp8_format=recipe.Format.HYBRID)
     fwd = RecipeState.create(r, mode="forward", num_quantizers=2)
     bwd = RecipeState.create(r, mode="backward", num_quantizers=1)

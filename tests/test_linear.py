@@ -1,7 +1,7 @@
 """Linear and the GEMM fusions at the module level: the compiled pre-norm MLP block keeps the
 fused ops in both directions, autocast and dtype casts, main_grad accumulation, user-defined
-ops and fusions (the anchor's TestCustomOps), and training loops that change grad mode and
-requires_grad (the anchor's TestTrainingLoops)."""
+ops and fusions (TransformerEngine's TestCustomOps), and training loops that change grad mode and
+requires_grad (TransformerEngine's TestTrainingLoops)."""
 
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ def test_dtype_cast(init_dtype, final):
 def test_linear_aliases_and_state_dict_keys():
     lin = te.ops.Linear(8, 4)
     assert lin.weight is lin.basic_ops[0].weight and lin.bias is lin.basic_ops[1].bias
-    # as the anchor: the basic ops' parameters, plus each basic op's extra state (its
+    # as TransformerEngine: the basic ops' parameters, plus each basic op's extra state (its
     # delayed-scaling state; empty without one)
     assert set(lin.state_dict()) == {"basic_ops.0.weight", "basic_ops.1.bias",
                                      "basic_ops.0._extra_state", "basic_ops.1._extra_state"}
@@ -198,11 +198,11 @@ def test_linear_bad_constructor_arguments():
         te.ops.Linear(4, 4, bias=None)
 
 
-# ---- user-defined ops and fusions (the anchor's TestCustomOps) --------------------------------
+# ---- user-defined ops and fusions (TransformerEngine's TestCustomOps) ----------------------
 
 
 class LearnableScale(te.ops.BasicOperation):
-    """The anchor docs' example of a user-defined op."""
+    """TransformerEngine docs' example of a user-defined op."""
 
     def __init__(self):
         super().__init__()
@@ -240,7 +240,7 @@ def test_custom_basic_op_eager_and_compiled():
 
 class LinearSiLU(te.ops.FusedOperation):
     """A user forward fusion of BasicLinear + SiLU computed with plain torch ops; it populates
-    the basic ops' contexts so their unfused backward works (the anchor's ctx contract)."""
+    the basic ops' contexts so their unfused backward works (TransformerEngine's ctx contract)."""
 
     def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs,
                       prev_op_grad_output_quantizer=None, next_op_input_quantizer=None,
@@ -279,7 +279,7 @@ def test_custom_forward_fusion_with_unfused_backward(fusion_registry):
     torch.testing.assert_close(model[0].weight.grad, w.grad, **FP32)
 
 
-# ---- training loops (the anchor's TestTrainingLoops) ------------------------------------------
+# ---- training loops (TransformerEngine's TestTrainingLoops) --------------------------------
 
 
 @pytest.mark.parametrize("order", ["train_first", "infer_first"])

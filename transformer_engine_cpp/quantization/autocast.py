@@ -1,6 +1,6 @@
 """``te.autocast`` / ``te.fp8_autocast`` and ``te.quantized_model_init``: the global FP8 state.
 
-State lives in ``FP8GlobalStateManager`` (class attributes, process-wide, like the anchor's);
+State lives in ``FP8GlobalStateManager`` (class attributes, process-wide, like TransformerEngine's);
 ``autocast`` saves it on entry and restores it on exit, so nesting works and an inner
 ``autocast(enabled=False)`` turns quantization off for its body only. Under ``enabled=True`` with
 ``recipe=None`` the recipe is ``get_default_fp8_recipe()``: ``Float8CurrentScaling()`` on CPU.
@@ -23,8 +23,9 @@ __all__ = ["FP8GlobalStateManager", "autocast", "fp8_autocast", "quantized_model
 
 
 def get_default_fp8_recipe() -> _recipe.Recipe:
-    """The recipe of ``autocast(recipe=None)``: current scaling (MXFP8 and delayed scaling
-    need GPU features the anchor's default chooses from; on CPU it is Float8CurrentScaling)."""
+    """The recipe of ``autocast(recipe=None)``: current scaling (TransformerEngine's default
+    chooses from MXFP8 and delayed scaling by GPU features; on CPU it is
+    Float8CurrentScaling)."""
     return _recipe.Float8CurrentScaling()
 
 
@@ -129,7 +130,7 @@ def autocast(enabled: bool = True, calibrating: bool = False,
 @contextlib.contextmanager
 def fp8_autocast(enabled: bool = True, calibrating: bool = False,
                  fp8_recipe: Optional[_recipe.Recipe] = None, fp8_group=None, **kwargs):
-    """Deprecated alias of ``autocast`` (the anchor's argument names are accepted too)."""
+    """Deprecated alias of ``autocast`` (TransformerEngine's argument names are accepted too)."""
     recipe = kwargs.pop("recipe", fp8_recipe)
     group = kwargs.pop("amax_reduction_group", fp8_group)
     if kwargs:

@@ -2,7 +2,7 @@
 
 Every function is written with ordinary differentiable torch ops, so gradients come from
 torch.autograd; the tests evaluate them in float64 as the numerical ground truth. They follow
-the anchor's conventions (tanh GELU; gated activations gate the *first* half).
+TransformerEngine's conventions (tanh GELU; gated activations gate the *first* half).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def scaled_swiglu(x, scales, glu_interleave_size=None):
 
 def scaled_clamped_qgeglu(x, scales, limit=7.0, alpha=1.702, glu_linear_offset=1.0,
                           glu_interleave_size=None):
-    """The anchor's ScaledClampedQGeGLU uses ClampedSwiGLU's numerics."""
+    """TransformerEngine's ScaledClampedQGeGLU uses ClampedSwiGLU's numerics."""
     return scales.unsqueeze(-1) * clamped_swiglu(x, limit, alpha, glu_linear_offset,
                                                  glu_interleave_size)
 

@@ -31,7 +31,7 @@ def _normalized_shape(op: str, shape) -> tuple[int, ...]:
 
 
 def _check_sm_margin(op: str, sm_margin: SmMargin) -> None:
-    """The anchor's SM margin (an int, or a dict with forward/backward/inference keys): SMs
+    """TransformerEngine's SM margin (an int, or a dict with forward/backward/inference keys): SMs
     left free for communication kernels. Validated; it has no effect on CPU."""
     values = sm_margin.values() if isinstance(sm_margin, dict) else [sm_margin]
     if isinstance(sm_margin, dict):

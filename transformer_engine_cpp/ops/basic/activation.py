@@ -92,7 +92,7 @@ class _ActivationOperation(BasicOperation):
         x = self.cast_input(ctx, input_)
         ctx.grad_input_quantizer = prev_op_grad_output_quantizer
         if self.cache_quantized_input:
-            # as the anchor: x is FP8-quantized (current scaling, E4M3) first; the forward
+            # as TransformerEngine: x is FP8-quantized (current scaling, E4M3) first; the forward
             # uses those values and the backward keeps only the FP8 buffers
             xq = _cache_quantizer().quantize_storage(x)
             ctx.cached_quantized = (xq.metadata(), x.dtype)

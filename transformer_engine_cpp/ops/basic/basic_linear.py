@@ -67,7 +67,7 @@ class BasicLinear(BasicOperation):
         tensor_parallel_mode, tensor_parallel_group, sequence_parallel, userbuffers_options:
             accepted for API compatibility; only the single-process values are supported.
         rng_state_tracker_function: returns a context manager forking the RNG for the weight
-            initialisation, as in the anchor.
+            initialisation, as in TransformerEngine.
         accumulate_into_main_grad: add dW into ``weight.main_grad`` (which the caller creates)
             instead of returning it as ``weight.grad``. Eager mode only.
     """
@@ -362,8 +362,8 @@ class BasicLinear(BasicOperation):
             main_grad.copy_(dw)
         else:
             main_grad.add_(dw.to(main_grad.dtype))
-        # the anchor's (Megatron's) convention: a parameter that tracks grad_added_to_main_grad
-        # gets the flag set and a dummy zero .grad; any other gets no .grad
+        # TransformerEngine's (Megatron's) convention: a parameter that tracks
+        # grad_added_to_main_grad gets the flag set and a dummy zero .grad; any other gets none
         if hasattr(weight, "grad_added_to_main_grad"):
             weight.grad_added_to_main_grad = True
             return torch.zeros_like(weight)

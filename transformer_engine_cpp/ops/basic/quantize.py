@@ -1,4 +1,4 @@
-"""Quantize: quantize the tensor passing through, forward and/or backward (the anchor's
+"""Quantize: quantize the tensor passing through, forward and/or backward (TransformerEngine's
 ``te.ops.Quantize``).
 
 Inside the pipeline tensors stay high precision, so under a recipe the op yields the values an
