@@ -440,8 +440,8 @@ class FusedOperation(FusibleOperation):
                     f"{type(op).__name__}"
                 )
         self.basic_ops = torch.nn.ModuleList(basic_ops)
-        # the same ops as a plain tuple: indexing a ModuleList costs microseconds per access on
-        # the per-call path (state_dict and the public API keep using basic_ops)
+        # the same ops as a plain tuple, for the per-call path (state_dict and the public API
+        # use basic_ops)
         self._ops = tuple(basic_ops)
 
     @property

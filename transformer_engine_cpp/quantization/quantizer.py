@@ -29,7 +29,7 @@ from .tensor import Float8TensorStorage, MXFP8TensorStorage, check_fp8_dtype
 
 __all__ = ["Quantizer", "Float8CurrentScalingQuantizer", "Float8Quantizer", "MXFP8Quantizer"]
 
-# the custom ops' OpOverloads, resolved once (a packet call resolves the overload every time)
+# the custom ops' OpOverloads (host cost: docs/architecture.md)
 _fp8_quantize = torch.ops.te_cpp.fp8_quantize.default
 _fp8_quantize_scaled = torch.ops.te_cpp.fp8_quantize_scaled.default
 _mxfp8_quantize = torch.ops.te_cpp.mxfp8_quantize.default

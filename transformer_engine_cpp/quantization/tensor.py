@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_map
 
 
 aten = torch.ops.aten
-# the custom ops' OpOverloads, resolved once (a packet call resolves the overload every time)
+# the custom ops' OpOverloads (host cost: docs/architecture.md)
 _fp8_dequantize = torch.ops.te_cpp.fp8_dequantize.default
 _mxfp8_dequantize = torch.ops.te_cpp.mxfp8_dequantize.default
 

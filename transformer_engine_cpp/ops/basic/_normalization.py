@@ -123,8 +123,6 @@ class _Norm(BasicOperation):
         if not input_.is_floating_point():
             raise TypeError(f"{self.__class__.__name__}: input must be floating point, "
                             f"got {input_.dtype}")
-        # parameters read through _parameters: nn.Module.__getattr__ costs microseconds per
-        # access on this per-call path
         weight = self._parameters["weight"]
         dtype = autocast_dtype(input_, weight.dtype)
         ctx.input_dtype = input_.dtype

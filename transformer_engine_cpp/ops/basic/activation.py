@@ -73,7 +73,7 @@ class _ActivationOperation(BasicOperation):
                 f"{type(cache_quantized_input).__name__}"
             )
         self.cache_quantized_input = cache_quantized_input
-        # the OpOverloads (a packet call resolves the overload on every call)
+        # this activation's forward and backward OpOverloads
         self._fwd_op = getattr(torch.ops.te_cpp, f"{self.op_stem}_fwd").default
         self._bwd_op = getattr(torch.ops.te_cpp, f"{self.op_stem}_bwd").default
 

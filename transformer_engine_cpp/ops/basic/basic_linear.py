@@ -19,7 +19,7 @@ from ..op import BasicOperation, OperationContext
 
 _LINEAR_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
-# the custom ops' OpOverloads, resolved once (a packet call resolves the overload every time)
+# the custom ops' OpOverloads (host cost: docs/architecture.md)
 _linear_fwd = torch.ops.te_cpp.linear_fwd.default
 _linear_dgrad = torch.ops.te_cpp.linear_dgrad.default
 _linear_dgrad_add = torch.ops.te_cpp.linear_dgrad_add.default
@@ -213,7 +213,7 @@ class BasicLinear(BasicOperation):
     def _weight_in(self, dtype: torch.dtype):
         """The weight for this call's GEMMs: a quantized weight stays a Float8Tensor for the FP8
         path (its buffers are the GEMM operand) and is dequantized for the high-precision one."""
-        w = self._parameters["weight"]  # (nn.Module.__getattr__ is slow on this path)
+        w = self._parameters["weight"]
         if isinstance(w, QuantizedTensor):
             return w if self._quantizers is not None else w.dequantize(dtype=dtype)
         return w if w.dtype == dtype else w.to(dtype)

@@ -12,7 +12,7 @@ from .._common import (autocast_dtype, canonicalize_device, canonicalize_dtype, 
 from .. import _quantized
 from ..op import BasicOperation, OperationContext
 
-# the custom ops' OpOverloads, resolved once (a packet call resolves the overload every time)
+# the custom ops' OpOverloads (host cost: docs/architecture.md)
 _bias_fwd = torch.ops.te_cpp.bias_fwd.default
 _bias_bwd = torch.ops.te_cpp.bias_bwd.default
 

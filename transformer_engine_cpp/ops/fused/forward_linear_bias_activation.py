@@ -11,7 +11,7 @@ from ..op import FusedOperation
 from ._linear import _linear_ok, _linear_prologue, bias_fuses
 from ._window import fuse_windows
 
-# the custom ops' OpOverloads, resolved once (a packet call resolves the overload every time)
+# the custom ops' OpOverloads (host cost: docs/architecture.md)
 _linear_fwd = torch.ops.te_cpp.linear_fwd.default
 _linear_bias_act_fwd = torch.ops.te_cpp.linear_bias_act_fwd.default
 
