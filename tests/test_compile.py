@@ -162,6 +162,22 @@ def test_repeated_calls_do_not_recompile():
     assert counter.frame_count == 1
 
 
+def test_eager_calls_between_compiled_calls_do_not_recompile():
+    """Eager calls of the same model in between (other configurations: no_grad, an input that
+    needs no grad) change the fuser's last-plan memo; the compiled calls do not read it, so
+    they keep their one graph."""
+    counter = CompileCounterWithBackend("aot_eager")
+    model = init_params(te.ops.Sequential(te.ops.Bias(8), te.ops.ReLU()))
+    compiled = torch.compile(model, backend=counter, fullgraph=True, dynamic=False)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(3):
+            compiled(torch.randn(4, 8, requires_grad=True)).sum().backward()
+            with torch.no_grad():
+                model(torch.randn(4, 8))
+            model(torch.randn(4, 8))
+    assert counter.frame_count == 1
+
+
 def test_in_place_variants_compile_functionally():
     def make():
         return te.ops.Sequential(te.ops.MakeExtraOutput(in_place=True), te.ops.GELU(),

@@ -206,7 +206,10 @@ class OperationFuser:
             dtypes = (autocast, *[p.dtype for p in params if p is not None])
         else:
             dtypes = compute_dtypes(input, params)
-        if (recipe is None and self._last_recipe is None and first == self._last_first
+        # the last plan while the configuration is unchanged (eager: under compile its fields
+        # would become guards that any eager call in between invalidates)
+        if (not compiling and recipe is None and self._last_recipe is None
+                and first == self._last_first
                 and dtypes == self._last_dtypes
                 and self._last_version == OperationFuser._fusion_registry_version):
             plan = self._last_plan
