@@ -124,15 +124,20 @@ def pipeline_forward(func_ctx, plan, basic_op_kwargs, arg_layout, *tensors):
     return x
 
 
+def _per_basic_op(step, results, what: str, method: str) -> list:
+    """``results`` as a list with one entry per basic op of the group, or a RuntimeError
+    naming the op's method that returned another count."""
+    results = list(results)
+    if len(results) != len(step.idxs):
+        raise RuntimeError(f"{step.op.__class__.__name__}.{method} returned {what} for "
+                           f"{len(results)} basic ops, expected {len(step.idxs)}")
+    return results
+
+
 def _collect_extra_outputs(step, basic_ops, routing, op_extra_outputs, extra_outputs) -> None:
     """Check one group's extra outputs (one tuple per basic op, None only where nothing
     outside the group reads it) and record them."""
-    op_extra_outputs = list(op_extra_outputs)
-    if len(op_extra_outputs) != len(step.idxs):
-        raise RuntimeError(
-            f"{step.op.__class__.__name__}.fuser_forward returned extra outputs for "
-            f"{len(op_extra_outputs)} basic ops, expected {len(step.idxs)}"
-        )
+    op_extra_outputs = _per_basic_op(step, op_extra_outputs, "extra outputs", "fuser_forward")
     for i, outs in zip(step.idxs, op_extra_outputs):
         outs = tuple(outs)
         name = basic_ops[i].__class__.__name__
@@ -153,12 +158,7 @@ def _collect_extra_outputs(step, basic_ops, routing, op_extra_outputs, extra_out
 
 def _check_no_extra_outputs(step, op_extra_outputs) -> None:
     """A group without extra outputs returns an empty tuple per basic op."""
-    op_extra_outputs = list(op_extra_outputs)
-    if len(op_extra_outputs) != len(step.idxs):
-        raise RuntimeError(
-            f"{step.op.__class__.__name__}.fuser_forward returned extra outputs for "
-            f"{len(op_extra_outputs)} basic ops, expected {len(step.idxs)}"
-        )
+    op_extra_outputs = _per_basic_op(step, op_extra_outputs, "extra outputs", "fuser_forward")
     if any(len(outs) for outs in op_extra_outputs if outs):
         raise RuntimeError(
             f"{step.op.__class__.__name__}.fuser_forward returned extra outputs for basic "
@@ -292,13 +292,9 @@ def _add_param_grads(step, op_param_grads, param_pos: tuple, grads: list) -> Non
     """Check what one backward step returned for parameters (a sequence per basic op of the
     group, one grad per parameter; an op without parameters may return all-None grads) and add
     the grads into ``grads`` at their argument positions."""
-    if not isinstance(op_param_grads, (tuple, list)):
-        op_param_grads = tuple(op_param_grads)
-    if len(op_param_grads) != len(step.idxs):
-        raise RuntimeError(
-            f"{step.op.__class__.__name__}.fuser_backward returned parameter grads for "
-            f"{len(op_param_grads)} basic ops, expected {len(step.idxs)}"
-        )
+    if not isinstance(op_param_grads, (tuple, list)) or len(op_param_grads) != len(step.idxs):
+        op_param_grads = _per_basic_op(step, op_param_grads, "parameter grads",
+                                       "fuser_backward")
     for i, pgrads in zip(step.idxs, op_param_grads):
         positions = param_pos[i]
         if not isinstance(pgrads, (tuple, list)):
@@ -322,12 +318,8 @@ def _route_extra_input_grads(step, routing, op_extra_input_grads, extra_pos, gra
     """Send each extra-input grad to its source: the caller's extra input (summed with any
     earlier one) or the producing op's extra-output grad, when the producer is in an earlier
     group."""
-    op_extra_input_grads = list(op_extra_input_grads)
-    if len(op_extra_input_grads) != len(step.idxs):
-        raise RuntimeError(
-            f"{step.op.__class__.__name__}.fuser_backward returned extra-input grads for "
-            f"{len(op_extra_input_grads)} basic ops, expected {len(step.idxs)}"
-        )
+    op_extra_input_grads = _per_basic_op(step, op_extra_input_grads, "extra-input grads",
+                                         "fuser_backward")
     for i, egrads in zip(step.idxs, op_extra_input_grads):
         egrads = tuple(egrads) if egrads is not None else ()
         for slot, src in enumerate(routing.extra_input_sources[i]):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..basic import BasicLinear
+from ..basic import BasicLinear, Bias
 
 # The forward fusions leave the basic ops' contexts exactly as their unfused forwards would, so
 # the backward runs unfused or through the backward fusions. Under a quantization recipe they do
@@ -30,6 +30,13 @@ def bias_fuses(linear: BasicLinear, bias) -> bool:
     another one, e.g. a bf16 GEMM output and an fp32 bias to fp32). The plan key holds the
     autocast dtype and the parameters' dtypes, so a change of either re-plans."""
     return linear.autocast_enabled() or bias.bias_dtype == linear.weight_dtype
+
+
+def gemm_bias_at(ops: list, j: int, linear: BasicLinear):
+    """The Bias at ``ops[j]`` if ``linear``'s GEMM can add it (``bias_fuses``), else None."""
+    if j < len(ops) and type(ops[j]) is Bias and bias_fuses(linear, ops[j]):
+        return ops[j]
+    return None
 
 
 def dbias_fuses(linear: BasicLinear, bias) -> bool:

@@ -8,7 +8,7 @@ import torch
 
 from ..basic import ACTIVATIONS, BasicLinear, Bias
 from ..op import FusedOperation
-from ._linear import _linear_ok, _linear_prologue, bias_fuses
+from ._linear import _linear_ok, _linear_prologue, bias_fuses, gemm_bias_at
 from ._window import fuse_windows
 
 # the custom ops' OpOverloads (host cost: docs/architecture.md)
@@ -102,8 +102,7 @@ def extend_forward_linear_bias_activation(ops: list, *, recipe=None) -> list:
         if not _linear_ok(op):
             return None
         j = i + 1
-        bias = (ops[j] if j < len(ops) and type(ops[j]) is Bias and bias_fuses(op, ops[j])
-                else None)
+        bias = gemm_bias_at(ops, j, op)
         j += bias is not None
         act = ops[j] if j < len(ops) and _epilogue_activation(ops[j]) else None
         j += act is not None

@@ -9,7 +9,7 @@ import torch
 from .._common import is_compiling, shares_storage
 from ..basic import AddExtraInput, BasicLinear, Bias, ConstantScale
 from ..op import FusedOperation
-from ._linear import _linear_ok, _linear_prologue, _unquantized_add_fusion, bias_fuses
+from ._linear import _linear_ok, _linear_prologue, _unquantized_add_fusion, gemm_bias_at
 from ._window import fuse_windows
 from .forward_linear_bias_activation import _linear_bias_only
 
@@ -69,8 +69,7 @@ def _fuse_linear_bias_add(ops: list, in_place: bool) -> list:
         if not _linear_ok(op):
             return None
         j = i + 1
-        bias = (ops[j] if j < len(ops) and type(ops[j]) is Bias and bias_fuses(op, ops[j])
-                else None)
+        bias = gemm_bias_at(ops, j, op)
         j += bias is not None
         if is_add(j):
             return ForwardLinearBiasAdd(linear=op, bias=bias, add=ops[j]), j - i + 1
