@@ -3,6 +3,8 @@
 The activation and norm formulas are written once, over a value type: the CPU kernels run them
 on at::vec vectors, the CUDA kernels on float. Here
 
+* the shared headers compile as CUDA device code (where nvcc is found;
+  tests/cpp/shared_math_device.cu);
 * the float and double instantiations, compiled as a small host program
   (tests/cpp/shared_math_scalar.cpp: one element at a time with the math library's exp and tanh,
   as a CUDA kernel runs them), agree with the CPU kernels: within a few ulp (the vector exp,
@@ -146,6 +148,30 @@ def test_scalar_math_matches_cpu_kernels(scalar_program, tmp_path):
             torch.testing.assert_close(scalar, kernel.double(), rtol=rtol, atol=atol,
                                        equal_nan=True, msg=lambda m: f"{dtype} {name}: {m}")
     assert pos == flat.numel(), "the scalar program wrote more outputs than the test reads"
+
+
+def _nvcc():
+    home = os.environ.get("CUDA_HOME")
+    if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
+        return os.path.join(home, "bin", "nvcc")
+    return shutil.which("nvcc")
+
+
+def test_shared_math_compiles_as_cuda_device_code(tmp_path):
+    """tests/cpp/shared_math_device.cu instantiates every functor and norm formula in CUDA
+    kernels, on float and double: nvcc -ptx (device code only, no GPU needed) refuses a call to
+    a host-only function from the shared math, and -Werror all-warnings any warning."""
+    nvcc = _nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found (CUDA_HOME/bin/nvcc or PATH)")
+    includes = [arg for p in cpp_extension.include_paths() for arg in ("-isystem", p)]
+    cmd = [nvcc, "-std=c++20", "--expt-relaxed-constexpr", "-O1", "-ptx", "-Werror",
+           "all-warnings", *includes, f"-I{ROOT / 'csrc'}",
+           str(ROOT / "tests/cpp/shared_math_device.cu"), "-o", str(tmp_path / "device.ptx")]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    # 13 activations and 2 norm kernels, each on float and double
+    assert (tmp_path / "device.ptx").read_text().count(".entry ") == 30
 
 
 # ---- row tails against the vector body -------------------------------------------------------
