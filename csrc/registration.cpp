@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "ops/activation_table.h"
+
 namespace {
 
 // Defines the op of `schema` (with the pt2_compliant_tag) and registers the Autograd
@@ -22,6 +24,50 @@ void define(torch::Library& m, const std::string& schema) {
   m.def(std::move(parsed), tags);
   m.impl(name.c_str(), torch::dispatch(c10::DispatchKey::Autograd,
                                        torch::CppFunction::makeFallthrough()));
+}
+
+// The schemas of the activation family, one row of TE_ACTIVATION_TABLE at a time:
+//   unary: <stem>_fwd(Tensor x<params>) -> Tensor: y = act(x);
+//          <stem>_bwd(Tensor dy, Tensor x<params>) -> Tensor: dx = dy * act'(x);
+//   gated: the same with `int glu_interleave_size=0` last: y = act(a) * lin(b), (a, b) the
+//          halves (or interleaved runs of glu_interleave_size) of x's last dim;
+//   DBIAS: dbias_d<stem>(dy, x, bias_dtype, bias=None) -> (dx, dbias), dbias = sum_rows dx.
+//          With `bias`, x is the bias op's input and the activation's input z = x + bias is
+//          recomputed on the fly (rounded as bias_fwd stores it);
+//   SCALED: y = scales[..., None] * act(x), scales of shape x.shape[:-1]. The backward
+//          returns (dx, dscales) with dscales[r] = sum_j dy[r, j] * act(x)[r, j]; with
+//          compute_dscales=false the second output is an empty tensor of shape [0] (fixed
+//          arity).
+// <params>: `, float <name>` for each name of the row's PARAMS, in order.
+void define_activations(torch::Library& m) {
+  for (const te_cpp::ActInfo& a : te_cpp::kActInfo) {
+    std::string args;  // ", float <param>" per name of PARAMS, then the interleave size
+    for (const char* p = a.params; *p != '\0';) {
+      if (*p == ',' || *p == ' ') {
+        ++p;
+        continue;
+      }
+      const char* end = p;
+      while (*end != '\0' && *end != ',' && *end != ' ') ++end;
+      args += ", float " + std::string(p, end);
+      p = end;
+    }
+    if (a.gated) args += ", int glu_interleave_size=0";
+    const std::string stem(a.stem);
+    define(m, stem + "_fwd(Tensor x" + args + ") -> Tensor");
+    define(m, stem + "_bwd(Tensor dy, Tensor x" + args + ") -> Tensor");
+    if (a.dbias_dact) {
+      define(m, "dbias_d" + stem +
+                    "(Tensor dy, Tensor x, ScalarType bias_dtype, Tensor? bias=None) "
+                    "-> (Tensor, Tensor)");
+    }
+    if (a.has_scaled()) {
+      const std::string scaled(a.scaled);
+      define(m, scaled + "_fwd(Tensor x, Tensor scales" + args + ") -> Tensor");
+      define(m, scaled + "_bwd(Tensor dy, Tensor x, Tensor scales, bool compute_dscales" + args +
+                    ") -> (Tensor, Tensor)");
+    }
+  }
 }
 
 }  // namespace
@@ -37,35 +83,12 @@ TORCH_LIBRARY(te_cpp, m) {
   define(m, "make_extra_output_bwd(Tensor dy, Tensor dextra) -> Tensor");
   define(m, "make_extra_output_bwd_inplace(Tensor(a!) dextra, Tensor dy) -> ()");
 
-  // ---- Unary activations: y = act(x); dx = dy * act'(x); dbias_d<act>: (dx, sum_rows dx) ---
-  // With `bias`, dbias_d<act> takes the bias op's input as x and recomputes the activation's
-  // input z = x + bias (rounded as bias_fwd stores it) on the fly.
-  for (const char* stem : {"gelu", "relu", "silu", "qgelu", "srelu"}) {
-    const std::string s(stem);
-    define(m, s + "_fwd(Tensor x) -> Tensor");
-    define(m, s + "_bwd(Tensor dy, Tensor x) -> Tensor");
-    define(m, "dbias_d" + s +
-                  "(Tensor dy, Tensor x, ScalarType bias_dtype, Tensor? bias=None) "
-                  "-> (Tensor, Tensor)");
-  }
-  // ForwardBiasActivation: y = act(x + bias) in one pass (activation: gelu, relu, silu, qgelu,
-  // srelu); the bias sum is rounded to the output dtype before the activation, as bias_fwd
-  // followed by <act>_fwd would.
+  // ---- Activations: the rows of the activation table (ops/activation_table.h) -------------
+  define_activations(m);
+  // ForwardBiasActivation: y = act(x + bias) in one pass (activation: the stem of a table row
+  // with BIAS_ACT); the bias sum is rounded to the output dtype before the activation, as
+  // bias_fwd followed by <act>_fwd would.
   define(m, "bias_act_fwd(Tensor x, Tensor bias, str activation) -> Tensor");
-
-  // ---- Gated activations: y = act(a) * lin(b), (a, b) = halves (or interleaved runs) of x --
-  for (const char* stem : {"glu", "geglu", "qgeglu", "reglu", "sreglu", "swiglu"}) {
-    const std::string s(stem);
-    define(m, s + "_fwd(Tensor x, int glu_interleave_size=0) -> Tensor");
-    define(m, s + "_bwd(Tensor dy, Tensor x, int glu_interleave_size=0) -> Tensor");
-  }
-  define(m, "clamped_swiglu_fwd(Tensor x, float limit, float alpha, float glu_linear_offset, "
-            "int glu_interleave_size=0) -> Tensor");
-  define(m, "clamped_swiglu_bwd(Tensor dy, Tensor x, float limit, float alpha, "
-            "float glu_linear_offset, int glu_interleave_size=0) -> Tensor");
-  define(m, "situglu_fwd(Tensor x, float beta1, float beta2, int glu_interleave_size=0) -> Tensor");
-  define(m, "situglu_bwd(Tensor dy, Tensor x, float beta1, float beta2, "
-            "int glu_interleave_size=0) -> Tensor");
 
   // ---- Normalisation: x normalised over its trailing dims of weight's shape -----------------
   // mean / rstd: per-row statistics (leading dims), float32 (float64 for fp64 inputs).
@@ -103,25 +126,6 @@ TORCH_LIBRARY(te_cpp, m) {
   // by alpha); without one, dbias is an empty [0] tensor (fixed arity).
   define(m, "linear_bwd(Tensor dy, Tensor x, Tensor weight, float alpha=1.0, "
             "ScalarType? bias_dtype=None) -> (Tensor dx, Tensor dweight, Tensor dbias)");
-
-  // ---- Scaled activations: y = scales[..., None] * act(x), scales of shape x.shape[:-1] -----
-  // The backward returns (dx, dscales) with dscales[r] = sum_j dy[r, j] * act(x)[r, j]; with
-  // compute_dscales=false the second output is an empty tensor of shape [0] (fixed arity).
-  define(m, "scaled_swiglu_fwd(Tensor x, Tensor scales, int glu_interleave_size=0) -> Tensor");
-  define(m, "scaled_swiglu_bwd(Tensor dy, Tensor x, Tensor scales, bool compute_dscales, "
-            "int glu_interleave_size=0) -> (Tensor, Tensor)");
-  define(m, "scaled_clamped_qgeglu_fwd(Tensor x, Tensor scales, float limit, float alpha, "
-            "float glu_linear_offset, int glu_interleave_size=0) -> Tensor");
-  define(m, "scaled_clamped_qgeglu_bwd(Tensor dy, Tensor x, Tensor scales, bool compute_dscales, "
-            "float limit, float alpha, float glu_linear_offset, int glu_interleave_size=0) "
-            "-> (Tensor, Tensor)");
-  define(m, "scaled_situglu_fwd(Tensor x, Tensor scales, float beta1, float beta2, "
-            "int glu_interleave_size=0) -> Tensor");
-  define(m, "scaled_situglu_bwd(Tensor dy, Tensor x, Tensor scales, bool compute_dscales, "
-            "float beta1, float beta2, int glu_interleave_size=0) -> (Tensor, Tensor)");
-  define(m, "scaled_srelu_fwd(Tensor x, Tensor scales) -> Tensor");
-  define(m, "scaled_srelu_bwd(Tensor dy, Tensor x, Tensor scales, bool compute_dscales) "
-            "-> (Tensor, Tensor)");
 
   // ---- L2Normalization: y = x * rsqrt(sum(x^2 over the last dim) + eps) --------------------
   // The forward also returns rsqrt_norm (shape x.shape[:-1], fp32; fp64 for fp64 inputs),
