@@ -75,6 +75,22 @@ def test_every_custom_op_has_an_opcheck_sample():
     assert not missing, f"custom ops without an opcheck sample: {sorted(missing)}"
 
 
+def test_every_custom_op_falls_through_autograd():
+    """Every te_cpp op has the Autograd fallthrough that csrc/registration.cpp's define()
+    registers with its schema: no op is differentiable on its own (an op without it would get
+    torch's default autograd fallback, and its outputs a grad_fn)."""
+    ops = _all_te_cpp_ops()
+    assert ops
+    for name in sorted(ops):
+        qualified = f"te_cpp::{name}"
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "Autograd"), name
+        table = torch._C._dispatch_dump_table(qualified).splitlines()
+        assert any(line.startswith("AutogradCPU: fallthrough") for line in table), name
+    x = torch.randn(2, 4, requires_grad=True)
+    y = torch.ops.te_cpp.gelu_fwd(x)
+    assert y.grad_fn is None and not y.requires_grad
+
+
 def test_every_custom_op_has_zero_size_and_non_contiguous_samples():
     """Each custom op's samples include one whose input has no elements, and one with
     non-contiguous tensor arguments (CONTIGUOUS_ARGUMENTS lists the arguments an op requires

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <limits>
 
-#include "common/vec.h"
+#include "kernels/cpu/vec.h"
 #include "ops/l2norm.h"
 
 namespace te_cpp {

@@ -10,8 +10,8 @@
 #include <limits>
 #include <vector>
 
-#include "common/vec.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/cpu/vec.h"
 #include "ops/normalization.h"
 
 namespace te_cpp {
