@@ -49,7 +49,9 @@ if [ "$dry" = 1 ]; then
   bench=(--device cpu --small --rounds 1 --repeat 1)
 else
   if [ -z "${CUDA_HOME:-}" ]; then
-    CUDA_HOME="$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")"
+    # the toolkit nvcc belongs to, from its dry run (nvcc may be a wrapper script elsewhere)
+    CUDA_HOME="$(nvcc --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' \
+      | head -n1)"
     export CUDA_HOME
   fi
   export TECPP_WITH_CUDA=1
