@@ -7,7 +7,7 @@ export TORCHINDUCTOR_COMPILE_THREADS ?= 1
 
 PY = $(shell ./scripts/python_env.sh)
 
-.PHONY: build test demo bench clean
+.PHONY: build test demo bench cuda-build clean
 
 # Incremental build of transformer_engine_cpp/_C.so in place (ninja: only changed files).
 build:
@@ -26,6 +26,18 @@ BENCH_ARGS ?= --quick
 bench: build
 	@py=$(PY); $$py -c "import matplotlib" 2>/dev/null || $$py -m pip install -q matplotlib >&2; \
 		OMP_NUM_THREADS=2 $$py bench/suite.py $(BENCH_ARGS)
+
+# Compile-only CUDA build (no GPU needed): .venv-cuda's CUDA 13.0 torch (scripts/cuda_env.sh
+# creates it and finds CUDA_HOME), sm_90 code plus PTX, into build/cuda/lib; never in place, so
+# transformer_engine_cpp/_C.so stays the CPU build. Then scripts/check_cuda_build.py loads the
+# .so and fails unless every op listed there reports a CUDA kernel.
+CUDA_ARCH_LIST ?= 9.0+PTX
+cuda-build:
+	@set -e; env=$$(./scripts/cuda_env.sh); py=$${env%% *}; \
+		export CUDA_HOME=$${env#* } TECPP_WITH_CUDA=1 TORCH_CUDA_ARCH_LIST="$(CUDA_ARCH_LIST)"; \
+		echo "[cuda-build] $$py, CUDA_HOME=$$CUDA_HOME, TORCH_CUDA_ARCH_LIST=$$TORCH_CUDA_ARCH_LIST"; \
+		$$py setup.py -q build_ext --build-lib build/cuda/lib --build-temp build/cuda/tmp; \
+		$$py scripts/check_cuda_build.py build/cuda/lib/transformer_engine_cpp/_C.so
 
 clean:
 	rm -rf build transformer_engine_cpp/_C*.so

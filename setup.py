@@ -60,6 +60,23 @@ def _with_cuda():
     return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
 
 
+def _cublaslt():
+    """Include directories and link arguments for cuBLASLt.
+
+    pip's CUDA 13 builds of torch bring cuBLASLt in the nvidia/cu13 package beside torch
+    (site-packages/nvidia/cu13/{include,lib}), where the library has only its versioned name
+    (libcublasLt.so.13): it is linked by that name. Otherwise (a full CUDA toolkit) cuBLASLt is
+    in CUDA_HOME's include and lib folders, which CUDAExtension already searches.
+    """
+    import torch
+
+    cu13 = os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia", "cu13")
+    if os.path.exists(os.path.join(cu13, "include", "cublasLt.h")):
+        lib = os.path.join(cu13, "lib")
+        return [os.path.join(cu13, "include")], [f"-L{lib}", "-l:libcublasLt.so.13"]
+    return [], ["-lcublasLt"]
+
+
 def _extension():
     debug = os.environ.get("TECPP_DEBUG") == "1"
     opt = ["-O0", "-g"] if debug else ["-O3"]
@@ -79,11 +96,16 @@ def _extension():
     )
     if _with_cuda():
         sources += sorted(glob.glob("csrc/kernels/cuda/*.cu"))
-        nvcc = ["-O3", "-std=c++20", "--expt-relaxed-constexpr", "-DTECPP_WITH_CUDA"]
+        cublaslt_include, cublaslt_link = _cublaslt()
+        # nvcc: the same defines as the C++ sources; the targets come from TORCH_CUDA_ARCH_LIST
+        # (`make cuda-build`: "9.0+PTX", sm_90 code plus PTX for later GPUs).
+        nvcc = ["-std=c++20", "--expt-relaxed-constexpr", "-DTECPP_WITH_CUDA",
+                "-DTORCH_ASSERT_ONLY_METHOD_OPERATORS", *(["-G"] if debug else []), *opt]
+        kwargs["include_dirs"] += cublaslt_include
+        kwargs["extra_link_args"] += cublaslt_link
         return cpp_extension.CUDAExtension(
             "transformer_engine_cpp._C", sources,
-            extra_compile_args={"cxx": cxx + ["-DTECPP_WITH_CUDA"], "nvcc": nvcc},
-            libraries=["cublasLt", "cublas"], **kwargs)
+            extra_compile_args={"cxx": cxx + ["-DTECPP_WITH_CUDA"], "nvcc": nvcc}, **kwargs)
     return cpp_extension.CppExtension(
         "transformer_engine_cpp._C", sources, extra_compile_args={"cxx": cxx}, **kwargs)
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import re
+
+import pytest
 import torch
 
 import transformer_engine_cpp as te
@@ -17,44 +21,77 @@ LAYOUTS = {
 }
 
 
-def make_input(lead, tail, dtype, *, non_contiguous=False, scale=1.0, requires_grad=True):
-    """A (*lead, *tail) input; non-contiguous: every other element of a twice-as-wide one."""
+# The devices the harness runs on: CUDA only where a GPU is present.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))]
+
+
+@contextlib.contextmanager
+def skip_missing_cuda_kernel():
+    """Skips a CUDA run that reaches a te_cpp op without a CUDA kernel (naming the op)."""
+    try:
+        yield
+    except NotImplementedError as e:
+        match = re.search(r"run '(te_cpp::\w+)' with arguments from the 'CUDA' backend", str(e))
+        if match is None:
+            raise
+        pytest.skip(f"{match.group(1)} has no CUDA kernel yet")
+
+
+def to_device(obj, device):
+    """``obj`` (a tensor, or a tuple/list/dict of them and constants) with its tensors moved
+    to ``device`` (opcheck samples are built on the CPU)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to(device).requires_grad_(obj.requires_grad)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(to_device(o, device) for o in obj)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    return obj
+
+
+def make_input(lead, tail, dtype, *, non_contiguous=False, scale=1.0, requires_grad=True,
+               device="cpu"):
+    """A (*lead, *tail) input; non-contiguous: every other element of a twice-as-wide one.
+    Drawn on the CPU, so every device gets the same values."""
     if non_contiguous:
         base = torch.randn(*lead, *tail[:-1], 2 * tail[-1]) * scale
-        x = base.to(dtype)[..., ::2]
+        x = base.to(dtype).to(device)[..., ::2]
         assert not x.is_contiguous()
     else:
-        x = (torch.randn(*lead, *tail) * scale).to(dtype)
+        x = (torch.randn(*lead, *tail) * scale).to(dtype).to(device)
     return x.detach().requires_grad_(requires_grad)
 
 
-def build(case, dtype, seed=1234):
-    """The case's ops in a Sequential, parameters set to random values."""
+def build(case, dtype, seed=1234, device="cpu"):
+    """The case's ops in a Sequential on ``device``, parameters set to random values (drawn on
+    the CPU)."""
     torch.manual_seed(seed)
     seq = te.ops.Sequential(*case.make(dtype))
     with torch.no_grad():
         for p in seq.parameters():
             p.copy_(torch.randn_like(p))
-    return seq
+    return seq.to(device)
 
 
 def as_tuple(out):
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-def inputs_for(case, dtype, layout, seed=4321):
+def inputs_for(case, dtype, layout, seed=4321, device="cpu"):
     lead, non_contiguous = LAYOUTS[layout]
     torch.manual_seed(seed)
     x = make_input(lead, case.tail, dtype, non_contiguous=non_contiguous,
-                   scale=case.input_scale)
+                   scale=case.input_scale, device=device)
     if case.extra_shape is None:
         extras = [make_input(lead, case.extra_input_tail or case.tail, dtype,
-                             scale=case.input_scale, requires_grad=case.extra_requires_grad)
+                             scale=case.input_scale, requires_grad=case.extra_requires_grad,
+                             device=device)
                   for _ in range(case.num_extra_inputs)]
     else:
         shape = tuple(case.extra_shape(lead, case.features))
         extras = [make_input(shape[:-1], shape[-1:], dtype, non_contiguous=non_contiguous,
-                             requires_grad=case.extra_requires_grad)
+                             requires_grad=case.extra_requires_grad, device=device)
                   for _ in range(case.num_extra_inputs)]
     return x, extras
 
@@ -103,13 +140,14 @@ class RefParams(dict):
 
 
 def reference_run(case, seq, x, extras, grads):
-    """float64 reference outputs and gradients (input, extras, parameters by name)."""
-    params = RefParams({name: p.detach().double().requires_grad_(p.requires_grad)
+    """float64 reference outputs and gradients (input, extras, parameters by name), computed
+    on the CPU whatever device the ops run on."""
+    params = RefParams({name: p.detach().double().cpu().requires_grad_(p.requires_grad)
                         for name, p in seq.named_parameters()}, x.dtype)
-    x64 = x.detach().double().requires_grad_(x.requires_grad)
-    extras64 = [e.detach().double().requires_grad_(e.requires_grad) for e in extras]
+    x64 = x.detach().double().cpu().requires_grad_(x.requires_grad)
+    extras64 = [e.detach().double().cpu().requires_grad_(e.requires_grad) for e in extras]
     outs = as_tuple(case.reference(params, x64, *extras64))
-    torch.autograd.backward(outs, [g.double() for g in grads])
+    torch.autograd.backward(outs, [g.double().cpu() for g in grads])
     return outs, x64.grad, [e.grad for e in extras64], {n: p.grad for n, p in params.items()}
 
 
@@ -121,7 +159,7 @@ def eager_run(seq, x, extras, grads):
 
 def random_grads_like(outs, seed=99):
     torch.manual_seed(seed)
-    return [torch.randn(o.shape, dtype=o.dtype) for o in outs]
+    return [torch.randn(o.shape, dtype=o.dtype).to(o.device) for o in outs]
 
 
 def clone_leaf(t):

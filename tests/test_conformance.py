@@ -1,9 +1,10 @@
 """Conformance harness: every OpCase in tests/cases.py gets opcheck on its custom ops (fp32,
 bf16 and fp16; zero-size and non-contiguous samples for every op), eager numerics against a
 float64 reference (fp32, bf16 and fp16; layouts with one, several and zero rows, leading dims,
-a non-contiguous input), compiled
-(fullgraph=True) forward and backward equal to eager with zero graph breaks, and its bad-input
-errors."""
+a non-contiguous input), compiled (fullgraph=True) forward and backward equal to eager with
+zero graph breaks, and its bad-input errors. Opcheck, numerics and compiled runs are
+parametrized by device: CUDA runs skip without a GPU, and skip naming the op where an op has
+no CUDA kernel yet."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from torch.library import opcheck
 
 from cases import (CASE_IDS, CONTIGUOUS_ARGUMENTS, OP_CASES, STANDALONE_OPCHECK_SAMPLES,
                    _is_non_contiguous_sample, _is_zero_size_sample, _non_contiguous, _op_name)
-from harness import (LAYOUTS, as_tuple, build, clone_leaf, eager_run, inputs_for,
-                     random_grads_like, reference_run)
+from harness import (DEVICES, LAYOUTS, as_tuple, build, clone_leaf, eager_run, inputs_for,
+                     random_grads_like, reference_run, skip_missing_cuda_kernel, to_device)
 from tolerances import COMPILED_VS_EAGER, tols
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -39,18 +40,22 @@ def _opcheck_cases() -> list:
     return list(first.values())
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("case", _opcheck_cases(), ids=lambda c: c.id)
-def test_opcheck(case, dtype):
-    for op, args in case.opcheck_samples(dtype):
-        opcheck(op, args)
+def test_opcheck(case, dtype, device):
+    with skip_missing_cuda_kernel():
+        for op, args in case.opcheck_samples(dtype):
+            opcheck(op, to_device(args, device))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("family", sorted(STANDALONE_OPCHECK_SAMPLES))
-def test_opcheck_standalone(family, dtype):
-    for op, args in STANDALONE_OPCHECK_SAMPLES[family](dtype):
-        opcheck(op, args)
+def test_opcheck_standalone(family, dtype, device):
+    with skip_missing_cuda_kernel():
+        for op, args in STANDALONE_OPCHECK_SAMPLES[family](dtype):
+            opcheck(op, to_device(args, device))
 
 
 def _all_opcheck_samples(dtype=torch.float32) -> list:
@@ -68,6 +73,22 @@ def test_every_custom_op_has_an_opcheck_sample():
     covered = {_op_name(op) for op, _ in _all_opcheck_samples()}
     missing = _all_te_cpp_ops() - covered
     assert not missing, f"custom ops without an opcheck sample: {sorted(missing)}"
+
+
+def test_every_custom_op_falls_through_autograd():
+    """Every te_cpp op has the Autograd fallthrough that csrc/registration.cpp's define()
+    registers with its schema: no op is differentiable on its own (an op without it would get
+    torch's default autograd fallback, and its outputs a grad_fn)."""
+    ops = _all_te_cpp_ops()
+    assert ops
+    for name in sorted(ops):
+        qualified = f"te_cpp::{name}"
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "Autograd"), name
+        table = torch._C._dispatch_dump_table(qualified).splitlines()
+        assert any(line.startswith("AutogradCPU: fallthrough") for line in table), name
+    x = torch.randn(2, 4, requires_grad=True)
+    y = torch.ops.te_cpp.gelu_fwd(x)
+    assert y.grad_fn is None and not y.requires_grad
 
 
 def test_every_custom_op_has_zero_size_and_non_contiguous_samples():
@@ -97,12 +118,18 @@ def test_contiguous_arguments_reject_non_contiguous_input():
                 getattr(torch.ops.te_cpp, name)(*bad)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("case", OP_CASES, ids=CASE_IDS)
-def test_numerics_vs_float64_reference(case, dtype, layout):
-    seq = build(case, dtype)
-    x, extras = inputs_for(case, dtype, layout)
+def test_numerics_vs_float64_reference(case, dtype, layout, device):
+    with skip_missing_cuda_kernel():
+        _numerics_vs_float64_reference(case, dtype, layout, device)
+
+
+def _numerics_vs_float64_reference(case, dtype, layout, device):
+    seq = build(case, dtype, device=device)
+    x, extras = inputs_for(case, dtype, layout, device=device)
     # Shapes of the outputs, from a no-grad run, to draw the output grads.
     with torch.no_grad():
         probe = as_tuple(seq(clone_leaf(x), *[clone_leaf(e) for e in extras]))
@@ -115,18 +142,19 @@ def test_numerics_vs_float64_reference(case, dtype, layout):
     tol = tols(dtype)
     assert len(outs) == len(r_outs)
     for out, r in zip(outs, r_outs):
-        assert out.dtype == dtype
+        assert out.dtype == dtype and out.device == x.device
         assert out.shape == r.shape
-        torch.testing.assert_close(out.double(), r, **tol)
-    torch.testing.assert_close(dx.double(), r_dx, **tol)
+        torch.testing.assert_close(out.double().cpu(), r, **tol)
+    torch.testing.assert_close(dx.double().cpu(), r_dx, **tol)
     for e, d, r in zip(extras, dextras, r_dextras):
         if not e.requires_grad:
             assert d is None and r is None
             continue
-        torch.testing.assert_close(d.double(), r, **tol)
+        torch.testing.assert_close(d.double().cpu(), r, **tol)
     for name, g in dparams.items():
         assert g is not None and g.dtype == dtype, name
-        torch.testing.assert_close(g.double(), r_dparams[name], **tol, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(g.double().cpu(), r_dparams[name], **tol,
+                                   msg=lambda m: f"{name}: {m}")
     if x.numel() == 0:
         # no rows: the parameter grads are (exact) zeros of the parameters' shapes
         assert dx.shape == x.shape
@@ -135,12 +163,18 @@ def test_numerics_vs_float64_reference(case, dtype, layout):
             assert not dparams[name].any(), name
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", OP_CASES, ids=CASE_IDS)
-def test_compiled_matches_eager(case):
+def test_compiled_matches_eager(case, device):
+    with skip_missing_cuda_kernel():
+        _compiled_matches_eager(case, device)
+
+
+def _compiled_matches_eager(case, device):
     dtype = torch.float32
-    eager = build(case, dtype)
-    compiled_model = build(case, dtype)
-    x, extras = inputs_for(case, dtype, "leading_dims")
+    eager = build(case, dtype, device=device)
+    compiled_model = build(case, dtype, device=device)
+    x, extras = inputs_for(case, dtype, "leading_dims", device=device)
     xc, extras_c = clone_leaf(x), [clone_leaf(e) for e in extras]
     with torch.no_grad():
         probe = as_tuple(eager(clone_leaf(x), *[clone_leaf(e) for e in extras]))
@@ -194,3 +228,20 @@ def test_fusion_plan(case):
     bwd_types = tuple(type(op) for op, _ in fuser._backward_ops if op.is_fused_op)
     assert fwd_types == case.fused_forward
     assert bwd_types == case.fused_backward
+
+
+def test_missing_cuda_kernel_skips_naming_the_op():
+    """What a CUDA run does where an op has no CUDA kernel yet: the dispatcher's error becomes
+    a skip naming the op; any other NotImplementedError is an error."""
+    message = ("Could not run 'te_cpp::gelu_fwd' with arguments from the 'CUDA' backend. This "
+               "could be because the operator doesn't exist for this backend")
+    with pytest.raises(pytest.skip.Exception, match="te_cpp::gelu_fwd has no CUDA kernel yet"):
+        with skip_missing_cuda_kernel():
+            raise NotImplementedError(message)
+    with pytest.raises(NotImplementedError, match="something else"):
+        with skip_missing_cuda_kernel():
+            raise NotImplementedError("something else")
+    args = (torch.ones(2, requires_grad=True), [torch.zeros(1)], 3.0, "gelu")
+    moved = to_device(args, "meta")
+    assert moved[0].device.type == "meta" and moved[0].requires_grad
+    assert moved[1][0].device.type == "meta" and moved[2:] == (3.0, "gelu")

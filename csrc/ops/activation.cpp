@@ -8,58 +8,24 @@
 #include <c10/util/safe_numerics.h>
 
 #include <cmath>
+#include <string>
 
 namespace te_cpp {
 
-const char* act_op_name(Act a, ActOp kind) {
-  // One row per Act, in enum order.
-  static constexpr const char* kNames[][3] = {
-      {"gelu_fwd", "gelu_bwd", "dbias_dgelu"},
-      {"relu_fwd", "relu_bwd", "dbias_drelu"},
-      {"silu_fwd", "silu_bwd", "dbias_dsilu"},
-      {"qgelu_fwd", "qgelu_bwd", "dbias_dqgelu"},
-      {"srelu_fwd", "srelu_bwd", "dbias_dsrelu"},
-      {"glu_fwd", "glu_bwd", "(none)"},
-      {"geglu_fwd", "geglu_bwd", "(none)"},
-      {"qgeglu_fwd", "qgeglu_bwd", "(none)"},
-      {"reglu_fwd", "reglu_bwd", "(none)"},
-      {"sreglu_fwd", "sreglu_bwd", "(none)"},
-      {"swiglu_fwd", "swiglu_bwd", "(none)"},
-      {"clamped_swiglu_fwd", "clamped_swiglu_bwd", "(none)"},
-      {"situglu_fwd", "situglu_bwd", "(none)"},
-  };
-  static_assert(sizeof(kNames) / sizeof(kNames[0]) == kNumActs, "one row per Act");
-  return kNames[static_cast<int>(a)][static_cast<int>(kind)];
-}
-
-Act unary_activation(const char* op, c10::string_view name) {
-  for (Act a : {Act::GELU, Act::RELU, Act::SILU, Act::QGELU, Act::SRELU}) {
-    const char* fwd = act_op_name(a, ActOp::FWD);  // "<stem>_fwd"
-    const size_t stem_len = std::char_traits<char>::length(fwd) - 4;
-    if (name.size() == stem_len && name.compare(0, stem_len, c10::string_view(fwd, stem_len)) == 0) {
-      return a;
-    }
+Act activation_by_name(const char* op, bool ActInfo::*takes, c10::string_view name) {
+  for (int i = 0; i < kNumActs; ++i) {
+    const ActInfo& a = kActInfo[i];
+    if (a.*takes && name == c10::string_view(a.stem)) return static_cast<Act>(i);
   }
-  TE_CHECK_VALUE(false, op, "activation must be one of gelu, relu, silu, qgelu, srelu, got '",
-                 std::string(name), "'");
+  std::string accepted;
+  for (const ActInfo& a : kActInfo) {
+    if (!(a.*takes)) continue;
+    if (!accepted.empty()) accepted += ", ";
+    accepted += a.stem;
+  }
+  TE_CHECK_VALUE(false, op, "activation must be one of ", accepted, ", got '", std::string(name),
+                 "'");
   return Act::GELU;
-}
-
-const char* scaled_act_op_name(Act a, ActOp kind) {
-  const bool fwd = kind == ActOp::FWD;
-  if (kind == ActOp::DBIAS) return "(none)";
-  switch (a) {
-    case Act::SWIGLU:
-      return fwd ? "scaled_swiglu_fwd" : "scaled_swiglu_bwd";
-    case Act::CLAMPED_SWIGLU:
-      return fwd ? "scaled_clamped_qgeglu_fwd" : "scaled_clamped_qgeglu_bwd";
-    case Act::SITUGLU:
-      return fwd ? "scaled_situglu_fwd" : "scaled_situglu_bwd";
-    case Act::SRELU:
-      return fwd ? "scaled_srelu_fwd" : "scaled_srelu_bwd";
-    default:
-      return "(none)";
-  }
 }
 
 namespace {

@@ -40,10 +40,10 @@ struct LinearShapes {
                                std::optional<at::ScalarType> bias_dtype);
 };
 
-// The unary activation named by a linear_bias_act_fwd call ("gelu", "relu", "silu", "qgelu",
-// "srelu"), or an error naming the op.
+// The activation named by a linear_bias_act_fwd call: a stem whose activation table row has
+// LINEAR set, or a ValueError naming the op.
 inline Act linear_activation(const char* op, c10::string_view name) {
-  return unary_activation(op, name);
+  return activation_by_name(op, &ActInfo::linear_bias_act, name);
 }
 
 }  // namespace te_cpp

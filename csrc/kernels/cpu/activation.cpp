@@ -4,9 +4,9 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
-#include "common/vec.h"
 #include "kernels/cpu/activation_math.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/cpu/vec.h"
 #include "ops/activation.h"
 
 namespace te_cpp {

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "common/vec.h"
+#include "kernels/cpu/vec.h"
 #include "ops/dropout.h"
 
 namespace te_cpp {

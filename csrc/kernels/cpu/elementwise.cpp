@@ -2,9 +2,9 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
-#include "common/vec.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/cpu/vec.h"
 #include "ops/elementwise.h"
 
 namespace te_cpp {

@@ -9,7 +9,7 @@
 #include <limits>
 
 #include "common/norm_math.h"
-#include "common/vec.h"
+#include "kernels/cpu/vec.h"
 #include "kernels/cpu/vec_math.h"
 #include "ops/l2norm.h"
 

@@ -6,10 +6,10 @@
 #include <ATen/ops/mm.h>
 #include <torch/library.h>
 
-#include "common/vec.h"
 #include "kernels/cpu/activation_math.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/cpu/vec.h"
 #include "ops/linear.h"
 
 namespace te_cpp {

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "common/norm_math.h"
-#include "common/vec.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/cpu/vec.h"
 #include "kernels/cpu/vec_math.h"
 #include "ops/normalization.h"
 

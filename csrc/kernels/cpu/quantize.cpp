@@ -12,7 +12,7 @@
 #include <array>
 #include <vector>
 
-#include "common/vec.h"
+#include "kernels/cpu/vec.h"
 #include "ops/quantize.h"
 
 namespace te_cpp {

@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "common/vec.h"
+#include "kernels/cpu/vec.h"
 
 namespace te_cpp::cpu {
 

@@ -1,0 +1,69 @@
+"""Checks a CUDA build of the extension (`make cuda-build`) on a machine with or without a GPU.
+
+Usage: python scripts/check_cuda_build.py build/cuda/lib/transformer_engine_cpp/_C.so
+
+Loads the shared library with the CUDA build of torch (`torch.ops.load_library`, which runs its
+TORCH_LIBRARY registrations) and asserts that:
+  * the library was compiled with the CUDA kernels (`_C.built_with_cuda()`);
+  * every op in CUDA_OPS reports a kernel for the CUDA dispatch key;
+  * no other te_cpp op does (a new CUDA kernel must be added to CUDA_OPS, and to the CUDA status
+    in docs/architecture.md).
+Nothing is run on a GPU. Exits non-zero, naming the ops, when a check fails.
+"""
+
+import importlib.util
+import sys
+
+import torch
+
+# The ops that have a CUDA kernel, by family (csrc/kernels/cuda/<family>.cu).
+CUDA_OPS = {
+    "elementwise": [
+        "bias_fwd", "bias_bwd", "constant_scale_fwd", "constant_scale_bwd",
+        "add_extra_input_fwd", "add_extra_input_fwd_inplace",
+        "make_extra_output_bwd", "make_extra_output_bwd_inplace",
+    ],
+}
+
+
+def main(path):
+    if torch.version.cuda is None:
+        sys.exit(f"check_cuda_build: torch {torch.__version__} is a CPU build; run this check "
+                 "with the CUDA build of torch (.venv-cuda)")
+    torch.ops.load_library(path)
+    # The same file as a Python module, for its build information (already loaded: no second
+    # registration).
+    spec = importlib.util.spec_from_file_location("transformer_engine_cpp._C", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not module.built_with_cuda():
+        sys.exit(f"check_cuda_build: {path} was built without CUDA (TECPP_WITH_CUDA unset?)")
+
+    ops = sorted(name for name in torch._C._dispatch_get_all_op_names()
+                 if name.startswith("te_cpp::"))
+    if not ops:
+        sys.exit(f"check_cuda_build: {path} registered no te_cpp ops")
+    has_cuda = {op for op in ops if torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA")}
+    expected = {f"te_cpp::{op}" for family in CUDA_OPS.values() for op in family}
+
+    for family, names in CUDA_OPS.items():
+        for op in names:
+            mark = "ok" if f"te_cpp::{op}" in has_cuda else "MISSING"
+            print(f"  CUDA kernel  {family:12s} te_cpp::{op:32s} {mark}")
+    missing = sorted(expected - has_cuda)
+    unexpected = sorted(has_cuda - expected)
+    print(f"check_cuda_build: torch {torch.__version__} (CUDA {torch.version.cuda}), "
+          f"{len(ops)} te_cpp ops, {len(has_cuda)} with a CUDA kernel, "
+          f"{len(ops) - len(has_cuda)} without")
+    if missing:
+        sys.exit("check_cuda_build: FAILED: no CUDA kernel registered for " + ", ".join(missing))
+    if unexpected:
+        sys.exit("check_cuda_build: FAILED: CUDA kernels not listed in CUDA_OPS (add them there "
+                 "and to the CUDA status in docs/architecture.md): " + ", ".join(unexpected))
+    print("check_cuda_build: OK")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    main(sys.argv[1])
