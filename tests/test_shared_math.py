@@ -127,12 +127,14 @@ def _kernel_outputs(tensors, dtype):
 
 def test_scalar_program_covers_every_activation():
     """A new activation goes into tests/cpp/shared_math_scalar.cpp (TE_UNARY or TE_GATED, its
-    parameters in config()) and into UNARY or GATED here (its parameters in PARAMS)."""
+    parameters in config()), into tests/cpp/shared_math_device.cu (a TE_*_LAUNCH line) and into
+    UNARY or GATED here (its parameters in PARAMS)."""
     assert sorted(UNARY) == sorted(c.op_stem for c in activations.UNARY)
     assert sorted(GATED) == sorted(c.op_stem for c in activations.GATED)
-    source = (ROOT / "tests/cpp/shared_math_scalar.cpp").read_text()
-    for stem in UNARY + GATED:
-        assert f"Act::{stem.upper()}" in source, stem
+    for name in ("shared_math_scalar.cpp", "shared_math_device.cu"):
+        source = (ROOT / "tests/cpp" / name).read_text()
+        for stem in UNARY + GATED:
+            assert f"Act::{stem.upper()}" in source, f"{stem} missing from tests/cpp/{name}"
 
 
 def test_scalar_math_matches_cpu_kernels(scalar_program, tmp_path):
