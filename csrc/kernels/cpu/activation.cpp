@@ -44,17 +44,17 @@ Tensor fwd_impl(const Tensor& x_in, const ActConfig& cfg) {
     using T = scalar_t;
     using A = acc_t<T>;
     constexpr int64_t W = AccVec<T>::size();
-    const typename cpu::ActTraits<K, A>::Act act(cfg);
     const T* xp = x.const_data_ptr<T>();
     T* yp = y.mutable_data_ptr<T>();
     if constexpr (!is_gated(K)) {
+      const typename cpu::ActTraits<K, A>::Act act(cfg);
       at::parallel_for(0, x.numel(), kParallelGrainElems, [&](int64_t i0, int64_t i1) {
         for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
           store_acc<T>(yp + i0 + i, act.f(load_acc<T>(xp + i0 + i, k)), k);
         });
       });
     } else {
-      const typename cpu::ActTraits<K, A>::Lin lin(cfg);
+      const cpu::Gated<K, A> gated(cfg);
       const auto [rows, n] = rows_features(x);
       const GatedGeometry g(n, cfg.interleave);
       at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
@@ -64,7 +64,7 @@ Tensor fwd_impl(const Tensor& x_in, const ActConfig& cfg) {
             const T* b = a + g.len;
             T* yr = yp + r * (n / 2) + s * g.len;
             for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
-              store_acc<T>(yr + i, act.f(load_acc<T>(a + i, k)) * lin.f(load_acc<T>(b + i, k)), k);
+              store_acc<T>(yr + i, gated.f(load_acc<T>(a + i, k), load_acc<T>(b + i, k)), k);
             });
           }
         }
@@ -86,11 +86,11 @@ Tensor bwd_impl(const Tensor& dy_in, const Tensor& x_in, const ActConfig& cfg) {
     using A = acc_t<T>;
     using Vec = AccVec<T>;
     constexpr int64_t W = Vec::size();
-    const typename cpu::ActTraits<K, A>::Act act(cfg);
     const T* xp = x.const_data_ptr<T>();
     const T* dyp = dy.const_data_ptr<T>();
     T* dxp = dx.mutable_data_ptr<T>();
     if constexpr (!is_gated(K)) {
+      const typename cpu::ActTraits<K, A>::Act act(cfg);
       at::parallel_for(0, x.numel(), kParallelGrainElems, [&](int64_t i0, int64_t i1) {
         for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
           Vec f, gx;
@@ -99,7 +99,7 @@ Tensor bwd_impl(const Tensor& dy_in, const Tensor& x_in, const ActConfig& cfg) {
         });
       });
     } else {
-      const typename cpu::ActTraits<K, A>::Lin lin(cfg);
+      const cpu::Gated<K, A> gated(cfg);
       const auto [rows, n] = rows_features(x);
       const GatedGeometry g(n, cfg.interleave);
       at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
@@ -109,14 +109,11 @@ Tensor bwd_impl(const Tensor& dy_in, const Tensor& x_in, const ActConfig& cfg) {
             const int64_t b_off = a_off + g.len;
             const T* dyr = dyp + r * (n / 2) + s * g.len;
             for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
-              // da = act'(a) applied to dy * lin(b); db = lin'(b) applied to dy * act(a)
-              Vec fa, ga, fb, dfb;
-              const Vec b = load_acc<T>(xp + b_off + i, k);
-              lin.both(b, fb, dfb);
-              const Vec d = load_acc<T>(dyr + i, k);
-              act.grad(load_acc<T>(xp + a_off + i, k), d * fb, fa, ga);
-              store_acc<T>(dxp + a_off + i, ga, k);
-              store_acc<T>(dxp + b_off + i, lin.grad(b, d * fa, dfb), k);
+              Vec fa, fb, da, db;
+              gated.grad(load_acc<T>(xp + a_off + i, k), load_acc<T>(xp + b_off + i, k),
+                         load_acc<T>(dyr + i, k), fa, fb, da, db);
+              store_acc<T>(dxp + a_off + i, da, k);
+              store_acc<T>(dxp + b_off + i, db, k);
             });
           }
         }
@@ -276,8 +273,7 @@ Tensor scaled_fwd_impl(const Tensor& x_in, const Tensor& s_in, const ActConfig& 
     using A = acc_t<T>;
     using Vec = AccVec<T>;
     constexpr int64_t W = Vec::size();
-    const typename cpu::ActTraits<K, A>::Act act(cfg);
-    const typename cpu::ActTraits<K, A>::Lin lin(cfg);
+    const cpu::Gated<K, A> gated(cfg);  // for a unary K, gated.act alone
     const T* xp = x.const_data_ptr<T>();
     const A* sp = s.const_data_ptr<A>();
     T* yp = y.mutable_data_ptr<T>();
@@ -288,8 +284,13 @@ Tensor scaled_fwd_impl(const Tensor& x_in, const Tensor& s_in, const ActConfig& 
           const T* a = xp + r * n + seg * g.stride;
           T* yr = yp + r * n_out + seg * g.len;
           for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
-            Vec v = act.f(load_acc<T>(a + i, k));
-            if constexpr (is_gated(K)) v = v * lin.f(load_acc<T>(a + g.len + i, k));
+            const Vec xa = load_acc<T>(a + i, k);
+            Vec v;
+            if constexpr (is_gated(K)) {
+              v = gated.f(xa, load_acc<T>(a + g.len + i, k));
+            } else {
+              v = gated.act.f(xa);
+            }
             store_acc<T>(yr + i, sv * v, k);
           });
         }
@@ -325,8 +326,7 @@ std::tuple<Tensor, Tensor> scaled_bwd_impl(const Tensor& dy_in, const Tensor& x_
     using A = acc_t<T>;
     using Vec = AccVec<T>;
     constexpr int64_t W = Vec::size();
-    const typename cpu::ActTraits<K, A>::Act act(cfg);
-    const typename cpu::ActTraits<K, A>::Lin lin(cfg);
+    const cpu::Gated<K, A> gated(cfg);  // for a unary K, gated.act alone
     const T* xp = x.const_data_ptr<T>();
     const T* dyp = dy.const_data_ptr<T>();
     const A* sp = s.const_data_ptr<A>();
@@ -344,19 +344,18 @@ std::tuple<Tensor, Tensor> scaled_bwd_impl(const Tensor& dy_in, const Tensor& x_
             // lanes of the tail add exactly 0 (the activations are finite at 0).
             const Vec d = load_acc<T>(dyr + i, k);
             const Vec gs = d * sv;
-            Vec fa, ga;
+            Vec fa, da;
             if constexpr (is_gated(K)) {
               const int64_t b_off = a_off + g.len;
-              Vec fb, dfb;
-              const Vec b = load_acc<T>(xp + b_off + i, k);
-              lin.both(b, fb, dfb);
-              act.grad(load_acc<T>(xp + a_off + i, k), gs * fb, fa, ga);
-              store_acc<T>(dxp + a_off + i, ga, k);
-              store_acc<T>(dxp + b_off + i, lin.grad(b, gs * fa, dfb), k);
+              Vec fb, db;
+              gated.grad(load_acc<T>(xp + a_off + i, k), load_acc<T>(xp + b_off + i, k), gs, fa,
+                         fb, da, db);
+              store_acc<T>(dxp + a_off + i, da, k);
+              store_acc<T>(dxp + b_off + i, db, k);
               if (dsp != nullptr) acc += d * (fa * fb);
             } else {
-              act.grad(load_acc<T>(xp + a_off + i, k), gs, fa, ga);
-              store_acc<T>(dxp + a_off + i, ga, k);
+              gated.act.grad(load_acc<T>(xp + a_off + i, k), gs, fa, da);
+              store_acc<T>(dxp + a_off + i, da, k);
               if (dsp != nullptr) acc += d * fa;
             }
           });

@@ -1,14 +1,16 @@
-// CPU kernels of L2Normalization (see ops/l2norm.h for the math). Rows are independent:
+// CPU kernels of L2Normalization (see ops/l2norm.h for the math; the row formulas are
+// common/norm_math.h's, shared with the CUDA kernels). Rows are independent:
 // at::parallel_for over rows, each row reduced in one Vectorized<acc_t> register (lanes summed
 // once at the end), so the result depends only on the row, never on the thread count.
 #include <ATen/cpu/vec/functional.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 
+#include "common/norm_math.h"
 #include "kernels/cpu/vec.h"
+#include "kernels/cpu/vec_math.h"
 #include "ops/l2norm.h"
 
 namespace te_cpp {
@@ -49,12 +51,14 @@ std::tuple<Tensor, Tensor> l2normalization_fwd_cpu(const Tensor& x_in, double ep
         const T* xr = xp + r * n;
         T* yr = yp + r * n;
         const A ss = row_sum<T>(xr, xr, n, [](const Vec<T>& u, const Vec<T>& v) { return u * v; });
-        const A rs = A(1) / std::sqrt(ss + static_cast<A>(eps));
+        const A rs = math::rsqrt_eps(ss, static_cast<A>(eps));
         rp[r] = rs;
         const Vec<T> rv(rs);
         int64_t i = 0;
-        for (; i + W <= n; i += W) store_acc<T>(yr + i, load_acc<T>(xr + i) * rv);
-        if (i < n) store_acc<T>(yr + i, load_acc<T>(xr + i, n - i) * rv, n - i);
+        for (; i + W <= n; i += W) store_acc<T>(yr + i, math::l2norm_out(load_acc<T>(xr + i), rv));
+        if (i < n) {
+          store_acc<T>(yr + i, math::l2norm_out(load_acc<T>(xr + i, n - i), rv), n - i);
+        }
       }
     });
   });
@@ -83,7 +87,7 @@ Tensor l2normalization_bwd_cpu(const Tensor& dy_in, const Tensor& x_in, const Te
         const T* dyr = dyp + r * n;
         T* dxr = dxp + r * n;
         const A rs = rp[r];
-        if (std::isinf(rs)) {
+        if (math::l2norm_bwd_row_is_nan(rs)) {
           // sum(x^2) + eps == 0 (eps = 0, a zero or underflowing row): the forward is inf or
           // NaN and PyTorch's autograd of it gives NaN (inf * 0), never +-inf
           std::fill(dxr, dxr + n, std::numeric_limits<T>::quiet_NaN());
@@ -92,12 +96,12 @@ Tensor l2normalization_bwd_cpu(const Tensor& dy_in, const Tensor& x_in, const Te
         const Vec<T> rv(rs);
         // k = dy . y with y = x r: every intermediate is O(|dy|), whatever the row's norm
         const A dot_y = row_sum<T>(dyr, xr, n, [&](const Vec<T>& u, const Vec<T>& v) {
-          return u * (v * rv);
+          return u * math::l2norm_out(v, rv);
         });
         const Vec<T> kv(dot_y);
         auto step = [&](int64_t i, int64_t k) {
-          const Vec<T> y = load_acc<T>(xr + i, k) * rv;
-          store_acc<T>(dxr + i, rv * (load_acc<T>(dyr + i, k) - kv * y), k);
+          const Vec<T> y = math::l2norm_out(load_acc<T>(xr + i, k), rv);
+          store_acc<T>(dxr + i, math::l2norm_dx(load_acc<T>(dyr + i, k), y, kv, rv), k);
         };
         int64_t i = 0;
         for (; i + W <= n; i += W) step(i, W);

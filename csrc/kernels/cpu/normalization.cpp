@@ -6,12 +6,12 @@
 // dgamma/dbeta contributions to its row block's partial sums (deterministic, see reduce.h).
 #include <torch/library.h>
 
-#include <cmath>
-#include <limits>
 #include <vector>
 
+#include "common/norm_math.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/cpu/vec.h"
+#include "kernels/cpu/vec_math.h"
 #include "ops/normalization.h"
 
 namespace te_cpp {
@@ -28,12 +28,14 @@ inline A hsum(const at::vec::Vectorized<A>& v) {
   return s;
 }
 
-// weight (or 1 + weight) converted to the accumulation type once per call.
+// gamma (the weight, or 1 + weight) in the accumulation type, once per call.
 template <typename T, typename A = acc_t<T>>
 std::vector<A> effective_gamma(const Tensor& weight, bool zero_centered) {
   const T* w = weight.const_data_ptr<T>();
   std::vector<A> g(static_cast<size_t>(weight.numel()));
-  for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<A>(w[i]) + (zero_centered ? A(1) : A(0));
+  for (size_t i = 0; i < g.size(); ++i) {
+    g[i] = math::norm_gamma(static_cast<A>(w[i]), zero_centered);
+  }
   return g;
 }
 
@@ -98,10 +100,13 @@ inline A first_pass(const T* __restrict row, int64_t n, A* __restrict scratch) {
 
 // ---- LayerNorm and RMSNorm, one kernel each way -------------------------------------------------
 //
-// kCentered = true is LayerNorm (subtract the mean, add beta), false is RMSNorm:
+// kCentered = true is LayerNorm (subtract the mean, add beta), false is RMSNorm. The row
+// formulas are common/norm_math.h's (shared with the CUDA kernels):
 //   forward   xhat = (x - mu) * rstd, y = xhat * gamma (+ beta); mu = 0 for RMSNorm
 //   backward  g = dy * gamma; dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) [+ dextra],
 //             with the mean(g) term only for LayerNorm; dgamma = sum dy * xhat, dbeta = sum dy.
+// Here the row sums are vector registers with their lanes summed at the end, and each row's
+// tail goes through the vector formulas with partial loads.
 //
 // Forward row visit: (1) x read once from memory: sum(x) for LayerNorm, sum(x^2) for RMSNorm
 // (bf16/fp16: converted into an fp32 scratch row on the way); (2) LayerNorm only:
@@ -142,24 +147,20 @@ void norm_fwd_kernel(const Tensor& x, const Tensor& weight, const Tensor* bias, 
       }
       A mu(0), var;
       if constexpr (kCentered) {
-        mu = s / static_cast<A>(n);
-        var = sum_sq_dev<A>(xa, n, mu) / static_cast<A>(n);
+        mu = math::row_mean(s, n);
+        var = math::row_mean(sum_sq_dev<A>(xa, n, mu), n);
         meanp[r] = mu;
       } else {
-        var = s / static_cast<A>(n);
+        var = math::row_mean(s, n);
       }
-      const A rs = A(1) / std::sqrt(var + epsa);
+      const A rs = math::rsqrt_eps(var, epsa);
       rstdp[r] = rs;
       const V muv(mu), rsv(rs);
       T* __restrict yr = yp + r * n;
       for_chunks<W>(n, [&](int64_t i, int64_t k) {
-        const V xh = kCentered ? (V::loadu(xa + i, k) - muv) * rsv : V::loadu(xa + i, k) * rsv;
-        const V gv = V::loadu(g + i, k);
-        if constexpr (kCentered) {
-          store_acc<T>(yr + i, at::vec::fmadd(xh, gv, V::loadu(be + i, k)), k);
-        } else {
-          store_acc<T>(yr + i, xh * gv, k);
-        }
+        const V xh = math::norm_xhat<kCentered>(V::loadu(xa + i, k), muv, rsv);
+        const V bv = kCentered ? V::loadu(be + i, k) : V(A(0));  // RMSNorm: no beta
+        store_acc<T>(yr + i, math::norm_out<kCentered>(xh, V::loadu(g + i, k), bv), k);
       });
     }
   });
@@ -195,7 +196,7 @@ void norm_bwd_kernel(const Tensor& dy, const Tensor& x, const Tensor* mean, cons
     const V muv(kCentered ? meanp[r] : A(0)), rsv(rstdp[r]);
     V sg(A(0)), sgx(A(0));
     for_chunks<W>(n, [&](int64_t i, int64_t k) {
-      const V xh = kCentered ? (load_acc<T>(xr + i, k) - muv) * rsv : load_acc<T>(xr + i, k) * rsv;
+      const V xh = math::norm_xhat<kCentered>(load_acc<T>(xr + i, k), muv, rsv);
       const V d = load_acc<T>(dyr + i, k);
       const V gd = d * V::loadu(g + i, k);
       sgx = at::vec::fmadd(gd, xh, sgx);
@@ -205,19 +206,16 @@ void norm_bwd_kernel(const Tensor& dy, const Tensor& x, const Tensor* mean, cons
         (V::loadu(acc + n + i, k) + d).store(acc + n + i, k);
       }
     });
-    const A c1s = kCentered ? hsum<A>(sg) / static_cast<A>(n) : A(0);
-    const A c2s = hsum<A>(sgx) / static_cast<A>(n);
-    const V c1(c1s), c2(c2s);
-    // LayerNorm: a non-finite row sum (an inf or NaN in the row's dy, or an inf meeting a zero)
-    // makes the whole dx row NaN, as PyTorch's LayerNorm backward gives (its mixed terms are
-    // inf - inf there); otherwise some lanes would come out as +-inf instead.
-    const bool poisoned = kCentered && !(std::isfinite(c1s) && std::isfinite(c2s));
-    const V outv = poisoned ? V(std::numeric_limits<A>::quiet_NaN()) : rsv;
+    // c1 = mean(g), c2 = mean(g xhat), and the row's scale (NaN for a LayerNorm row whose sums
+    // are not finite)
+    const math::NormBwdRow<A> co =
+        math::norm_bwd_row<kCentered>(kCentered ? hsum<A>(sg) : A(0), hsum<A>(sgx), n, rstdp[r]);
+    const V c1(co.c1), c2(co.c2), scale(co.scale);
     T* __restrict dxr = dxp + r * n;
     for_chunks<W>(n, [&](int64_t i, int64_t k) {
-      const V xh = kCentered ? (load_acc<T>(xr + i, k) - muv) * rsv : load_acc<T>(xr + i, k) * rsv;
+      const V xh = math::norm_xhat<kCentered>(load_acc<T>(xr + i, k), muv, rsv);
       const V gd = load_acc<T>(dyr + i, k) * V::loadu(g + i, k);
-      V out = outv * (gd - c1 - xh * c2);
+      V out = math::norm_dx(gd, xh, c1, c2, scale);
       if (der != nullptr) out += load_acc<T>(der + i, k);
       store_acc<T>(dxr + i, out, k);
     });
