@@ -86,7 +86,9 @@ def _extension():
     cxx = [*system_includes, "-std=c++20", "-Wall", "-fopenmp", "-Wno-unknown-pragmas",
            # GCC 12 false positive on the _mm512 fp16 conversion intrinsics inlined from torch
            "-Wno-maybe-uninitialized", "-DTORCH_ASSERT_ONLY_METHOD_OPERATORS",
-           *opt, *_cpu_flags()]
+           # no implicit contraction: the kernels' multiply-adds are the shared math's explicit
+           # fma/fnma, so a row's vector body and its scalar tail round alike
+           "-ffp-contract=off", *opt, *_cpu_flags()]
     sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/ops/*.cpp")
                      + glob.glob("csrc/kernels/cpu/*.cpp"))
     kwargs = dict(
@@ -97,9 +99,9 @@ def _extension():
     if _with_cuda():
         sources += sorted(glob.glob("csrc/kernels/cuda/*.cu"))
         cublaslt_include, cublaslt_link = _cublaslt()
-        # nvcc: the same defines as the C++ sources; the targets come from TORCH_CUDA_ARCH_LIST
-        # (`make cuda-build`: "9.0+PTX", sm_90 code plus PTX for later GPUs).
-        nvcc = ["-std=c++20", "--expt-relaxed-constexpr", "-DTECPP_WITH_CUDA",
+        # nvcc: the same defines and contraction rule as the C++ sources; the targets come from
+        # TORCH_CUDA_ARCH_LIST (`make cuda-build`: "9.0+PTX", sm_90 code plus PTX for later GPUs).
+        nvcc = ["-std=c++20", "--expt-relaxed-constexpr", "--fmad=false", "-DTECPP_WITH_CUDA",
                 "-DTORCH_ASSERT_ONLY_METHOD_OPERATORS", *(["-G"] if debug else []), *opt]
         kwargs["include_dirs"] += cublaslt_include
         kwargs["extra_link_args"] += cublaslt_link

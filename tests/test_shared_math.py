@@ -270,12 +270,7 @@ def test_norm_row_tail_equals_body(dtype):
 # whose partial loads branch between the two, so fp32 and fp64 tails can differ from the body
 # by an ulp (bf16/fp16 round it away). Kept as it is so that the numerics stay bitwise those of
 # the kernels before the math moved to common/norm_math.h; an explicit fma would fix it.
-_ADD_TAIL = pytest.mark.xfail(strict=True, reason="dextra add contracted in the body only")
-
-
-@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, marks=_ADD_TAIL),
-                                   pytest.param(torch.float64, marks=_ADD_TAIL),
-                                   torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_rmsnorm_bwd_add_row_tail_equals_body(dtype):
     x = _repeating(40, WIDTH, dtype, 1)
     dy = _repeating(40, WIDTH, dtype, 2, specials=True)

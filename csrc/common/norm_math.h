@@ -95,11 +95,19 @@ C10_HOST_DEVICE inline NormBwdRow<A> norm_bwd_row(A sum_g, A sum_gx, int64_t n, 
   return r;
 }
 
-// dx for g = dy gamma, with the row's coefficients broadcast to V.
+// dx for g = dy gamma, with the row's coefficients broadcast to V. The multiply-adds are
+// explicit (fnma, and fma for BackwardAddRMSNorm's + dextra): left to the compiler, their
+// contraction differed between the CPU kernels' vector body and a row's tail.
 template <typename V>
 C10_HOST_DEVICE inline V norm_dx(const V& g, const V& xhat, const V& c1, const V& c2,
                                  const V& scale) {
-  return scale * (g - c1 - xhat * c2);
+  return scale * Ops<V>::fnma(xhat, c2, g - c1);
+}
+
+template <typename V>
+C10_HOST_DEVICE inline V norm_dx_add(const V& g, const V& xhat, const V& c1, const V& c2,
+                                     const V& scale, const V& dextra) {
+  return Ops<V>::fma(scale, Ops<V>::fnma(xhat, c2, g - c1), dextra);
 }
 
 // L2Normalization: y = x rnorm (also the y of the backward's dot product dy . y).

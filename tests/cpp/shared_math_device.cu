@@ -64,7 +64,7 @@ __global__ void norm_kernel(const A* x, const A* dy, const A* w, A* y, A* dx, in
     const A xh = math::norm_xhat<kCentered>(xr[j], mu, rstd);
     const A l2 = l2_nan ? A(0) : math::l2norm_dx(dyr[j], math::l2norm_out(xr[j], rnorm), sum_g,
                                                   rnorm);
-    dx[blockIdx.x * n + j] = math::norm_dx(dyr[j] * gamma, xh, co.c1, co.c2, co.scale) + l2;
+    dx[blockIdx.x * n + j] = math::norm_dx_add(dyr[j] * gamma, xh, co.c1, co.c2, co.scale, l2);
   }
 }
 

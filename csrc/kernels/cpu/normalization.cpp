@@ -215,9 +215,11 @@ void norm_bwd_kernel(const Tensor& dy, const Tensor& x, const Tensor* mean, cons
     for_chunks<W>(n, [&](int64_t i, int64_t k) {
       const V xh = math::norm_xhat<kCentered>(load_acc<T>(xr + i, k), muv, rsv);
       const V gd = load_acc<T>(dyr + i, k) * V::loadu(g + i, k);
-      V out = math::norm_dx(gd, xh, c1, c2, scale);
-      if (der != nullptr) out += load_acc<T>(der + i, k);
-      store_acc<T>(dxr + i, out, k);
+      store_acc<T>(dxr + i,
+                   der != nullptr
+                       ? math::norm_dx_add(gd, xh, c1, c2, scale, load_acc<T>(der + i, k))
+                       : math::norm_dx(gd, xh, c1, c2, scale),
+                   k);
     });
   };
   const std::vector<A> sums = cpu::blocked_column_sums<A>(rows, kCentered ? 2 * n : n, row_fn);
