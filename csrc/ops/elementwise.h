@@ -1,12 +1,58 @@
-// Operator classes of the elementwise family: Bias, ConstantScale and the residual adds of
-// AddExtraInput / MakeExtraOutput. Each class owns the argument checks and the output
-// allocation (SymInt shapes); the Meta kernels and the device kernels both go through them, so
-// fake and real agree by construction.
+// The elementwise family: Bias, ConstantScale and the residual adds of AddExtraInput /
+// MakeExtraOutput. The operator classes own the argument checks and the output allocation
+// (SymInt shapes), shared by the Meta kernels and the front end (ops/elementwise.cpp); the
+// backends implement the stubs below on contiguous buffers of one dtype.
 #pragma once
 
+#include "common/backend.h"
 #include "common/common.h"
 
 namespace te_cpp {
+
+// y[r, f] = x[r, f] + bias[f]; x, bias and y in `dtype`.
+struct BiasAddArgs {
+  at::ScalarType dtype;
+  int64_t rows, features;
+  const void* x;
+  const void* bias;
+  void* y;
+};
+TE_DECLARE_STUB(bias_add_stub, void(const BiasAddArgs&));
+
+// out[f] = sum over r of dy[r, f], accumulated in dtype's accumulation type in an order fixed
+// by the shape alone (bitwise deterministic), rounded once to out_dtype. bias_bwd's kernel and
+// the dbias of linear_bwd.
+struct ColumnSumArgs {
+  at::ScalarType dtype, out_dtype;
+  int64_t rows, features;
+  const void* dy;
+  void* out;
+};
+TE_DECLARE_STUB(column_sum_stub, void(const ColumnSumArgs&));
+
+// out[i] = scale * x[i] over n elements.
+struct ScaleArgs {
+  at::ScalarType dtype;
+  int64_t n;
+  double scale;
+  const void* x;
+  void* out;
+};
+TE_DECLARE_STUB(scale_stub, void(const ScaleArgs&));
+
+// out[i] = a[i] + b[i] over n elements; out may be a (the in-place adds), and b may be a.
+struct AddArgs {
+  at::ScalarType dtype;
+  int64_t n;
+  const void* a;
+  const void* b;
+  void* out;
+};
+TE_DECLARE_STUB(add_stub, void(const AddArgs&));
+
+// db = dy summed over all but its last dim, into db ([features], any supported float dtype):
+// bias_bwd's front end and linear_bwd's dbias. dy: any layout, on db's device.
+void bias_grad_into(const Tensor& db, const Tensor& dy);
 
 // bias_fwd(x, bias) -> y = x + bias (bias broadcast over the leading dims).
 struct BiasFwd {

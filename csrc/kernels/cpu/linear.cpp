@@ -7,7 +7,7 @@
 #include <torch/library.h>
 
 #include "kernels/cpu/activation_math.h"
-#include "kernels/cpu/elementwise.h"
+#include "ops/elementwise.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/cpu/vec.h"
 #include "ops/linear.h"
@@ -210,7 +210,7 @@ std::tuple<Tensor, Tensor, Tensor> linear_bwd_cpu(const Tensor& dy_in, const Ten
     at::addmm_out(dx2, dx2, dy2, weight, 0.0, alpha);  // beta = 0: the outputs are not read
     at::addmm_out(dw, dw, dy2.t(), x2, 0.0, alpha);
   }
-  if (bias_dtype.has_value()) cpu::bias_grad_into(db, dy2);
+  if (bias_dtype.has_value()) bias_grad_into(db, dy2);
   return {dx, dw, db};
 }
 
