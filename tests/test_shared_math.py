@@ -265,11 +265,8 @@ def test_norm_row_tail_equals_body(dtype):
                                  f"l2normalization_bwd {dtype}")
 
 
-# rmsnorm_bwd_add adds dextra after the shared formula, in the kernel: GCC contracts that
-# multiply-add (rstd * (...) + dextra) into an FMA in the vector body but not in a row's tail,
-# whose partial loads branch between the two, so fp32 and fp64 tails can differ from the body
-# by an ulp (bf16/fp16 round it away). Kept as it is so that the numerics stay bitwise those of
-# the kernels before the math moved to common/norm_math.h; an explicit fma would fix it.
+# rmsnorm_bwd_add's + dextra is norm_math.h's explicit fma (norm_dx_add); with implicit
+# contraction off, a row's tail rounds it as the vector body does.
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_rmsnorm_bwd_add_row_tail_equals_body(dtype):
     x = _repeating(40, WIDTH, dtype, 1)
