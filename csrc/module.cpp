@@ -4,6 +4,8 @@
 // pybind11, no libtorch_python), so this translation unit stays light.
 #include <Python.h>
 
+#include "common/stub_registry.h"
+
 namespace {
 
 PyObject* built_with_cuda(PyObject*, PyObject*) {
@@ -24,9 +26,29 @@ PyObject* cpu_capability(PyObject*, PyObject*) {
 #endif
 }
 
+// [(stub name, has a CPU kernel, has a CUDA kernel)] for every backend stub of the front ends.
+PyObject* kernel_stubs(PyObject*, PyObject*) {
+  const auto& stubs = te_cpp::registered_stubs();
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(stubs.size()));
+  if (list == nullptr) return nullptr;
+  for (size_t i = 0; i < stubs.size(); ++i) {
+    const te_cpp::StubEntry& e = stubs[i];
+    PyObject* row = Py_BuildValue("(sOO)", e.name, e.has_cpu(e.stub) ? Py_True : Py_False,
+                                  e.has_cuda(e.stub) ? Py_True : Py_False);
+    if (row == nullptr) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    PyList_SetItem(list, static_cast<Py_ssize_t>(i), row);  // steals row
+  }
+  return list;
+}
+
 PyMethodDef kMethods[] = {
     {"built_with_cuda", built_with_cuda, METH_NOARGS, "Whether the CUDA kernels were compiled."},
     {"cpu_capability", cpu_capability, METH_NOARGS, "The at::vec ISA of the CPU kernels."},
+    {"kernel_stubs", kernel_stubs, METH_NOARGS,
+     "[(stub, has_cpu, has_cuda)] for every backend stub."},
     {nullptr, nullptr, 0, nullptr},
 };
 

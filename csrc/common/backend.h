@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "common/common.h"
+#include "common/stub_registry.h"
 
 namespace te_cpp {
 
@@ -47,6 +48,7 @@ class KernelStub<Ret(Args...)> {
   bool has(c10::DeviceType device) const {
     return (device == c10::DeviceType::CPU ? cpu_ : cuda_) != nullptr;
   }
+  const char* name() const { return op_; }
 
   // Called once per backend at static initialisation (TE_REGISTER_KERNEL).
   bool set(c10::DeviceType device, Fn fn) {
@@ -64,7 +66,18 @@ class KernelStub<Ret(Args...)> {
 // in its front end:   TE_DEFINE_STUB(bias_add_stub, void(const BiasAddArgs&));
 // in a backend:       TE_REGISTER_KERNEL(bias_add_stub, CPU, bias_add_cpu);
 #define TE_DECLARE_STUB(stub, ...) extern ::te_cpp::KernelStub<__VA_ARGS__> stub
-#define TE_DEFINE_STUB(stub, ...) ::te_cpp::KernelStub<__VA_ARGS__> stub(#stub)
+#define TE_DEFINE_STUB(stub, ...)                                                          \
+  ::te_cpp::KernelStub<__VA_ARGS__> stub(#stub);                                           \
+  [[maybe_unused]] static const bool C10_ANONYMOUS_VARIABLE(te_stub_listed_) =             \
+      ::te_cpp::register_stub(::te_cpp::StubEntry{                                         \
+          #stub,                                                                           \
+          [](const void* s) {                                                              \
+            return static_cast<const decltype(stub)*>(s)->has(c10::DeviceType::CPU);       \
+          },                                                                               \
+          [](const void* s) {                                                              \
+            return static_cast<const decltype(stub)*>(s)->has(c10::DeviceType::CUDA);      \
+          },                                                                               \
+          &stub})
 #define TE_REGISTER_KERNEL(stub, device, fn)                  \
   [[maybe_unused]] static const bool C10_ANONYMOUS_VARIABLE(te_kernel_registered_) = \
       (stub).set(c10::DeviceType::device, (fn))
