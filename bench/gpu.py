@@ -63,6 +63,19 @@ def median_ms(fn, device: str, rounds: int, repeat: int) -> float:
     return statistics.median(run(fn, repeat) for _ in range(rounds))
 
 
+def cuda_kernels(fn) -> list[str]:
+    """The names of the CUDA kernels one call of ``fn`` launches (torch.profiler), e.g. to
+    show that Linear + bias + GELU is one cuBLASLt GEMM with its epilogue."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+            and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+
+
 def copy_ms(nbytes: int, device: str, rounds: int, repeat: int) -> float:
     """A device-to-device copy moving ``nbytes`` (half read, half written)."""
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device)
@@ -121,10 +134,16 @@ def run_case(case, dtype, device: str, rounds: int, repeat: int, log) -> list[di
         efficiency = ""
         if nbytes:
             efficiency = f"{copy_ms(nbytes, device, rounds, repeat) / ms['ours']:.3f}"
+        note = ""
+        if device == "cuda":
+            names = cuda_kernels(steps["ours"].fn(mode))
+            note = f"{len(names)} CUDA kernels: " + "; ".join(n[:60] for n in names[:8])
+            log(f"  {case.name} {mode}: ours launches {note}")
         for name, t in ms.items():
             rows.append(dict(base, mode=mode, provider=name, ms=f"{t:.4f}",
                              ratio_vs_ours=f"{t / ms['ours']:.3f}",
-                             copy_efficiency=efficiency if name == "ours" else "", note=""))
+                             copy_efficiency=efficiency if name == "ours" else "",
+                             note=note if name == "ours" else ""))
         log(f"  {case.name} {mode}: " + " | ".join(
             f"{n} {t:.3f} ms x{t / ms['ours']:.2f}" for n, t in ms.items())
             + (f" | ours at {float(efficiency):.0%} of copy" if efficiency else ""))
