@@ -168,16 +168,16 @@ def main() -> None:
     if a.device == "cuda":
         env += f", {torch.cuda.get_device_name()}, CUDA {torch.version.cuda}"
     log(env)
-    rows = []
-    for case in cases(a.small):
-        rows += run_case(case, torch.bfloat16, a.device, a.rounds, a.repeat, log)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    # rows are written after each case, so a run stopped by a time limit keeps what it measured
     with open(a.out, "w", newline="") as f:
         f.write(f"# {env}\n")
         w = csv.DictWriter(f, FIELDS)
         w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k, "") for k in FIELDS})
+        for case in cases(a.small):
+            for r in run_case(case, torch.bfloat16, a.device, a.rounds, a.repeat, log):
+                w.writerow({k: r.get(k, "") for k in FIELDS})
+            f.flush()
     log(f"wrote {a.out}")
 
 

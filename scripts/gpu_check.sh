@@ -64,12 +64,13 @@ print('%d.%d+PTX' % torch.cuda.get_device_capability())")"
   bench=()
 fi
 
-if stage build "${GPU_CHECK_BUILD_LIMIT:-240}" "$py" setup.py -q build_ext --inplace; then
+if stage build "${GPU_CHECK_BUILD_LIMIT:-210}" "$py" setup.py -q build_ext --inplace; then
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
   # the inductor cases (marked slow) are left out: each compile costs the device's time
-  stage conformance 180 "$py" -m pytest -q -p no:cacheprovider -m "not slow" \
-    --junitxml="$out/conformance.xml" -rs tests/test_conformance.py "${cases[@]}"
-  stage bench 150 "$py" bench/gpu.py --out "$out/bench.csv" "${bench[@]}"
+  stage conformance 150 "$py" -m pytest -q -p no:cacheprovider -m "not slow" \
+    --junitxml="$out/conformance.xml" -rs tests/test_conformance.py tests/test_cuda_backend.py \
+    "${cases[@]}"
+  stage bench 100 "$py" bench/gpu.py --out "$out/bench.csv" "${bench[@]}"
 fi
 echo "gpu_check: $([ "$status" -eq 0 ] && echo passed || echo FAILED) ($SECONDS s); outputs in $out"
 exit "$status"
