@@ -31,7 +31,7 @@ constexpr int kBwdCacheChunks = 2;
 constexpr int kWarpsPerBlock = 8;
 // Block-per-row kernels: at most this many threads per block. The row kernels are declared
 // __launch_bounds__(kMaxRowThreads), which keeps them within 128 registers per thread (the
-// cached backward holds 5 chunks per cache slot).
+// cached LayerNorm backward keeps x, dy, gamma, and the dweight and dbias sums per cache slot).
 constexpr int kMaxRowThreads = 512;
 constexpr int64_t kMaxRowBlocks = int64_t{1} << 16;
 
