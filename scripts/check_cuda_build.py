@@ -25,6 +25,10 @@ CUDA_OPS = {
         "add_extra_input_fwd", "add_extra_input_fwd_inplace",
         "make_extra_output_bwd", "make_extra_output_bwd_inplace",
     ],
+    "normalization": [
+        "layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "rmsnorm_bwd_add",
+    ],
+    "l2norm": ["l2normalization_fwd", "l2normalization_bwd"],
 }
 
 

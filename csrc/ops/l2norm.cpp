@@ -1,4 +1,4 @@
-// Checks, allocation and Meta kernels of L2Normalization.
+// Checks, allocation, Meta kernels and front end of L2Normalization.
 #include "ops/l2norm.h"
 
 #include <ATen/OpMathType.h>
@@ -50,7 +50,47 @@ Tensor L2NormalizationBwd::allocate(const Tensor& x) {
   return at::empty_symint(x.sym_sizes(), x.options());
 }
 
+TE_DEFINE_STUB(l2norm_fwd_stub, void(const L2NormFwdArgs&));
+TE_DEFINE_STUB(l2norm_bwd_stub, void(const L2NormBwdArgs&));
+
 namespace {
+
+// ---- front end (the CPU and CUDA dispatch keys) ----
+
+std::tuple<Tensor, Tensor> l2normalization_fwd(const Tensor& x_in, double eps) {
+  L2NormalizationFwd::check(x_in, eps);
+  const auto guard = device_guard(x_in);
+  auto [y, rnorm] = L2NormalizationFwd::allocate(x_in);
+  const int64_t rows = rnorm.numel();  // also right for an empty last dim (an empty sum)
+  if (rows == 0) return {y, rnorm};
+  const Tensor x = x_in.contiguous();
+  l2norm_fwd_stub(x.device().type(),
+                  L2NormFwdArgs{x.scalar_type(), rows, x.size(-1), eps, x.const_data_ptr(),
+                                y.mutable_data_ptr(), rnorm.mutable_data_ptr()});
+  return {y, rnorm};
+}
+
+Tensor l2normalization_bwd(const Tensor& dy_in, const Tensor& x_in, const Tensor& rn_in) {
+  L2NormalizationBwd::check(dy_in, x_in, rn_in);
+  const auto guard = device_guard(x_in);
+  Tensor dx = L2NormalizationBwd::allocate(x_in);
+  if (dx.numel() == 0) return dx;
+  const Tensor x = x_in.contiguous();
+  const Tensor dy = dy_in.to(x.scalar_type()).contiguous();
+  const Tensor rnorm = rn_in.contiguous();
+  l2norm_bwd_stub(x.device().type(),
+                  L2NormBwdArgs{x.scalar_type(), rnorm.numel(), x.size(-1),
+                                dy.const_data_ptr(), x.const_data_ptr(), rnorm.const_data_ptr(),
+                                dx.mutable_data_ptr()});
+  return dx;
+}
+
+void register_front_ends(torch::Library& m) {
+  m.impl("l2normalization_fwd", l2normalization_fwd);
+  m.impl("l2normalization_bwd", l2normalization_bwd);
+}
+
+// ---- Meta kernels ----
 
 std::tuple<Tensor, Tensor> l2normalization_fwd_meta(const Tensor& x, double eps) {
   L2NormalizationFwd::check(x, eps);
@@ -68,5 +108,7 @@ TORCH_LIBRARY_IMPL(te_cpp, Meta, m) {
   m.impl("l2normalization_fwd", l2normalization_fwd_meta);
   m.impl("l2normalization_bwd", l2normalization_bwd_meta);
 }
+
+TE_REGISTER_FRONT_ENDS(register_front_ends)
 
 }  // namespace te_cpp

@@ -10,9 +10,34 @@
 
 #include <tuple>
 
+#include "common/backend.h"
 #include "common/common.h"
 
 namespace te_cpp {
+
+// The backends' stubs, on contiguous buffers (x, dy, y, dx in dtype; rsqrt_norm in its
+// accumulation type), rows x features with rows >= 1. Forward: features may be 0 (an empty
+// sum: rsqrt_norm = 1 / sqrt(eps)).
+struct L2NormFwdArgs {
+  at::ScalarType dtype;
+  int64_t rows, features;
+  double eps;
+  const void* x;
+  void* y;
+  void* rsqrt_norm;
+};
+TE_DECLARE_STUB(l2norm_fwd_stub, void(const L2NormFwdArgs&));
+
+// Backward: features >= 1.
+struct L2NormBwdArgs {
+  at::ScalarType dtype;
+  int64_t rows, features;
+  const void* dy;
+  const void* x;
+  const void* rsqrt_norm;
+  void* dx;
+};
+TE_DECLARE_STUB(l2norm_bwd_stub, void(const L2NormBwdArgs&));
 
 // The dtype of rsqrt_norm for an input of dtype t.
 at::ScalarType l2norm_stat_dtype(at::ScalarType t);

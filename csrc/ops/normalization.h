@@ -5,13 +5,59 @@
 // the leading dims are rows. The statistics (mean, rstd) have the leading dims' shape and the
 // accumulation dtype: float32 for fp32/bf16/fp16 inputs, float64 for fp64. With
 // zero_centered_gamma the scale is (1 + weight).
+//
+// The operator classes own the checks and the allocation (shared by the Meta kernels and the
+// front end, ops/normalization.cpp); the backends implement norm_fwd_stub and norm_bwd_stub on
+// contiguous buffers: x, dy, dextra, weight, bias, y, dx, dweight and dbias in one dtype, the
+// statistics in its accumulation type.
 #pragma once
 
 #include <tuple>
 
+#include "common/backend.h"
 #include "common/common.h"
 
 namespace te_cpp {
+
+enum class NormKind { kLayerNorm, kRMSNorm };
+
+// Forward over rows x features: per row the statistics (mean for LayerNorm, rstd), and
+// y = xhat * gamma (+ beta), gamma = weight (+ 1 with zero_centered_gamma). features may be 0
+// (rows of an empty sum: the statistics are then NaN, y empty).
+struct NormFwdArgs {
+  NormKind kind;
+  at::ScalarType dtype;
+  int64_t rows, features;
+  double eps;
+  bool zero_centered_gamma;
+  const void* x;
+  const void* weight;
+  const void* bias;  // LayerNorm only
+  void* y;
+  void* mean;  // LayerNorm only, [rows] in the accumulation type
+  void* rstd;  // [rows] in the accumulation type
+};
+TE_DECLARE_STUB(norm_fwd_stub, void(const NormFwdArgs&));
+
+// Backward over rows x features, rows >= 1 and features >= 1: dx (+ dextra for
+// BackwardAddRMSNorm), and dweight (and dbias for LayerNorm) summed over the rows in an order
+// fixed by the shape alone (bitwise deterministic), rounded once to dtype.
+struct NormBwdArgs {
+  NormKind kind;
+  at::ScalarType dtype;
+  int64_t rows, features;
+  bool zero_centered_gamma;
+  const void* dy;
+  const void* x;
+  const void* mean;  // LayerNorm only
+  const void* rstd;
+  const void* weight;
+  const void* dextra;  // RMSNorm only, or null
+  void* dx;
+  void* dweight;
+  void* dbias;  // LayerNorm only
+};
+TE_DECLARE_STUB(norm_bwd_stub, void(const NormBwdArgs&));
 
 struct NormShapes {
   // Checks x against weight (and bias, when defined): dtypes, devices, trailing shape.

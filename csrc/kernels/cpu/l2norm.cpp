@@ -1,9 +1,8 @@
-// CPU kernels of L2Normalization (see ops/l2norm.h for the math; the row formulas are
+// CPU backend of L2Normalization (see ops/l2norm.h for the math; the row formulas are
 // common/norm_math.h's, shared with the CUDA kernels). Rows are independent:
 // at::parallel_for over rows, each row reduced in one Vectorized<acc_t> register (lanes summed
 // once at the end), so the result depends only on the row, never on the thread count.
 #include <ATen/cpu/vec/functional.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <limits>
@@ -33,19 +32,17 @@ acc_t<T> row_sum(const T* a, const T* b, int64_t n, const F& f) {
   return at::vec::vec_reduce_all<acc_t<T>>([](Vec<T>& u, Vec<T>& v) { return u + v; }, acc);
 }
 
-std::tuple<Tensor, Tensor> l2normalization_fwd_cpu(const Tensor& x_in, double eps) {
-  L2NormalizationFwd::check(x_in, eps);
-  auto [y, rnorm] = L2NormalizationFwd::allocate(x_in);
-  const Tensor x = x_in.contiguous();
-  const int64_t n = x.size(-1);
-  const int64_t rows = rnorm.numel();  // also right for n == 0 (rows of an empty sum)
-  TE_DISPATCH_FLOAT(x.scalar_type(), "l2normalization_fwd", [&] {
+void l2norm_fwd_cpu(const L2NormFwdArgs& a) {
+  const int64_t n = a.features;
+  const int64_t rows = a.rows;
+  const double eps = a.eps;
+  TE_DISPATCH_FLOAT(a.dtype, "l2normalization_fwd", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
     constexpr int64_t W = Vec<T>::size();
-    const T* xp = x.const_data_ptr<T>();
-    T* yp = y.mutable_data_ptr<T>();
-    A* rp = rnorm.mutable_data_ptr<A>();
+    const T* xp = static_cast<const T*>(a.x);
+    T* yp = static_cast<T*>(a.y);
+    A* rp = static_cast<A*>(a.rsqrt_norm);
     at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const T* xr = xp + r * n;
@@ -62,25 +59,19 @@ std::tuple<Tensor, Tensor> l2normalization_fwd_cpu(const Tensor& x_in, double ep
       }
     });
   });
-  return {y, rnorm};
 }
 
-Tensor l2normalization_bwd_cpu(const Tensor& dy_in, const Tensor& x_in, const Tensor& rn_in) {
-  L2NormalizationBwd::check(dy_in, x_in, rn_in);
-  Tensor dx = L2NormalizationBwd::allocate(x_in);
-  const Tensor x = x_in.contiguous();
-  const Tensor dy = dy_in.to(x.scalar_type()).contiguous();
-  const Tensor rnorm = rn_in.contiguous();
-  const int64_t n = x.size(-1);
-  const int64_t rows = n == 0 ? 0 : x.numel() / n;
-  TE_DISPATCH_FLOAT(x.scalar_type(), "l2normalization_bwd", [&] {
+void l2norm_bwd_cpu(const L2NormBwdArgs& a) {
+  const int64_t n = a.features;
+  const int64_t rows = a.rows;
+  TE_DISPATCH_FLOAT(a.dtype, "l2normalization_bwd", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
     constexpr int64_t W = Vec<T>::size();
-    const T* xp = x.const_data_ptr<T>();
-    const T* dyp = dy.const_data_ptr<T>();
-    const A* rp = rnorm.const_data_ptr<A>();
-    T* dxp = dx.mutable_data_ptr<T>();
+    const T* xp = static_cast<const T*>(a.x);
+    const T* dyp = static_cast<const T*>(a.dy);
+    const A* rp = static_cast<const A*>(a.rsqrt_norm);
+    T* dxp = static_cast<T*>(a.dx);
     at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const T* xr = xp + r * n;
@@ -109,14 +100,11 @@ Tensor l2normalization_bwd_cpu(const Tensor& dy_in, const Tensor& x_in, const Te
       }
     });
   });
-  return dx;
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(te_cpp, CPU, m) {
-  m.impl("l2normalization_fwd", l2normalization_fwd_cpu);
-  m.impl("l2normalization_bwd", l2normalization_bwd_cpu);
-}
+TE_REGISTER_KERNEL(l2norm_fwd_stub, CPU, l2norm_fwd_cpu);
+TE_REGISTER_KERNEL(l2norm_bwd_stub, CPU, l2norm_bwd_cpu);
 
 }  // namespace te_cpp

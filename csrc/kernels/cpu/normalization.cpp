@@ -1,11 +1,9 @@
-// CPU kernels of LayerNorm and RMSNorm (see ops/normalization.h for the conventions).
+// CPU backend of LayerNorm and RMSNorm (see ops/normalization.h for the conventions).
 //
 // Forward: each row is read from memory once and its statistics are computed from the cached
 // row (for bf16/fp16 a converted fp32 copy of the row), in the accumulation type; the output
 // is written in the same visit. Backward: one visit per row computes dx and adds the row's
 // dgamma/dbeta contributions to its row block's partial sums (deterministic, see reduce.h).
-#include <torch/library.h>
-
 #include <vector>
 
 #include "common/norm_math.h"
@@ -30,9 +28,8 @@ inline A hsum(const at::vec::Vectorized<A>& v) {
 
 // gamma (the weight, or 1 + weight) in the accumulation type, once per call.
 template <typename T, typename A = acc_t<T>>
-std::vector<A> effective_gamma(const Tensor& weight, bool zero_centered) {
-  const T* w = weight.const_data_ptr<T>();
-  std::vector<A> g(static_cast<size_t>(weight.numel()));
+std::vector<A> effective_gamma(const T* w, int64_t n, bool zero_centered) {
+  std::vector<A> g(static_cast<size_t>(n));
   for (size_t i = 0; i < g.size(); ++i) {
     g[i] = math::norm_gamma(static_cast<A>(w[i]), zero_centered);
   }
@@ -40,9 +37,8 @@ std::vector<A> effective_gamma(const Tensor& weight, bool zero_centered) {
 }
 
 template <typename T, typename A = acc_t<T>>
-std::vector<A> to_acc(const Tensor& t) {
-  const T* p = t.const_data_ptr<T>();
-  std::vector<A> out(static_cast<size_t>(t.numel()));
+std::vector<A> to_acc(const T* p, int64_t n) {
+  std::vector<A> out(static_cast<size_t>(n));
   for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<A>(p[i]);
   return out;
 }
@@ -113,23 +109,23 @@ inline A first_pass(const T* __restrict row, int64_t n, A* __restrict scratch) {
 // sum((x - mu)^2) over the cached row (two-pass variance); (3) y from the cached row.
 
 template <bool kCentered, typename T>
-void norm_fwd_kernel(const Tensor& x, const Tensor& weight, const Tensor* bias, double eps,
-                     bool zero_centered_gamma, const Tensor& y, const Tensor* mean,
-                     const Tensor& rstd) {
+void norm_fwd_kernel(const NormFwdArgs& a) {
   using A = acc_t<T>;
   using V = AccVec<T>;
   constexpr int64_t W = V::size();
-  const int64_t n = weight.numel();
-  const int64_t rows = n == 0 ? 0 : x.numel() / n;
-  const std::vector<A> gamma_v = effective_gamma<T>(weight, zero_centered_gamma);
-  const std::vector<A> beta_v = kCentered ? to_acc<T>(*bias) : std::vector<A>();
+  const int64_t n = a.features;
+  const int64_t rows = a.rows;
+  const std::vector<A> gamma_v =
+      effective_gamma<T>(static_cast<const T*>(a.weight), n, a.zero_centered_gamma);
+  const std::vector<A> beta_v =
+      kCentered ? to_acc<T>(static_cast<const T*>(a.bias), n) : std::vector<A>();
   const A* gamma = gamma_v.data();
   const A* beta = beta_v.data();
-  const T* xp = x.const_data_ptr<T>();
-  T* yp = y.mutable_data_ptr<T>();
-  A* meanp = kCentered ? mean->mutable_data_ptr<A>() : nullptr;
-  A* rstdp = rstd.mutable_data_ptr<A>();
-  const A epsa = static_cast<A>(eps);
+  const T* xp = static_cast<const T*>(a.x);
+  T* yp = static_cast<T*>(a.y);
+  A* meanp = kCentered ? static_cast<A*>(a.mean) : nullptr;
+  A* rstdp = static_cast<A*>(a.rstd);
+  const A epsa = static_cast<A>(a.eps);
   at::parallel_for(0, rows, row_grain(n), [=](int64_t r0, int64_t r1) {
     constexpr bool kConvert = !std::is_same_v<T, A>;
     std::vector<A> scratch_v(kConvert ? static_cast<size_t>(n) : 0);
@@ -171,22 +167,21 @@ void norm_fwd_kernel(const Tensor& x, const Tensor& weight, const Tensor* bias, 
 // row's dgamma/dbeta contributions added to its block's partial sums; (2) dx from the rows,
 // now in L1.
 template <bool kCentered, typename T>
-void norm_bwd_kernel(const Tensor& dy, const Tensor& x, const Tensor* mean, const Tensor& rstd,
-                     const Tensor& weight, bool zero_centered_gamma, const Tensor* dextra,
-                     const Tensor& dx, const Tensor& dweight, const Tensor* dbias) {
+void norm_bwd_kernel(const NormBwdArgs& a) {
   using A = acc_t<T>;
   using V = AccVec<T>;
   constexpr int64_t W = V::size();
-  const int64_t n = weight.numel();
-  const int64_t rows = n == 0 ? 0 : x.numel() / n;
-  const std::vector<A> gamma_v = effective_gamma<T>(weight, zero_centered_gamma);
+  const int64_t n = a.features;
+  const int64_t rows = a.rows;
+  const std::vector<A> gamma_v =
+      effective_gamma<T>(static_cast<const T*>(a.weight), n, a.zero_centered_gamma);
   const A* gamma = gamma_v.data();
-  const T* xp = x.const_data_ptr<T>();
-  const T* dyp = dy.const_data_ptr<T>();
-  const T* dep = dextra ? dextra->const_data_ptr<T>() : nullptr;
-  const A* meanp = kCentered ? mean->const_data_ptr<A>() : nullptr;
-  const A* rstdp = rstd.const_data_ptr<A>();
-  T* dxp = dx.mutable_data_ptr<T>();
+  const T* xp = static_cast<const T*>(a.x);
+  const T* dyp = static_cast<const T*>(a.dy);
+  const T* dep = static_cast<const T*>(a.dextra);
+  const A* meanp = kCentered ? static_cast<const A*>(a.mean) : nullptr;
+  const A* rstdp = static_cast<const A*>(a.rstd);
+  T* dxp = static_cast<T*>(a.dx);
   // acc[0, n): dgamma partials; for LayerNorm acc[n, 2n): dbeta partials.
   auto row_fn = [=](int64_t r, A* __restrict acc) {
     const T* __restrict xr = xp + r * n;
@@ -223,93 +218,37 @@ void norm_bwd_kernel(const Tensor& dy, const Tensor& x, const Tensor* mean, cons
     });
   };
   const std::vector<A> sums = cpu::blocked_column_sums<A>(rows, kCentered ? 2 * n : n, row_fn);
-  T* dwp = dweight.mutable_data_ptr<T>();
-  T* dbp = kCentered ? dbias->mutable_data_ptr<T>() : nullptr;
+  T* dwp = static_cast<T*>(a.dweight);
+  T* dbp = kCentered ? static_cast<T*>(a.dbias) : nullptr;
   for (int64_t i = 0; i < n; ++i) {
     dwp[i] = static_cast<T>(sums[i]);
     if constexpr (kCentered) dbp[i] = static_cast<T>(sums[n + i]);
   }
 }
 
-std::tuple<Tensor, Tensor, Tensor> layernorm_fwd_cpu(const Tensor& x_in, const Tensor& weight_in,
-                                                     const Tensor& bias_in, double eps,
-                                                     bool zero_centered_gamma) {
-  NormShapes::check(LayerNormFwd::kName, x_in, weight_in, &bias_in);
-  NormShapes::check_eps(LayerNormFwd::kName, eps);
-  auto [y, mean, rstd] = LayerNormFwd::allocate(x_in, weight_in);
-  const Tensor x = x_in.contiguous(), weight = weight_in.contiguous(), bias = bias_in.contiguous();
-  TE_DISPATCH_FLOAT(x.scalar_type(), "layernorm_fwd", [&] {
-    norm_fwd_kernel<true, scalar_t>(x, weight, &bias, eps, zero_centered_gamma, y, &mean, rstd);
+void norm_fwd_cpu(const NormFwdArgs& a) {
+  TE_DISPATCH_FLOAT(a.dtype, "norm_fwd", [&] {
+    if (a.kind == NormKind::kLayerNorm) {
+      norm_fwd_kernel<true, scalar_t>(a);
+    } else {
+      norm_fwd_kernel<false, scalar_t>(a);
+    }
   });
-  return {y, mean, rstd};
 }
 
-std::tuple<Tensor, Tensor, Tensor> layernorm_bwd_cpu(const Tensor& dy_in, const Tensor& x_in,
-                                                     const Tensor& mean_in, const Tensor& rstd_in,
-                                                     const Tensor& weight_in,
-                                                     bool zero_centered_gamma) {
-  LayerNormBwd::check(dy_in, x_in, mean_in, rstd_in, weight_in);
-  auto [dx, dweight, dbias] = LayerNormBwd::allocate(x_in, weight_in);
-  const Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
-  const Tensor dy = dy_in.to(x.scalar_type()).contiguous();
-  const Tensor mean = mean_in.contiguous(), rstd = rstd_in.contiguous();
-  TE_DISPATCH_FLOAT(x.scalar_type(), "layernorm_bwd", [&] {
-    norm_bwd_kernel<true, scalar_t>(dy, x, &mean, rstd, weight, zero_centered_gamma, nullptr, dx,
-                                    dweight, &dbias);
+void norm_bwd_cpu(const NormBwdArgs& a) {
+  TE_DISPATCH_FLOAT(a.dtype, "norm_bwd", [&] {
+    if (a.kind == NormKind::kLayerNorm) {
+      norm_bwd_kernel<true, scalar_t>(a);
+    } else {
+      norm_bwd_kernel<false, scalar_t>(a);
+    }
   });
-  return {dx, dweight, dbias};
-}
-
-std::tuple<Tensor, Tensor> rmsnorm_fwd_cpu(const Tensor& x_in, const Tensor& weight_in, double eps,
-                                           bool zero_centered_gamma) {
-  NormShapes::check(RMSNormFwd::kName, x_in, weight_in, nullptr);
-  NormShapes::check_eps(RMSNormFwd::kName, eps);
-  auto [y, rstd] = RMSNormFwd::allocate(x_in, weight_in);
-  const Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
-  TE_DISPATCH_FLOAT(x.scalar_type(), "rmsnorm_fwd", [&] {
-    norm_fwd_kernel<false, scalar_t>(x, weight, nullptr, eps, zero_centered_gamma, y, nullptr,
-                                     rstd);
-  });
-  return {y, rstd};
-}
-
-// rmsnorm_bwd, and rmsnorm_bwd_add when dextra is given.
-std::tuple<Tensor, Tensor> rmsnorm_bwd_impl(const char* op, const Tensor& dy_in,
-                                            const Tensor& x_in, const Tensor& rstd_in,
-                                            const Tensor& weight_in, bool zero_centered_gamma,
-                                            const Tensor* dextra_in) {
-  RMSNormBwd::check(op, dy_in, x_in, rstd_in, weight_in, dextra_in);
-  auto [dx, dweight] = RMSNormBwd::allocate(x_in, weight_in);
-  const Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
-  const Tensor dy = dy_in.to(x.scalar_type()).contiguous();
-  const Tensor rstd = rstd_in.contiguous();
-  const Tensor dextra = dextra_in ? dextra_in->to(x.scalar_type()).contiguous() : Tensor();
-  TE_DISPATCH_FLOAT(x.scalar_type(), "rmsnorm_bwd", [&] {
-    norm_bwd_kernel<false, scalar_t>(dy, x, nullptr, rstd, weight, zero_centered_gamma,
-                                     dextra.defined() ? &dextra : nullptr, dx, dweight, nullptr);
-  });
-  return {dx, dweight};
-}
-
-std::tuple<Tensor, Tensor> rmsnorm_bwd_cpu(const Tensor& dy, const Tensor& x, const Tensor& rstd,
-                                           const Tensor& weight, bool zero_centered_gamma) {
-  return rmsnorm_bwd_impl("rmsnorm_bwd", dy, x, rstd, weight, zero_centered_gamma, nullptr);
-}
-
-std::tuple<Tensor, Tensor> rmsnorm_bwd_add_cpu(const Tensor& dy, const Tensor& x,
-                                               const Tensor& rstd, const Tensor& weight,
-                                               bool zero_centered_gamma, const Tensor& dextra) {
-  return rmsnorm_bwd_impl("rmsnorm_bwd_add", dy, x, rstd, weight, zero_centered_gamma, &dextra);
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(te_cpp, CPU, m) {
-  m.impl("layernorm_fwd", layernorm_fwd_cpu);
-  m.impl("layernorm_bwd", layernorm_bwd_cpu);
-  m.impl("rmsnorm_fwd", rmsnorm_fwd_cpu);
-  m.impl("rmsnorm_bwd", rmsnorm_bwd_cpu);
-  m.impl("rmsnorm_bwd_add", rmsnorm_bwd_add_cpu);
-}
+TE_REGISTER_KERNEL(norm_fwd_stub, CPU, norm_fwd_cpu);
+TE_REGISTER_KERNEL(norm_bwd_stub, CPU, norm_bwd_cpu);
 
 }  // namespace te_cpp

@@ -1,0 +1,106 @@
+"""LayerNorm, RMSNorm (rmsnorm_bwd_add included) and L2Normalization on rows of many widths, on
+each device.
+
+The widths reach every launch shape of the CUDA kernels (csrc/kernels/cuda/row_reduce.cuh): a
+warp per row, a block per row with the row kept in registers, a block that reads a very wide
+row once per pass; rows of whole 16-byte chunks and rows whose last chunk is partial; and
+enough rows that dweight / dbias add several row ranges. Each op's results in fp32 and bf16
+are compared with the same op in float64 on the CPU, must repeat bitwise (deterministic
+reductions), and on a GPU must put NaN and inf where the CPU kernels do.
+"""
+
+import pytest
+import torch
+
+import transformer_engine_cpp  # noqa: F401  (loads the ops)
+from harness import DEVICES
+from tolerances import tols
+
+ops = torch.ops.te_cpp
+
+# The CUDA launch shapes (16-byte chunks: 4 fp32 or 8 bf16 elements), fp32 / bf16 widths:
+#   forward   a warp per row up to 512 / 1024, a block caching the row up to 8192 / 16384;
+#   backward  a warp per row up to 256 / 512,  a block caching the row up to 4096 / 8192;
+# wider rows: a block reading the row once per pass. 7, 13, 300, 1000 (bf16), 6001, 20001 leave
+# a partial last chunk (and rows not on 16 bytes).
+WIDTHS = [1, 7, 13, 64, 256, 300, 1000, 4096, 6001, 12000, 20001]
+DTYPES = [torch.float32, torch.bfloat16]
+EPS = 1e-5
+
+
+def _rows(width):
+    return 100 if width <= 1024 else 20
+
+
+def _inputs(width, dtype, device, seed=0):
+    g = torch.Generator().manual_seed(seed + width)
+    rows = _rows(width)
+    x = torch.randn(rows, width, generator=g) * 2 + 0.5
+    dy = torch.randn(rows, width, generator=g)
+    de = torch.randn(rows, width, generator=g)
+    w = torch.rand(width, generator=g) + 0.5
+    b = torch.randn(width, generator=g)
+    return [t.to(dtype).to(device) for t in (x, dy, de, w, b)]
+
+
+def _run_all(x, dy, de, w, b, zcg):
+    """Every op of the two families on these inputs: {name: output}."""
+    out = {}
+    y, mu, rs = ops.layernorm_fwd(x, w, b, EPS, zcg)
+    out.update(layernorm_y=y, layernorm_mean=mu, layernorm_rstd=rs)
+    dx, dw, db = ops.layernorm_bwd(dy, x, mu, rs, w, zcg)
+    out.update(layernorm_dx=dx, layernorm_dw=dw, layernorm_db=db)
+    y, rs = ops.rmsnorm_fwd(x, w, EPS, zcg)
+    out.update(rmsnorm_y=y, rmsnorm_rstd=rs)
+    dx, dw = ops.rmsnorm_bwd(dy, x, rs, w, zcg)
+    out.update(rmsnorm_dx=dx, rmsnorm_dw=dw)
+    dx, dw = ops.rmsnorm_bwd_add(dy, x, rs, w, zcg, de)
+    out.update(rmsnorm_add_dx=dx, rmsnorm_add_dw=dw)
+    y, rn = ops.l2normalization_fwd(x, EPS)
+    out.update(l2_y=y, l2_rnorm=rn, l2_dx=ops.l2normalization_bwd(dy, x, rn))
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("zcg", [False, True], ids=["gamma", "zero_centered_gamma"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("width", WIDTHS)
+def test_norm_ops_against_float64(width, dtype, zcg, device):
+    inputs = _inputs(width, dtype, device)
+    got = _run_all(*inputs, zcg)
+    want = _run_all(*[t.cpu().double() for t in inputs], zcg)
+    again = _run_all(*inputs, zcg)
+    tol = tols(dtype)
+    for name, value in got.items():
+        assert value.device.type == torch.device(device).type, name
+        assert torch.equal(value, again[name]), f"{name}: not bitwise repeatable"
+        ref = want[name]
+        if name.endswith(("_dw", "_db")):
+            # sums over the rows: the inputs' rounding to dtype accumulates over _rows terms
+            scale = ref.abs().amax().clamp_min(1.0)
+            torch.testing.assert_close(value.double().cpu() / scale, ref / scale, **tol,
+                                       msg=lambda m: f"{name}: {m}")
+        else:
+            torch.testing.assert_close(value.double().cpu(), ref, **tol,
+                                       msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("device", [p for p in DEVICES if p != "cpu"])
+@pytest.mark.parametrize("width", [13, 300, 8195, 32776])
+def test_special_values_where_the_cpu_puts_them(width, device):
+    """Rows holding NaN, +-inf and zeros in x or dy: every output is NaN / inf exactly where the
+    CPU kernels' is, and finite elsewhere."""
+    x, dy, de, w, b = _inputs(width, torch.float32, "cpu", seed=1)
+    specials = [float("nan"), float("inf"), -float("inf")]
+    for i, v in enumerate(specials):
+        x[i, (7 * i) % width] = v
+        dy[len(specials) + i, (5 * i + 1) % width] = v
+    x[2 * len(specials)] = 0.0  # a zero row (L2Normalization: rnorm = 1 / sqrt(eps))
+    inputs = (x, dy, de, w, b)
+    want = _run_all(*inputs, False)
+    got = _run_all(*[t.to(device) for t in inputs], False)
+    for name, ref in want.items():
+        value = got[name].cpu()
+        assert torch.equal(torch.isnan(value), torch.isnan(ref)), f"{name}: NaN placement"
+        assert torch.equal(torch.isinf(value), torch.isinf(ref)), f"{name}: inf placement"
+        assert torch.equal(value[torch.isinf(ref)], ref[torch.isinf(ref)]), f"{name}: inf sign"
