@@ -25,6 +25,16 @@ CUDA_OPS = {
         "add_extra_input_fwd", "add_extra_input_fwd_inplace",
         "make_extra_output_bwd", "make_extra_output_bwd_inplace",
     ],
+    "activation": [
+        *[f"{stem}_{d}" for stem in ("gelu", "relu", "silu", "qgelu", "srelu")
+          for d in ("fwd", "bwd")],
+        *[f"dbias_d{stem}" for stem in ("gelu", "relu", "silu", "qgelu", "srelu")],
+        "bias_act_fwd",
+        *[f"{stem}_{d}" for stem in ("glu", "geglu", "qgeglu", "reglu", "sreglu", "swiglu",
+                                     "clamped_swiglu", "situglu") for d in ("fwd", "bwd")],
+        *[f"{stem}_{d}" for stem in ("scaled_srelu", "scaled_swiglu", "scaled_clamped_qgeglu",
+                                     "scaled_situglu") for d in ("fwd", "bwd")],
+    ],
 }
 
 
