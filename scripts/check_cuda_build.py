@@ -29,6 +29,16 @@ CUDA_OPS = {
         "layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "rmsnorm_bwd_add",
     ],
     "l2norm": ["l2normalization_fwd", "l2normalization_bwd"],
+    "activation": [
+        *[f"{stem}_{d}" for stem in ("gelu", "relu", "silu", "qgelu", "srelu")
+          for d in ("fwd", "bwd")],
+        *[f"dbias_d{stem}" for stem in ("gelu", "relu", "silu", "qgelu", "srelu")],
+        "bias_act_fwd",
+        *[f"{stem}_{d}" for stem in ("glu", "geglu", "qgeglu", "reglu", "sreglu", "swiglu",
+                                     "clamped_swiglu", "situglu") for d in ("fwd", "bwd")],
+        *[f"{stem}_{d}" for stem in ("scaled_srelu", "scaled_swiglu", "scaled_clamped_qgeglu",
+                                     "scaled_situglu") for d in ("fwd", "bwd")],
+    ],
 }
 
 

@@ -14,6 +14,8 @@ from torch._dynamo.testing import AotEagerAndRecordGraphs
 from torch._dynamo.utils import counters
 from torch.library import opcheck
 
+from transformer_engine_cpp.ops.basic import ACTIVATIONS
+
 from cases import (CASE_IDS, CONTIGUOUS_ARGUMENTS, OP_CASES, STANDALONE_OPCHECK_SAMPLES,
                    _is_non_contiguous_sample, _is_zero_size_sample, _non_contiguous, _op_name)
 from harness import (DEVICES, LAYOUTS, as_tuple, build, clone_leaf, eager_run, inputs_for,
@@ -207,6 +209,37 @@ def _compiled_matches_eager(case, device):
                    "BackwardLinearAdd": "make_extra_output_bwd",
                    "BackwardLinearScale": "constant_scale_bwd", "BackwardLinearBias": "bias_bwd"}
         assert unfused[fused.__name__] not in bw_code, bw_code
+
+
+def _activation_op_names() -> set[str]:
+    """The activation family's ops (the rows of csrc/ops/activation_table.h)."""
+    stems = {c.op_stem for c in ACTIVATIONS}
+    return ({f"{s}_{d}" for s in stems for d in ("fwd", "bwd")} | {f"dbias_d{s}" for s in stems}
+            | {"bias_act_fwd"})
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_activation_ops_match_cpu_and_repeat_bitwise(dtype, device):
+    """Every opcheck sample of the activation family on `device` against the same call on the
+    CPU (the CPU kernels are checked against float64 above): this reaches the paths the te.ops
+    cases do not (dbias_d<act> without a bias, mixed dtypes, zero-size and non-contiguous
+    samples). A second run gives the same bits (the dbias and dscales reductions are
+    deterministic)."""
+    names = _activation_op_names()
+    samples = [(op, args) for op, args in _all_opcheck_samples(dtype) if _op_name(op) in names]
+    assert {_op_name(op) for op, _ in samples} == names & _all_te_cpp_ops()
+    tol = {k: 2 * v for k, v in tols(dtype).items()}
+    with skip_missing_cuda_kernel():
+        for op, args in samples:
+            expected = as_tuple(op(*args))
+            got = as_tuple(op(*to_device(args, device)))
+            again = as_tuple(op(*to_device(args, device)))
+            assert len(got) == len(expected)
+            for g, a, e in zip(got, again, expected):
+                assert g.device.type == device and g.dtype == e.dtype and g.shape == e.shape, op
+                torch.testing.assert_close(g.cpu(), e, **tol, msg=lambda m: f"{op}: {m}")
+                assert torch.equal(g, a), f"{op}: two runs differ"
 
 
 @pytest.mark.parametrize("case", [c for c in OP_CASES if c.bad_inputs], ids=lambda c: c.id)

@@ -1,6 +1,7 @@
-// Checks, allocation and Meta kernels of the activation family.
+// Checks, allocation, Meta kernels and front end of the activation family.
 #include "ops/activation.h"
 
+#include <ATen/OpMathType.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/ScalarType.h>
 #include <torch/library.h>
@@ -231,5 +232,139 @@ struct MetaBackend {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(te_cpp, Meta, m) { ActivationRegistrar<MetaBackend>::register_all(m); }
+
+TE_DEFINE_STUB(activation_fwd_stub, void(const ActFwdArgs&));
+TE_DEFINE_STUB(activation_bwd_stub, void(const ActBwdArgs&));
+TE_DEFINE_STUB(bias_act_fwd_stub, void(const BiasActArgs&));
+TE_DEFINE_STUB(dbias_dact_stub, void(const DbiasDactArgs&));
+TE_DEFINE_STUB(scaled_act_fwd_stub, void(const ScaledActFwdArgs&));
+TE_DEFINE_STUB(scaled_act_bwd_stub, void(const ScaledActBwdArgs&));
+
+namespace {
+
+// ---- front end (the CPU and CUDA dispatch keys) ----
+//
+// Each function runs the operator class's checks and allocation (those of the Meta kernels),
+// takes the device guard, brings the inputs to the compute dtype and a contiguous layout,
+// returns early when there is nothing to compute, and calls the family's stubs.
+struct FrontEnd {
+  static Tensor fwd(const Tensor& x_in, const ActConfig& cfg) {
+    ActivationFwd::check(act_op_name(cfg.act, ActOp::FWD), x_in, cfg);
+    const auto guard = device_guard(x_in);
+    Tensor y = ActivationFwd::allocate(x_in, cfg);
+    if (y.numel() == 0) return y;
+    const Tensor x = x_in.contiguous();
+    const auto [rows, features] = rows_features(x);
+    activation_fwd_stub(x.device().type(),
+                        ActFwdArgs{x.scalar_type(), cfg, rows, features, x.const_data_ptr(),
+                                   y.mutable_data_ptr()});
+    return y;
+  }
+
+  static Tensor bwd(const Tensor& dy_in, const Tensor& x_in, const ActConfig& cfg) {
+    ActivationBwd::check(act_op_name(cfg.act, ActOp::BWD), dy_in, x_in, cfg);
+    const auto guard = device_guard(x_in);
+    Tensor dx = ActivationBwd::allocate(x_in);
+    if (dx.numel() == 0) return dx;
+    const Tensor x = x_in.contiguous();
+    const Tensor dy = dy_in.to(x.scalar_type()).contiguous();
+    const auto [rows, features] = rows_features(x);
+    activation_bwd_stub(x.device().type(),
+                        ActBwdArgs{x.scalar_type(), cfg, rows, features, dy.const_data_ptr(),
+                                   x.const_data_ptr(), dx.mutable_data_ptr()});
+    return dx;
+  }
+
+  static std::tuple<Tensor, Tensor> dbias_dact(const Tensor& dy_in, const Tensor& x_in,
+                                               at::ScalarType bias_dtype,
+                                               const std::optional<Tensor>& bias_in,
+                                               const ActConfig& cfg) {
+    DbiasDact::check(act_op_name(cfg.act, ActOp::DBIAS), dy_in, x_in, bias_dtype, bias_in);
+    const auto guard = device_guard(x_in);
+    auto [dx, db] = DbiasDact::allocate(x_in, bias_dtype, bias_in);
+    if (dx.numel() == 0) {
+      db.zero_();  // no rows: dbias is a sum over nothing
+      return {dx, db};
+    }
+    const at::ScalarType dtype = dx.scalar_type();
+    const Tensor x = x_in.to(dtype).contiguous();
+    const Tensor bias = has_tensor(bias_in) ? bias_in->to(dtype).contiguous() : Tensor();
+    const Tensor dy = dy_in.to(dtype).contiguous();
+    const auto [rows, features] = rows_features(x);
+    dbias_dact_stub(x.device().type(),
+                    DbiasDactArgs{dtype, bias_dtype, cfg, rows, features, dy.const_data_ptr(),
+                                  x.const_data_ptr(),
+                                  bias.defined() ? bias.const_data_ptr() : nullptr,
+                                  dx.mutable_data_ptr(), db.mutable_data_ptr()});
+    return {dx, db};
+  }
+
+  static Tensor bias_act(const Tensor& x_in, const Tensor& bias_in, const ActConfig& cfg) {
+    BiasActFwd::check(x_in, bias_in);
+    const auto guard = device_guard(x_in);
+    Tensor y = BiasActFwd::allocate(x_in, bias_in);
+    if (y.numel() == 0) return y;
+    const Tensor x = x_in.to(y.scalar_type()).contiguous();
+    const Tensor bias = bias_in.to(y.scalar_type()).contiguous();
+    const auto [rows, features] = rows_features(x);
+    bias_act_fwd_stub(x.device().type(),
+                      BiasActArgs{y.scalar_type(), cfg, rows, features, x.const_data_ptr(),
+                                  bias.const_data_ptr(), y.mutable_data_ptr()});
+    return y;
+  }
+
+  static Tensor scaled_fwd(const Tensor& x_in, const Tensor& scales_in, const ActConfig& cfg) {
+    ScaledActivationFwd::check(scaled_act_op_name(cfg.act, ActOp::FWD), x_in, scales_in, cfg);
+    const auto guard = device_guard(x_in);
+    Tensor y = ScaledActivationFwd::allocate(x_in, cfg);
+    if (y.numel() == 0) return y;
+    const Tensor x = x_in.contiguous();
+    // the scales are read in the accumulation type
+    const Tensor scales = scales_in.to(at::toOpMathType(x.scalar_type())).contiguous();
+    scaled_act_fwd_stub(x.device().type(),
+                        ScaledActFwdArgs{x.scalar_type(), cfg, scales.numel(), x.size(-1),
+                                         x.const_data_ptr(), scales.const_data_ptr(),
+                                         y.mutable_data_ptr()});
+    return y;
+  }
+
+  static std::tuple<Tensor, Tensor> scaled_bwd(const Tensor& dy_in, const Tensor& x_in,
+                                               const Tensor& scales_in, bool compute_dscales,
+                                               const ActConfig& cfg) {
+    ScaledActivationBwd::check(scaled_act_op_name(cfg.act, ActOp::BWD), dy_in, x_in, scales_in,
+                               cfg);
+    const auto guard = device_guard(x_in);
+    auto [dx, ds] = ScaledActivationBwd::allocate(x_in, scales_in, compute_dscales);
+    const int64_t rows = scales_in.numel();
+    if (rows == 0) return {dx, ds};
+    if (dx.numel() == 0) {
+      if (compute_dscales) ds.zero_();  // empty rows: each dscales is a sum over nothing
+      return {dx, ds};
+    }
+    const Tensor x = x_in.contiguous();
+    const Tensor dy = dy_in.to(x.scalar_type()).contiguous();
+    const at::ScalarType acc_type = at::toOpMathType(x.scalar_type());
+    const Tensor scales = scales_in.to(acc_type).contiguous();
+    // dscales is reduced in the accumulation type, then stored in the scales' dtype
+    Tensor ds_acc;
+    if (compute_dscales) {
+      ds_acc = ds.scalar_type() == acc_type ? ds
+                                            : at::empty(ds.sizes(), ds.options().dtype(acc_type));
+    }
+    scaled_act_bwd_stub(x.device().type(),
+                        ScaledActBwdArgs{x.scalar_type(), cfg, rows, x.size(-1),
+                                         dy.const_data_ptr(), x.const_data_ptr(),
+                                         scales.const_data_ptr(), dx.mutable_data_ptr(),
+                                         compute_dscales ? ds_acc.mutable_data_ptr() : nullptr});
+    if (compute_dscales && !ds_acc.is_same(ds)) ds.copy_(ds_acc);
+    return {dx, ds};
+  }
+};
+
+void register_front_ends(torch::Library& m) { ActivationRegistrar<FrontEnd>::register_all(m); }
+
+}  // namespace
+
+TE_REGISTER_FRONT_ENDS(register_front_ends)
 
 }  // namespace te_cpp

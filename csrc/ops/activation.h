@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "common/backend.h"
 #include "common/common.h"
 #include "ops/activation_table.h"
 
@@ -107,13 +108,98 @@ struct ScaledActivationBwd {
                                              bool compute_dscales);
 };
 
+// ---- backend stubs (csrc/common/backend.h) ----
+//
+// The front end (ops/activation.cpp) runs the checks and the allocation above, brings every
+// tensor to the compute dtype and a contiguous layout and returns early on empty work; the
+// backends then see the call as `rows` x `features` buffers of `dtype` (features: the input's
+// last dim; a 0-d input is one row of one feature) and the activation as data (cfg: Act,
+// parameters, glu_interleave_size). A gated activation's output and grad_output rows have
+// features / 2 elements; its row is read as runs of len = interleave (or features / 2 for
+// halves): run s takes a at s * 2 len and b at s * 2 len + len, and writes y at s * len.
+// Arithmetic is in the accumulation type (fp32 for fp32/bf16/fp16, fp64 for fp64), with one
+// rounding to the output dtype.
+
+// y = act(x) (unary, same shape) or act(a) * lin(b) (gated).
+struct ActFwdArgs {
+  at::ScalarType dtype;
+  ActConfig cfg;
+  int64_t rows, features;
+  const void* x;
+  void* y;
+};
+TE_DECLARE_STUB(activation_fwd_stub, void(const ActFwdArgs&));
+
+// dx = dy * act'(x) (unary), or the gated product rule into both halves of dx.
+struct ActBwdArgs {
+  at::ScalarType dtype;
+  ActConfig cfg;
+  int64_t rows, features;
+  const void* dy;
+  const void* x;
+  void* dx;
+};
+TE_DECLARE_STUB(activation_bwd_stub, void(const ActBwdArgs&));
+
+// y = act(z), z = x + bias[f] rounded to dtype (unary activations only).
+struct BiasActArgs {
+  at::ScalarType dtype;
+  ActConfig cfg;
+  int64_t rows, features;
+  const void* x;
+  const void* bias;
+  void* y;
+};
+TE_DECLARE_STUB(bias_act_fwd_stub, void(const BiasActArgs&));
+
+// dx = dy * act'(z), z = x (bias null) or x + bias[f] rounded to dtype; dbias[f] = the column
+// sums of dx before its rounding, in the accumulation type in an order fixed by the shape
+// alone, stored once as bias_dtype. Unary activations only; rows >= 1 and features >= 1.
+struct DbiasDactArgs {
+  at::ScalarType dtype, bias_dtype;
+  ActConfig cfg;
+  int64_t rows, features;
+  const void* dy;
+  const void* x;
+  const void* bias;  // null: z = x
+  void* dx;
+  void* dbias;
+};
+TE_DECLARE_STUB(dbias_dact_stub, void(const DbiasDactArgs&));
+
+// y[r] = scales[r] * act(x[r]) (unary or gated); scales: `rows` values of the accumulation type.
+struct ScaledActFwdArgs {
+  at::ScalarType dtype;
+  ActConfig cfg;
+  int64_t rows, features;
+  const void* x;
+  const void* scales;
+  void* y;
+};
+TE_DECLARE_STUB(scaled_act_fwd_stub, void(const ScaledActFwdArgs&));
+
+// dx = the backward of the activation for the incoming gradient scales[r] * dy[r]; and, when
+// dscales is not null, dscales[r] = sum over the row of dy * act(x) in the accumulation type
+// (its own order per backend, fixed by the shape alone).
+struct ScaledActBwdArgs {
+  at::ScalarType dtype;
+  ActConfig cfg;
+  int64_t rows, features;
+  const void* dy;
+  const void* x;
+  const void* scales;
+  void* dx;
+  void* dscales;  // null: not requested
+};
+TE_DECLARE_STUB(scaled_act_bwd_stub, void(const ScaledActBwdArgs&));
+
 // Binds every activation op of the table to the static functions of a backend class B, which
 // must provide fwd(x, cfg), bwd(dy, x, cfg), dbias_dact(dy, x, bias_dtype, bias, cfg),
 // bias_act(x, bias, cfg), scaled_fwd(x, scales, cfg) and
-// scaled_bwd(dy, x, scales, compute_dscales, cfg). The Meta, CPU and CUDA registrations all use
-// it, so the backends register the same ops; each row's schemas (csrc/registration.cpp) and
-// kernel signatures below come from the same columns (torch checks at load time that they
-// agree).
+// scaled_bwd(dy, x, scales, compute_dscales, cfg). The Meta kernels and the front end (the CPU
+// and CUDA keys) both use it, so they register the same ops; each row's schemas
+// (csrc/registration.cpp) and kernel signatures below come from the same columns (torch checks
+// at load time that they agree).
 template <class B>
 struct ActivationRegistrar {
   using Grads = std::tuple<Tensor, Tensor>;

@@ -1,8 +1,9 @@
-// CPU kernels of the activation family (see ops/activation.h for the conventions).
-#include <ATen/OpMathType.h>
+// CPU backend of the activation family: the stubs of ops/activation.h (see there for the
+// conventions) on contiguous buffers; the front end (ops/activation.cpp) did the checks,
+// allocation and casts.
 #include <ATen/cpu/vec/functional.h>
-#include <ATen/ops/empty.h>
-#include <torch/library.h>
+
+#include <vector>
 
 #include "kernels/cpu/activation_math.h"
 #include "kernels/cpu/reduce.h"
@@ -34,64 +35,58 @@ struct GatedGeometry {
 
 using cpu::for_chunks;
 
+// The unary kernels run over the rows * features elements as one flat range.
+
 template <Act K>
-Tensor fwd_impl(const Tensor& x_in, const ActConfig& cfg) {
-  const char* op = act_op_name(K, ActOp::FWD);
-  ActivationFwd::check(op, x_in, cfg);
-  Tensor y = ActivationFwd::allocate(x_in, cfg);
-  const Tensor x = x_in.contiguous();
-  TE_DISPATCH_FLOAT(x.scalar_type(), "activation", [&] {
+void fwd_kernel(const ActFwdArgs& a) {
+  const ActConfig& cfg = a.cfg;
+  TE_DISPATCH_FLOAT(a.dtype, "activation", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
     constexpr int64_t W = AccVec<T>::size();
-    const T* xp = x.const_data_ptr<T>();
-    T* yp = y.mutable_data_ptr<T>();
+    const T* xp = static_cast<const T*>(a.x);
+    T* yp = static_cast<T*>(a.y);
     if constexpr (!is_gated(K)) {
       const typename cpu::ActTraits<K, A>::Act act(cfg);
-      at::parallel_for(0, x.numel(), kParallelGrainElems, [&](int64_t i0, int64_t i1) {
+      at::parallel_for(0, a.rows * a.features, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
         for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
           store_acc<T>(yp + i0 + i, act.f(load_acc<T>(xp + i0 + i, k)), k);
         });
       });
     } else {
       const cpu::Gated<K, A> gated(cfg);
-      const auto [rows, n] = rows_features(x);
+      const int64_t rows = a.rows, n = a.features;
       const GatedGeometry g(n, cfg.interleave);
       at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
           for (int64_t s = 0; s < g.segments; ++s) {
-            const T* a = xp + r * n + s * g.stride;
-            const T* b = a + g.len;
+            const T* xa = xp + r * n + s * g.stride;
+            const T* xb = xa + g.len;
             T* yr = yp + r * (n / 2) + s * g.len;
             for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
-              store_acc<T>(yr + i, gated.f(load_acc<T>(a + i, k), load_acc<T>(b + i, k)), k);
+              store_acc<T>(yr + i, gated.f(load_acc<T>(xa + i, k), load_acc<T>(xb + i, k)), k);
             });
           }
         }
       });
     }
   });
-  return y;
 }
 
 template <Act K>
-Tensor bwd_impl(const Tensor& dy_in, const Tensor& x_in, const ActConfig& cfg) {
-  const char* op = act_op_name(K, ActOp::BWD);
-  ActivationBwd::check(op, dy_in, x_in, cfg);
-  Tensor dx = ActivationBwd::allocate(x_in);
-  const Tensor x = x_in.contiguous();
-  const Tensor dy = dy_in.to(x.scalar_type()).contiguous();
-  TE_DISPATCH_FLOAT(x.scalar_type(), "activation", [&] {
+void bwd_kernel(const ActBwdArgs& a) {
+  const ActConfig& cfg = a.cfg;
+  TE_DISPATCH_FLOAT(a.dtype, "activation", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
     using Vec = AccVec<T>;
     constexpr int64_t W = Vec::size();
-    const T* xp = x.const_data_ptr<T>();
-    const T* dyp = dy.const_data_ptr<T>();
-    T* dxp = dx.mutable_data_ptr<T>();
+    const T* xp = static_cast<const T*>(a.x);
+    const T* dyp = static_cast<const T*>(a.dy);
+    T* dxp = static_cast<T*>(a.dx);
     if constexpr (!is_gated(K)) {
       const typename cpu::ActTraits<K, A>::Act act(cfg);
-      at::parallel_for(0, x.numel(), kParallelGrainElems, [&](int64_t i0, int64_t i1) {
+      at::parallel_for(0, a.rows * a.features, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
         for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
           Vec f, gx;
           act.grad(load_acc<T>(xp + i0 + i, k), load_acc<T>(dyp + i0 + i, k), f, gx);
@@ -100,7 +95,7 @@ Tensor bwd_impl(const Tensor& dy_in, const Tensor& x_in, const ActConfig& cfg) {
       });
     } else {
       const cpu::Gated<K, A> gated(cfg);
-      const auto [rows, n] = rows_features(x);
+      const int64_t rows = a.rows, n = a.features;
       const GatedGeometry g(n, cfg.interleave);
       at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
@@ -120,7 +115,6 @@ Tensor bwd_impl(const Tensor& dy_in, const Tensor& x_in, const ActConfig& cfg) {
       });
     }
   });
-  return dx;
 }
 
 // v rounded to T and back (identity for fp32/fp64): the value a T tensor would hold, as
@@ -164,20 +158,16 @@ inline AccVec<T> round_to(const AccVec<T>& v) {
 
 // One pass over x (and bias): z = x + bias, rounded to T as bias_fwd stores it, then y = act(z).
 template <Act K>
-Tensor bias_act_impl(const Tensor& x_in, const Tensor& b_in, const ActConfig& cfg) {
-  BiasActFwd::check(x_in, b_in);
-  Tensor y = BiasActFwd::allocate(x_in, b_in);
-  const Tensor x = x_in.to(y.scalar_type()).contiguous();
-  const Tensor b = b_in.to(y.scalar_type()).contiguous();
-  const auto [rows, n] = rows_features(x);
-  TE_DISPATCH_FLOAT(x.scalar_type(), "bias_act_fwd", [&] {
+void bias_act_kernel(const BiasActArgs& a) {
+  const int64_t rows = a.rows, n = a.features;
+  TE_DISPATCH_FLOAT(a.dtype, "bias_act_fwd", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
     constexpr int64_t W = AccVec<T>::size();
-    const typename cpu::ActTraits<K, A>::Act act(cfg);
-    const T* xp = x.const_data_ptr<T>();
-    const T* bp = b.const_data_ptr<T>();
-    T* yp = y.mutable_data_ptr<T>();
+    const typename cpu::ActTraits<K, A>::Act act(a.cfg);
+    const T* xp = static_cast<const T*>(a.x);
+    const T* bp = static_cast<const T*>(a.bias);
+    T* yp = static_cast<T*>(a.y);
     at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const T* xr = xp + r * n;
@@ -191,32 +181,21 @@ Tensor bias_act_impl(const Tensor& x_in, const Tensor& b_in, const ActConfig& cf
       }
     });
   });
-  return y;
 }
 
 template <Act K>
-std::tuple<Tensor, Tensor> dbias_dact_impl(const Tensor& dy_in, const Tensor& x_in,
-                                           at::ScalarType bias_dtype,
-                                           const std::optional<Tensor>& bias_in,
-                                           const ActConfig& cfg) {
-  const char* op = act_op_name(K, ActOp::DBIAS);
-  DbiasDact::check(op, dy_in, x_in, bias_dtype, bias_in);
-  auto [dx, db] = DbiasDact::allocate(x_in, bias_dtype, bias_in);
-  const bool has_bias = bias_in.has_value() && bias_in->defined();
-  const Tensor x = x_in.to(dx.scalar_type()).contiguous();
-  const Tensor bias = has_bias ? bias_in->to(dx.scalar_type()).contiguous() : Tensor();
-  const Tensor dy = dy_in.to(dx.scalar_type()).contiguous();
-  const auto [rows, n] = rows_features(x);
-  TE_DISPATCH_FLOAT(x.scalar_type(), "activation", [&] {
+void dbias_dact_kernel(const DbiasDactArgs& a) {
+  const int64_t rows = a.rows, n = a.features;
+  TE_DISPATCH_FLOAT(a.dtype, "activation", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
     using Vec = AccVec<T>;
     constexpr int64_t W = Vec::size();
-    const typename cpu::ActTraits<K, A>::Act act(cfg);
-    const T* xp = x.const_data_ptr<T>();
-    const T* bp = has_bias ? bias.const_data_ptr<T>() : nullptr;
-    const T* dyp = dy.const_data_ptr<T>();
-    T* dxp = dx.mutable_data_ptr<T>();
+    const typename cpu::ActTraits<K, A>::Act act(a.cfg);
+    const T* xp = static_cast<const T*>(a.x);
+    const T* bp = static_cast<const T*>(a.bias);
+    const T* dyp = static_cast<const T*>(a.dy);
+    T* dxp = static_cast<T*>(a.dx);
     auto run = [&](auto with_bias) {
       constexpr bool kBias = decltype(with_bias)::value;
       // dx = dy * act'(z) for row r, columns [i, i + k): stored, and returned for the sums.
@@ -238,19 +217,18 @@ std::tuple<Tensor, Tensor> dbias_dact_impl(const Tensor& dy_in, const Tensor& x_
           (Vec::loadu(acc + i, k) + dact(r, i, k)).store(acc + i, k);
         });
       };
-      TE_DISPATCH_FLOAT(bias_dtype, "dbias_dact", [&] {
+      TE_DISPATCH_FLOAT(a.bias_dtype, "dbias_dact", [&] {
         const std::vector<A> sums = cpu::blocked_column_sums<A>(rows, n, row_fn);
-        scalar_t* dbp = db.mutable_data_ptr<scalar_t>();
+        scalar_t* dbp = static_cast<scalar_t*>(a.dbias);
         for (int64_t f = 0; f < n; ++f) dbp[f] = static_cast<scalar_t>(sums[f]);
       });
     };
-    if (has_bias) {
+    if (bp != nullptr) {
       run(std::true_type{});
     } else {
       run(std::false_type{});
     }
   });
-  return {dx, db};
 }
 
 // Scaled activations (ops/activation.h): row r of the output is scales[r] * act(x_r). Rows run in
@@ -258,38 +236,33 @@ std::tuple<Tensor, Tensor> dbias_dact_impl(const Tensor& dy_in, const Tensor& x_
 // kernels. dscales[r] is accumulated in one Vectorized<acc_t> register per row and its lanes
 // summed once, so it depends only on the row, never on the thread count.
 template <Act K>
-Tensor scaled_fwd_impl(const Tensor& x_in, const Tensor& s_in, const ActConfig& cfg) {
-  const char* op = scaled_act_op_name(K, ActOp::FWD);
-  ScaledActivationFwd::check(op, x_in, s_in, cfg);
-  Tensor y = ScaledActivationFwd::allocate(x_in, cfg);
-  const Tensor x = x_in.contiguous();
-  const Tensor s = s_in.to(at::toOpMathType(x.scalar_type())).contiguous();
-  const int64_t n = x.size(-1);
-  const int64_t rows = s.numel();
+void scaled_fwd_kernel(const ScaledActFwdArgs& a) {
+  const ActConfig& cfg = a.cfg;
+  const int64_t rows = a.rows, n = a.features;
   const int64_t n_out = is_gated(K) ? n / 2 : n;
   const GatedGeometry g = is_gated(K) ? GatedGeometry(n, cfg.interleave) : GatedGeometry::unary(n);
-  TE_DISPATCH_FLOAT(x.scalar_type(), "scaled_activation", [&] {
+  TE_DISPATCH_FLOAT(a.dtype, "scaled_activation", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
     using Vec = AccVec<T>;
     constexpr int64_t W = Vec::size();
     const cpu::Gated<K, A> gated(cfg);  // for a unary K, gated.act alone
-    const T* xp = x.const_data_ptr<T>();
-    const A* sp = s.const_data_ptr<A>();
-    T* yp = y.mutable_data_ptr<T>();
+    const T* xp = static_cast<const T*>(a.x);
+    const A* sp = static_cast<const A*>(a.scales);
+    T* yp = static_cast<T*>(a.y);
     at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const Vec sv(sp[r]);
         for (int64_t seg = 0; seg < g.segments; ++seg) {
-          const T* a = xp + r * n + seg * g.stride;
+          const T* xa = xp + r * n + seg * g.stride;
           T* yr = yp + r * n_out + seg * g.len;
           for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
-            const Vec xa = load_acc<T>(a + i, k);
+            const Vec va = load_acc<T>(xa + i, k);
             Vec v;
             if constexpr (is_gated(K)) {
-              v = gated.f(xa, load_acc<T>(a + g.len + i, k));
+              v = gated.f(va, load_acc<T>(xa + g.len + i, k));
             } else {
-              v = gated.act.f(xa);
+              v = gated.act.f(va);
             }
             store_acc<T>(yr + i, sv * v, k);
           });
@@ -297,41 +270,25 @@ Tensor scaled_fwd_impl(const Tensor& x_in, const Tensor& s_in, const ActConfig& 
       }
     });
   });
-  return y;
 }
 
 template <Act K>
-std::tuple<Tensor, Tensor> scaled_bwd_impl(const Tensor& dy_in, const Tensor& x_in,
-                                           const Tensor& s_in, bool compute_dscales,
-                                           const ActConfig& cfg) {
-  const char* op = scaled_act_op_name(K, ActOp::BWD);
-  ScaledActivationBwd::check(op, dy_in, x_in, s_in, cfg);
-  auto [dx, ds] = ScaledActivationBwd::allocate(x_in, s_in, compute_dscales);
-  const Tensor x = x_in.contiguous();
-  const Tensor dy = dy_in.to(x.scalar_type()).contiguous();
-  const at::ScalarType acc_type = at::toOpMathType(x.scalar_type());
-  const Tensor s = s_in.to(acc_type).contiguous();
-  const int64_t n = x.size(-1);
-  const int64_t rows = s.numel();
+void scaled_bwd_kernel(const ScaledActBwdArgs& a) {
+  const ActConfig& cfg = a.cfg;
+  const int64_t rows = a.rows, n = a.features;
   const int64_t n_out = is_gated(K) ? n / 2 : n;
   const GatedGeometry g = is_gated(K) ? GatedGeometry(n, cfg.interleave) : GatedGeometry::unary(n);
-  // dscales is reduced in the accumulation type, then stored in the scales' dtype.
-  Tensor ds_acc;
-  if (compute_dscales) {
-    ds_acc = ds.scalar_type() == acc_type ? ds
-                                          : at::empty(ds.sizes(), ds.options().dtype(acc_type));
-  }
-  TE_DISPATCH_FLOAT(x.scalar_type(), "scaled_activation", [&] {
+  TE_DISPATCH_FLOAT(a.dtype, "scaled_activation", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
     using Vec = AccVec<T>;
     constexpr int64_t W = Vec::size();
     const cpu::Gated<K, A> gated(cfg);  // for a unary K, gated.act alone
-    const T* xp = x.const_data_ptr<T>();
-    const T* dyp = dy.const_data_ptr<T>();
-    const A* sp = s.const_data_ptr<A>();
-    T* dxp = dx.mutable_data_ptr<T>();
-    A* dsp = compute_dscales ? ds_acc.mutable_data_ptr<A>() : nullptr;
+    const T* xp = static_cast<const T*>(a.x);
+    const T* dyp = static_cast<const T*>(a.dy);
+    const A* sp = static_cast<const A*>(a.scales);
+    T* dxp = static_cast<T*>(a.dx);
+    A* dsp = static_cast<A*>(a.dscales);
     at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const Vec sv(sp[r]);
@@ -366,68 +323,72 @@ std::tuple<Tensor, Tensor> scaled_bwd_impl(const Tensor& dy_in, const Tensor& x_
       }
     });
   });
-  if (compute_dscales && !ds_acc.is_same(ds)) ds.copy_(ds_acc);
-  return {dx, ds};
 }
 
-struct CpuBackend {
-  static Tensor fwd(const Tensor& x, const ActConfig& cfg) {
-    return visit_act(cfg.act, [&](auto k) { return fwd_impl<decltype(k)::value>(x, cfg); });
-  }
-  static Tensor bwd(const Tensor& dy, const Tensor& x, const ActConfig& cfg) {
-    return visit_act(cfg.act, [&](auto k) { return bwd_impl<decltype(k)::value>(dy, x, cfg); });
-  }
-  static std::tuple<Tensor, Tensor> dbias_dact(const Tensor& dy, const Tensor& x,
-                                               at::ScalarType bias_dtype,
-                                               const std::optional<Tensor>& bias,
-                                               const ActConfig& cfg) {
-    return visit_act(cfg.act, [&](auto k) -> std::tuple<Tensor, Tensor> {
-      constexpr Act K = decltype(k)::value;
-      if constexpr (is_gated(K)) {
-        TORCH_CHECK(false, "te_cpp: dbias+dact is fused for unary activations only, got ",
-                    act_op_name(K, ActOp::FWD));
-      } else {
-        return dbias_dact_impl<K>(dy, x, bias_dtype, bias, cfg);
-      }
-    });
-  }
-  static Tensor bias_act(const Tensor& x, const Tensor& bias, const ActConfig& cfg) {
-    return visit_act(cfg.act, [&](auto k) -> Tensor {
-      constexpr Act K = decltype(k)::value;
-      if constexpr (is_gated(K)) {
-        TORCH_CHECK(false, "te_cpp.bias_act_fwd: unary activations only, got ",
-                    act_op_name(K, ActOp::FWD));
-      } else {
-        return bias_act_impl<K>(x, bias, cfg);
-      }
-    });
-  }
-  static Tensor scaled_fwd(const Tensor& x, const Tensor& scales, const ActConfig& cfg) {
-    return visit_act(cfg.act, [&](auto k) -> Tensor {
-      constexpr Act K = decltype(k)::value;
-      if constexpr (!has_scaled(K)) {
-        TORCH_CHECK(false, "te_cpp: no scaled variant of ", act_op_name(K, ActOp::FWD));
-      } else {
-        return scaled_fwd_impl<K>(x, scales, cfg);
-      }
-    });
-  }
-  static std::tuple<Tensor, Tensor> scaled_bwd(const Tensor& dy, const Tensor& x,
-                                               const Tensor& scales, bool compute_dscales,
-                                               const ActConfig& cfg) {
-    return visit_act(cfg.act, [&](auto k) -> std::tuple<Tensor, Tensor> {
-      constexpr Act K = decltype(k)::value;
-      if constexpr (!has_scaled(K)) {
-        TORCH_CHECK(false, "te_cpp: no scaled variant of ", act_op_name(K, ActOp::BWD));
-      } else {
-        return scaled_bwd_impl<K>(dy, x, scales, compute_dscales, cfg);
-      }
-    });
-  }
-};
+// The stubs' CPU kernels: the activation is data (cfg.act), turned into the template argument
+// K here. The front end only sends unary activations to bias_act / dbias_dact and activations
+// with a scaled variant to the scaled ones (the activation table's registrations).
+void activation_fwd_cpu(const ActFwdArgs& a) {
+  visit_act(a.cfg.act, [&](auto k) { fwd_kernel<decltype(k)::value>(a); });
+}
+
+void activation_bwd_cpu(const ActBwdArgs& a) {
+  visit_act(a.cfg.act, [&](auto k) { bwd_kernel<decltype(k)::value>(a); });
+}
+
+void bias_act_fwd_cpu(const BiasActArgs& a) {
+  visit_act(a.cfg.act, [&](auto k) {
+    constexpr Act K = decltype(k)::value;
+    if constexpr (is_gated(K)) {
+      TORCH_CHECK(false, "te_cpp.bias_act_fwd: unary activations only, got ",
+                  act_op_name(K, ActOp::FWD));
+    } else {
+      bias_act_kernel<K>(a);
+    }
+  });
+}
+
+void dbias_dact_cpu(const DbiasDactArgs& a) {
+  visit_act(a.cfg.act, [&](auto k) {
+    constexpr Act K = decltype(k)::value;
+    if constexpr (is_gated(K)) {
+      TORCH_CHECK(false, "te_cpp: dbias+dact is fused for unary activations only, got ",
+                  act_op_name(K, ActOp::FWD));
+    } else {
+      dbias_dact_kernel<K>(a);
+    }
+  });
+}
+
+void scaled_act_fwd_cpu(const ScaledActFwdArgs& a) {
+  visit_act(a.cfg.act, [&](auto k) {
+    constexpr Act K = decltype(k)::value;
+    if constexpr (!has_scaled(K)) {
+      TORCH_CHECK(false, "te_cpp: no scaled variant of ", act_op_name(K, ActOp::FWD));
+    } else {
+      scaled_fwd_kernel<K>(a);
+    }
+  });
+}
+
+void scaled_act_bwd_cpu(const ScaledActBwdArgs& a) {
+  visit_act(a.cfg.act, [&](auto k) {
+    constexpr Act K = decltype(k)::value;
+    if constexpr (!has_scaled(K)) {
+      TORCH_CHECK(false, "te_cpp: no scaled variant of ", act_op_name(K, ActOp::BWD));
+    } else {
+      scaled_bwd_kernel<K>(a);
+    }
+  });
+}
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(te_cpp, CPU, m) { ActivationRegistrar<CpuBackend>::register_all(m); }
+TE_REGISTER_KERNEL(activation_fwd_stub, CPU, activation_fwd_cpu);
+TE_REGISTER_KERNEL(activation_bwd_stub, CPU, activation_bwd_cpu);
+TE_REGISTER_KERNEL(bias_act_fwd_stub, CPU, bias_act_fwd_cpu);
+TE_REGISTER_KERNEL(dbias_dact_stub, CPU, dbias_dact_cpu);
+TE_REGISTER_KERNEL(scaled_act_fwd_stub, CPU, scaled_act_fwd_cpu);
+TE_REGISTER_KERNEL(scaled_act_bwd_stub, CPU, scaled_act_bwd_cpu);
 
 }  // namespace te_cpp
