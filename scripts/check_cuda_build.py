@@ -25,6 +25,11 @@ CUDA_OPS = {
         "add_extra_input_fwd", "add_extra_input_fwd_inplace",
         "make_extra_output_bwd", "make_extra_output_bwd_inplace",
     ],
+    "quantize": [
+        "fp8_quantize", "fp8_quantize_scaled", "fp8_dequantize", "mxfp8_quantize",
+        "mxfp8_dequantize", "fp8_delayed_scaling_update",
+    ],
+    "dropout": ["dropout_fwd", "dropout_bwd"],
 }
 
 

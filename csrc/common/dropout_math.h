@@ -4,6 +4,8 @@
 // The CPU and CUDA kernels draw through these functions, so their masks are the same bits.
 #pragma once
 
+// PhiloxRNGEngine.h uses AT_ASSERT (in a host-only function) without including its header
+#include <c10/util/Exception.h>
 #include <ATen/core/PhiloxRNGEngine.h>
 #include <c10/macros/Macros.h>
 

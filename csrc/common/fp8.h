@@ -146,6 +146,21 @@ C10_HOST_DEVICE inline uint8_t mxfp8_block_exponent(float block_amax) {
   return float_to_e8m0(block_amax * max_norm_rcp<F>());
 }
 
+// Delayed scaling's update (the recipe state's rule, as TransformerEngine's fused amax and scale
+// update): amax over the history is a NaN-propagating maximum (torch.amax: a NaN anywhere gives
+// NaN, whatever the order); the new scale is (fp8_max / amax) / 2^margin (two fp32 divisions,
+// margin_div = float(2^margin), +inf for margin >= 128), the old scale where amax <= 0 or is
+// not finite, and FLT_MAX where the result is +-inf.
+C10_HOST_DEVICE inline float history_max(float m, float v) { return (is_nan(v) || v > m) ? v : m; }
+
+C10_HOST_DEVICE inline float delayed_scale(float amax, float old_scale, float fp8_max,
+                                           float margin_div) {
+  float sf = (fp8_max / amax) / margin_div;
+  if (!(amax > 0.0f) || is_nan(amax) || is_inf(amax)) sf = old_scale;
+  if (is_inf(sf)) sf = kFltMax;
+  return sf;
+}
+
 // Number of consecutive elements (along the last dim) sharing one E8M0 scale.
 constexpr int64_t kMXFP8BlockSize = 32;
 

@@ -2,6 +2,7 @@
 #include "ops/quantize.h"
 
 #include <ATen/ops/empty.h>
+#include <algorithm>
 #include <cmath>
 #include <torch/library.h>
 
@@ -114,6 +115,31 @@ Tensor Mxfp8Dequantize::allocate(const Tensor& data, at::ScalarType dtype) {
   return at::empty_symint(data.sym_sizes(), data.options().dtype(dtype));
 }
 
+void Fp8DelayedScalingUpdate::check(const Tensor& h, const Tensor& scale, double fp8_max,
+                                    int64_t margin, c10::string_view algo) {
+  TE_CHECK_VALUE(algo == "max" || algo == "most_recent", kName,
+                 "amax_compute_algo must be 'max' or 'most_recent', got '", algo, "'");
+  TE_CHECK(h.defined() && h.scalar_type() == at::kFloat, kName,
+           "amax_history must be float32, got ",
+           h.defined() ? c10::toString(h.scalar_type()) : "undefined");
+  TE_CHECK(scale.defined() && scale.scalar_type() == at::kFloat, kName,
+           "scale must be float32, got ",
+           scale.defined() ? c10::toString(scale.scalar_type()) : "undefined");
+  TE_CHECK(h.dim() == 2, kName, "amax_history must be 2-D (history length, quantizers), got shape ",
+           shape_str(h));
+  TE_CHECK(scale.dim() == 1 && scale.sym_size(0) == h.sym_size(1), kName, "scale must have shape [",
+           h.sym_size(1), "] (one per amax_history column), got ", shape_str(scale));
+  TE_CHECK_VALUE(h.sym_size(0) >= 1, kName, "amax_history must have at least one row, got shape ",
+                 shape_str(h));
+  check_same_device(kName, "amax_history", h, "scale", scale);
+  check_inplace_overlap(kName, "amax_history", h, "scale", scale, /*allow_full=*/false);
+  check_inplace_overlap(kName, "scale", scale, "amax_history", h, /*allow_full=*/false);
+  TE_CHECK_VALUE(margin >= 0, kName, "margin must be >= 0, got ", margin);
+  TE_CHECK_VALUE(std::isfinite(fp8_max) && fp8_max > 0.0, kName,
+                 "fp8_max must be positive and finite, got ", fp8_max);
+}
+
+TE_DEFINE_STUB(delayed_scaling_update_stub, void(const DelayedScalingUpdateArgs&));
 TE_DEFINE_STUB(fp8_quantize_stub, void(const Fp8QuantizeArgs&));
 TE_DEFINE_STUB(fp8_dequantize_stub, void(const Fp8DequantizeArgs&));
 TE_DEFINE_STUB(mxfp8_quantize_stub, void(const Mxfp8QuantizeArgs&));
@@ -204,7 +230,28 @@ Tensor mxfp8_dequantize(const Tensor& data_in, const Tensor& scale_in, at::Scala
   return out;
 }
 
+void fp8_delayed_scaling_update(const Tensor& h, const Tensor& scale, double fp8_max,
+                                int64_t margin, c10::string_view algo) {
+  Fp8DelayedScalingUpdate::check(h, scale, fp8_max, margin, algo);
+  const auto guard = device_guard(h);
+  if (h.numel() == 0) return;
+  // a non-contiguous state is updated through contiguous copies
+  const Tensor hc = h.contiguous();
+  const Tensor sc = scale.contiguous();
+  // float(2^margin) as the Python rule divides by it: exact, +inf from margin 128 on
+  const int exponent = static_cast<int>(std::min<int64_t>(margin, 2048));
+  const float margin_div = static_cast<float>(std::ldexp(1.0, exponent));
+  delayed_scaling_update_stub(
+      h.device().type(),
+      DelayedScalingUpdateArgs{h.size(0), h.size(1), algo == "most_recent",
+                               static_cast<float>(fp8_max), margin_div,
+                               hc.mutable_data_ptr<float>(), sc.mutable_data_ptr<float>()});
+  if (!hc.is_same(h)) const_cast<Tensor&>(h).copy_(hc);
+  if (!sc.is_same(scale)) const_cast<Tensor&>(scale).copy_(sc);
+}
+
 void register_front_ends(torch::Library& m) {
+  m.impl("fp8_delayed_scaling_update", fp8_delayed_scaling_update);
   m.impl("fp8_quantize", fp8_quantize);
   m.impl("fp8_quantize_scaled", fp8_quantize_scaled);
   m.impl("fp8_dequantize", fp8_dequantize);
@@ -243,9 +290,15 @@ Tensor mxfp8_dequantize_meta(const Tensor& data, const Tensor& scale_e8m0,
   return Mxfp8Dequantize::allocate(data, dtype);
 }
 
+void fp8_delayed_scaling_update_meta(const Tensor& h, const Tensor& scale, double fp8_max,
+                                     int64_t margin, c10::string_view algo) {
+  Fp8DelayedScalingUpdate::check(h, scale, fp8_max, margin, algo);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(te_cpp, Meta, m) {
+  m.impl("fp8_delayed_scaling_update", fp8_delayed_scaling_update_meta);
   m.impl("fp8_quantize", fp8_quantize_meta);
   m.impl("fp8_quantize_scaled", fp8_quantize_scaled_meta);
   m.impl("fp8_dequantize", fp8_dequantize_meta);

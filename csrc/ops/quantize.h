@@ -69,6 +69,19 @@ struct Mxfp8QuantizeArgs {
 };
 TE_DECLARE_STUB(mxfp8_quantize_stub, void(const Mxfp8QuantizeArgs&));
 
+// Delayed scaling's update of `columns` quantizers in place, on history (length x columns, row
+// major) and scale (columns): per column j, amax = fp8::history_max over history[:, j]
+// (most_recent: history[0, j]); the history rolled up by one row (row i takes row i + 1, the
+// last row takes row 0) and row 0 zeroed; scale[j] = fp8::delayed_scale(amax, scale[j], ...).
+struct DelayedScalingUpdateArgs {
+  int64_t length, columns;
+  bool most_recent;
+  float fp8_max, margin_div;
+  float* history;
+  float* scale;
+};
+TE_DECLARE_STUB(delayed_scaling_update_stub, void(const DelayedScalingUpdateArgs&));
+
 // fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2.
 void check_fp8_dtype(const char* op, at::ScalarType fp8_dtype);
 
@@ -109,6 +122,16 @@ struct Mxfp8Dequantize {
   static void check(const Tensor& data, const Tensor& scale_e8m0, at::ScalarType fp8_dtype,
                     at::ScalarType dtype);
   static Tensor allocate(const Tensor& data, at::ScalarType dtype);
+};
+
+// fp8_delayed_scaling_update(amax_history!, scale!, fp8_max, margin, amax_compute_algo) -> ():
+// amax_history float32 [length >= 1, n], scale float32 [n], on one device, any strides (a
+// non-contiguous one is updated through a contiguous copy), not overlapping;
+// amax_compute_algo "max" or "most_recent".
+struct Fp8DelayedScalingUpdate {
+  static constexpr const char* kName = "fp8_delayed_scaling_update";
+  static void check(const Tensor& amax_history, const Tensor& scale, double fp8_max,
+                    int64_t margin, c10::string_view amax_compute_algo);
 };
 
 }  // namespace te_cpp

@@ -368,8 +368,27 @@ void mxfp8_quantize_cpu(const Mxfp8QuantizeArgs& a) {
   });
 }
 
+// One column at a time (a few quantizers, histories of up to a few thousand rows): the amax in
+// row order, then the roll in place.
+void delayed_scaling_update_cpu(const DelayedScalingUpdateArgs& a) {
+  const int64_t L = a.length, n = a.columns;
+  for (int64_t j = 0; j < n; ++j) {
+    float* h = a.history + j;
+    const float first = h[0];
+    float amax = first;
+    if (!a.most_recent) {
+      for (int64_t i = 1; i < L; ++i) amax = fp8::history_max(amax, h[i * n]);
+    }
+    for (int64_t i = 0; i + 1 < L; ++i) h[i * n] = h[(i + 1) * n];
+    h[(L - 1) * n] = first;
+    h[0] = 0.0f;
+    a.scale[j] = fp8::delayed_scale(amax, a.scale[j], a.fp8_max, a.margin_div);
+  }
+}
+
 }  // namespace
 
+TE_REGISTER_KERNEL(delayed_scaling_update_stub, CPU, delayed_scaling_update_cpu);
 TE_REGISTER_KERNEL(fp8_quantize_stub, CPU, fp8_quantize_cpu);
 TE_REGISTER_KERNEL(fp8_dequantize_stub, CPU, fp8_dequantize_cpu);
 TE_REGISTER_KERNEL(mxfp8_quantize_stub, CPU, mxfp8_quantize_cpu);
