@@ -157,4 +157,8 @@ TORCH_LIBRARY(te_cpp, m) {
   define(m, "mxfp8_quantize(Tensor x, ScalarType fp8_dtype) -> (Tensor data, Tensor scale_e8m0)");
   define(m, "mxfp8_dequantize(Tensor data, Tensor scale_e8m0, ScalarType fp8_dtype, "
             "ScalarType dtype) -> Tensor");
+  // Delayed scaling's update in one call, in place: amax from the history (max or
+  // most_recent), the history rolled by one with row 0 zeroed, the new scale per column.
+  define(m, "fp8_delayed_scaling_update(Tensor(a!) amax_history, Tensor(b!) scale, "
+            "float fp8_max, int margin, str amax_compute_algo) -> ()");
 }

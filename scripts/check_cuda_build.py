@@ -39,6 +39,11 @@ CUDA_OPS = {
         *[f"{stem}_{d}" for stem in ("scaled_srelu", "scaled_swiglu", "scaled_clamped_qgeglu",
                                      "scaled_situglu") for d in ("fwd", "bwd")],
     ],
+    "quantize": [
+        "fp8_quantize", "fp8_quantize_scaled", "fp8_dequantize", "mxfp8_quantize",
+        "mxfp8_dequantize", "fp8_delayed_scaling_update",
+    ],
+    "dropout": ["dropout_fwd", "dropout_bwd"],
 }
 
 

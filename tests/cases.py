@@ -750,6 +750,11 @@ def _samples_quantize(dtype):
             mx, sc = te_ops.mxfp8_quantize(x, fmt)
             out.append((te_ops.mxfp8_quantize, (x, fmt)))
             out.append((te_ops.mxfp8_dequantize, (mx, sc, fmt, dtype)))
+    # delayed scaling's in-place update (fp32 state whatever the compute dtype)
+    for algo, shape in (("max", (5, 3)), ("most_recent", (1, 2)), ("max", (4, 0))):
+        h = torch.rand(*shape) * 100
+        out.append((te_ops.fp8_delayed_scaling_update, (h, torch.rand(shape[1]) + 0.5, 448.0, 1,
+                                                        algo)))
     # a non-contiguous (transposed) input
     xt = _rand(64, 32, dtype=dtype).t()
     out.append((te_ops.fp8_quantize, (xt, torch.float8_e4m3fn, False, 0.0)))

@@ -191,3 +191,71 @@ def test_compiled_two_dropouts_of_one_input_draw_two_masks(backend):
     assert not torch.equal(a != 0, b != 0)
     expected = ((a != 0).float() + (b != 0).float()) * 2.0
     torch.testing.assert_close(x.grad, expected, rtol=0, atol=0)
+
+
+# ---- the mask rule itself, and CUDA against CPU --------------------------------------------
+
+
+def _philox4x32_10(key: int, counter: int) -> list[int]:
+    """Philox4x32-10 (Salmon et al., 2011) in plain Python: 64-bit key, counter (counter, 0)."""
+    m32 = 0xFFFFFFFF
+    c = [counter & m32, (counter >> 32) & m32, 0, 0]
+    k = [key & m32, (key >> 32) & m32]
+    for r in range(10):
+        if r:
+            k = [(k[0] + 0x9E3779B9) & m32, (k[1] + 0xBB67AE85) & m32]
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k[0], p1 & m32, (p0 >> 32) ^ c[3] ^ k[1], p0 & m32]
+    return c
+
+
+@pytest.mark.parametrize("seed,p", [(20240607, 0.3), (-7, 0.5), (2**62 + 12345, 0.9)])
+def test_mask_is_the_documented_philox_rule(seed, p):
+    """ops/dropout.h: element i is kept iff philox4x32_10(key = seed, counter = (i / 4, 0))[i % 4]
+    >= round(p * 2^32)."""
+    n = 203
+    threshold = round(p * 2**32)
+    want = [int(_philox4x32_10(seed & (2**64 - 1), i // 4)[i % 4] >= threshold)
+            for i in range(n)]
+    mask = te_ops.dropout_fwd(torch.ones(n), torch.tensor(seed, dtype=torch.int64), p)[1]
+    assert mask.tolist() == want
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64],
+                         ids=["fp32", "bf16", "fp16", "fp64"])
+@pytest.mark.parametrize("n", [1, 6, 4099, 1 << 20])
+def test_cuda_dropout_equals_cpu(n, dtype):
+    seed = torch.tensor(-987654321, dtype=torch.int64)
+    x = torch.randn(n + 1, generator=torch.Generator().manual_seed(n)).to(dtype)
+    x[0] = float("nan")
+    dy = torch.randn(n + 1, generator=torch.Generator().manual_seed(n + 1)).to(dtype)
+    # aligned, and an offset view (the CUDA kernels' element-by-element path)
+    for xs, dys in ((x[:n], dy[:n]), (x[1:], dy[1:])):
+        y, mask = te_ops.dropout_fwd(xs, seed, 0.3)
+        gy, gmask = te_ops.dropout_fwd(xs.cuda(), seed.cuda(), 0.3)
+        assert torch.equal(mask, gmask.cpu())
+        torch.testing.assert_close(gy.cpu(), y, rtol=0, atol=0, equal_nan=True)
+        dx = te_ops.dropout_bwd(dys, mask, 0.3)
+        gdx = te_ops.dropout_bwd(dys.cuda(), gmask, 0.3)
+        torch.testing.assert_close(gdx.cpu(), dx, rtol=0, atol=0, equal_nan=True)
+
+
+@needs_cuda
+def test_cuda_dropout_reads_the_seed_on_the_device():
+    """The seed stays in device memory: the op records into a CUDA graph, and a new seed
+    written before the replay gives that seed's mask."""
+    x = torch.randn(1000, device="cuda")
+    seed = torch.tensor(1, dtype=torch.int64, device="cuda")
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        _, mask = te_ops.dropout_fwd(x, seed, 0.5)
+    seed.fill_(2)
+    g.replay()
+    torch.cuda.synchronize()
+    want = te_ops.dropout_fwd(x.cpu(), torch.tensor(2, dtype=torch.int64), 0.5)[1]
+    assert torch.equal(mask.cpu(), want)

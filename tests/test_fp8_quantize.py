@@ -4,9 +4,14 @@ mxfp8_dequantize) against independent plain-PyTorch references, bit for bit."""
 from __future__ import annotations
 
 import math
+import os
+import pathlib
+import shutil
+import subprocess
 
 import pytest
 import torch
+from torch.utils import cpp_extension
 
 import transformer_engine_cpp  # noqa: F401  (registers torch.ops.te_cpp)
 
@@ -365,3 +370,229 @@ def test_compiled_quantize_dequantize_matches_eager():
         for a, b in zip(compiled(x, scale), f(x, scale)):
             assert_bits_equal(a, b)
     torch._dynamo.reset()
+
+
+# ---- CUDA against CPU: the same bytes (common/fp8.h is the rule both backends run) -----------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def _special_input(n, dtype, seed):
+    """Random values over a wide range with zeros, subnormals, +-inf, NaN and values near the
+    FP8 limits scattered in."""
+    x = randn((n,), torch.float32, 3.0, seed) * torch.exp2(randn((n,), torch.float32, 6.0,
+                                                                  seed + 1).round())
+    sp = torch.tensor([0.0, -0.0, 1e-40, -1e-40, 448.0, -448.0, 57344.0, 464.0, 1e30, -1e30])
+    x[: min(n, sp.numel())] = sp[: min(n, sp.numel())]
+    return x.to(dtype)
+
+
+# (n, with specials): odd sizes, a vector tail, several amax blocks, and inf/NaN tensors
+CUDA_SIZES = [1, 7, 64, 4099, 300 * 97, 1 << 20]
+
+
+@needs_cuda
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float64], ids=["fp32", "bf16", "fp16", "fp64"])
+@pytest.mark.parametrize("n", CUDA_SIZES)
+def test_cuda_quantize_equals_cpu(n, dtype, fmt):
+    x = _special_input(n, dtype, n)
+    # an offset view too: the CUDA kernels' unaligned (scalar) path
+    for xc in (x, torch.cat([x[:1], x])[1:]):
+        xg = xc.cuda()
+        for pow2, eps in [(False, 0.0), (True, 1e-3)]:
+            for a, b in zip(te_ops.fp8_quantize(xc, fmt, pow2, eps),
+                            te_ops.fp8_quantize(xg, fmt, pow2, eps)):
+                assert_bits_equal(a, b.cpu())
+        scale = torch.tensor([0.37], dtype=torch.float32)
+        cpu = te_ops.fp8_quantize_scaled(xc, scale, fmt)
+        gpu = te_ops.fp8_quantize_scaled(xg, scale.cuda(), fmt)
+        for a, b in zip(cpu, gpu):
+            assert_bits_equal(a, b.cpu())
+        data, scale_inv, _ = cpu
+        for out in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+            assert_bits_equal(te_ops.fp8_dequantize(data, scale_inv, fmt, out),
+                              te_ops.fp8_dequantize(data.cuda(), scale_inv.cuda(), fmt,
+                                                    out).cpu())
+
+
+@needs_cuda
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+def test_cuda_quantize_non_finite_amax_equals_cpu(fmt):
+    for special in (float("inf"), float("nan")):
+        for dtype in DTYPES:
+            x = randn((5000,), dtype, 2.0, 3)
+            x[4321] = special
+            cpu = te_ops.fp8_quantize(x, fmt, False, 0.0)
+            gpu = te_ops.fp8_quantize(x.cuda(), fmt, False, 0.0)
+            for a, b in zip(cpu, gpu):
+                assert_bits_equal(a, b.cpu())
+
+
+@needs_cuda
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float64], ids=["fp32", "bf16", "fp16", "fp64"])
+@pytest.mark.parametrize("rows", [1, 3, 517])
+def test_cuda_mxfp8_equals_cpu(rows, dtype, fmt):
+    x = _special_input(rows * 96, dtype, rows).reshape(rows, 96)
+    x.view(-1)[5::97] = float("nan")
+    for xc in (x, torch.cat([x.view(-1)[:1], x.view(-1)])[1:].view(rows, 96)):
+        data, scale = te_ops.mxfp8_quantize(xc, fmt)
+        gdata, gscale = te_ops.mxfp8_quantize(xc.cuda(), fmt)
+        assert_bits_equal(data, gdata.cpu())
+        assert_bits_equal(scale, gscale.cpu())
+        for out in (torch.float32, torch.bfloat16, torch.float64):
+            assert_bits_equal(te_ops.mxfp8_dequantize(data, scale, fmt, out),
+                              te_ops.mxfp8_dequantize(gdata, gscale, fmt, out).cpu())
+
+
+@needs_cuda
+def test_cuda_quantize_captures_in_a_graph():
+    """No host synchronisation: the ops record into a CUDA graph, and replaying it with new
+    input values (and a new delayed-scaling scale) gives the eager results."""
+    x = torch.randn(4096, 33, device="cuda")
+    scale = torch.tensor([2.0], device="cuda")
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        cur = te_ops.fp8_quantize(x, E4M3, False, 0.0)
+        dly = te_ops.fp8_quantize_scaled(x, scale, E5M2)
+        mx = te_ops.mxfp8_quantize(x[:, :32], E4M3)
+    x.copy_(torch.randn(4096, 33, device="cuda") * 7)
+    scale.fill_(0.25)
+    g.replay()
+    torch.cuda.synchronize()
+    for got, want in [(cur, te_ops.fp8_quantize(x, E4M3, False, 0.0)),
+                      (dly, te_ops.fp8_quantize_scaled(x, scale, E5M2)),
+                      (mx, te_ops.mxfp8_quantize(x[:, :32], E4M3))]:
+        for a, b in zip(got, want):
+            assert_bits_equal(a, b)
+
+
+# ---- delayed scaling's update: te_cpp.fp8_delayed_scaling_update against the Python rule --------
+
+
+def ref_delayed_update(h, scale, fp8_max, margin, algo):
+    """The plain-PyTorch update (transformer_engine_cpp/quantization/recipe_state.py before it
+    called the op), on copies: returns (new history, new scale)."""
+    h, scale = h.clone(), scale.clone()
+    amax = torch.amax(h, dim=0) if algo == "max" else h[0].clone()
+    h.copy_(torch.roll(h, -1, 0))
+    h[0].zero_()
+    fmax = torch.tensor(fp8_max, dtype=torch.float32, device=amax.device)
+    sf = (fmax / amax) / (2.0 ** margin)
+    sf = torch.where(amax > 0.0, sf, scale)
+    sf = torch.where(torch.isfinite(amax), sf, scale)
+    sf = torch.where(torch.isinf(sf), torch.full_like(sf, FLT_MAX), sf)
+    return h, sf
+
+
+def _history(length, n, seed):
+    """Amax histories with zeros, negative zeros, tiny and huge values, inf and NaN scattered
+    over the columns, and old scales with the same specials."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.rand(length, n, generator=g) * torch.exp2(torch.randint(-140, 120, (length, n),
+                                                                      generator=g).float())
+    specials = [0.0, -0.0, float("inf"), float("nan"), 1e-45, 3e38, -1.0]
+    for j in range(n):
+        k = j % (len(specials) + 2)
+        if k < len(specials):
+            h[torch.randint(0, length, (1,), generator=g), j] = specials[k]
+    h[:, n - 1] = 0.0  # an all-zero column: the old scale stays
+    scale = torch.rand(n, generator=g) * 4
+    scale[0] = float("inf")
+    if n > 2:
+        scale[2] = float("nan")
+    return h, scale
+
+
+DELAYED_CONFIGS = [(1, 3), (2, 9), (5, 9), (1024, 3), (1500, 11)]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+@pytest.mark.parametrize("length,n", DELAYED_CONFIGS, ids=str)
+def test_delayed_scaling_update_op_equals_python_rule(length, n, algo, device):
+    for seed, (fp8_max, margin) in enumerate([(448.0, 0), (57344.0, 1), (448.0, 3),
+                                              (57344.0, 130)]):
+        h, scale = _history(length, n, seed)
+        want_h, want_scale = ref_delayed_update(h, scale, fp8_max, margin, algo)
+        got_h, got_scale = h.to(device), scale.to(device)
+        te_ops.fp8_delayed_scaling_update(got_h, got_scale, fp8_max, margin, algo)
+        assert_bits_equal(got_h.cpu(), want_h)
+        assert_bits_equal(got_scale.cpu(), want_scale)
+
+
+def test_delayed_scaling_update_op_bad_inputs():
+    h, s = torch.zeros(4, 3), torch.ones(3)
+    cases = [
+        (lambda: te_ops.fp8_delayed_scaling_update(h, s, 448.0, 0, "mean"),
+         r"fp8_delayed_scaling_update: amax_compute_algo must be 'max' or 'most_recent', got "
+         r"'mean'"),
+        (lambda: te_ops.fp8_delayed_scaling_update(h.double(), s, 448.0, 0, "max"),
+         r"fp8_delayed_scaling_update: amax_history must be float32, got Double"),
+        (lambda: te_ops.fp8_delayed_scaling_update(h, torch.ones(4), 448.0, 0, "max"),
+         r"fp8_delayed_scaling_update: scale must have shape \[3\] \(one per amax_history "
+         r"column\), got \[4\]"),
+        (lambda: te_ops.fp8_delayed_scaling_update(torch.zeros(0, 3), s, 448.0, 0, "max"),
+         r"fp8_delayed_scaling_update: amax_history must have at least one row, got shape "
+         r"\[0, 3\]"),
+        (lambda: te_ops.fp8_delayed_scaling_update(h, h[0], 448.0, 0, "max"),
+         r"fp8_delayed_scaling_update: scale \(shape \[3\]\) partially overlaps amax_history"),
+        (lambda: te_ops.fp8_delayed_scaling_update(h, torch.ones(1).expand(3), 448.0, 0, "max"),
+         r"fp8_delayed_scaling_update: scale is written in place but several of its elements "
+         r"share one memory location"),
+        (lambda: te_ops.fp8_delayed_scaling_update(h[0], s, 448.0, 0, "max"),
+         r"fp8_delayed_scaling_update: amax_history must be 2-D \(history length, quantizers\), "
+         r"got shape \[3\]"),
+        (lambda: te_ops.fp8_delayed_scaling_update(h, s, 448.0, -1, "max"),
+         r"fp8_delayed_scaling_update: margin must be >= 0, got -1"),
+        (lambda: te_ops.fp8_delayed_scaling_update(h, s, float("inf"), 0, "max"),
+         r"fp8_delayed_scaling_update: fp8_max must be positive and finite, got inf"),
+    ]
+    for call, msg in cases:
+        with pytest.raises((RuntimeError, ValueError), match=msg):
+            call()
+    # nothing was written by the refused calls
+    assert torch.equal(h, torch.zeros(4, 3)) and torch.equal(s, torch.ones(3))
+
+
+def test_delayed_scaling_update_op_non_contiguous_state():
+    """A non-contiguous history and scale are updated in place (through contiguous copies)."""
+    h, scale = _history(7, 5, 11)
+    want_h, want_scale = ref_delayed_update(h, scale, 448.0, 2, "max")
+    hb = torch.zeros(5, 7).t()
+    hb.copy_(h)
+    sb = torch.zeros(10)[::2]
+    sb.copy_(scale)
+    te_ops.fp8_delayed_scaling_update(hb, sb, 448.0, 2, "max")
+    assert_bits_equal(hb.contiguous(), want_h)
+    assert_bits_equal(sb.contiguous(), want_scale)
+
+
+# ---- the shared rules are CUDA device code ----------------------------------------------------
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _nvcc():
+    home = os.environ.get("CUDA_HOME")
+    if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
+        return os.path.join(home, "bin", "nvcc")
+    return shutil.which("nvcc")
+
+
+def test_shared_quantize_and_dropout_rules_compile_as_cuda_device_code(tmp_path):
+    """tests/cpp/quantize_math_device.cu calls every function of csrc/common/fp8.h and
+    csrc/common/dropout_math.h from CUDA kernels: nvcc -ptx refuses a host-only call, and
+    -Werror all-warnings any warning."""
+    nvcc = _nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found (CUDA_HOME/bin/nvcc or PATH)")
+    includes = [arg for p in cpp_extension.include_paths() for arg in ("-isystem", p)]
+    cmd = [nvcc, "-std=c++20", "--expt-relaxed-constexpr", "-O1", "-ptx", "-Werror",
+           "all-warnings", *includes, f"-I{ROOT / 'csrc'}",
+           str(ROOT / "tests/cpp/quantize_math_device.cu"), "-o", str(tmp_path / "device.ptx")]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert (tmp_path / "device.ptx").read_text().count(".entry ") == 3

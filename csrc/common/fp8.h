@@ -1,18 +1,17 @@
-// FP8 scalar math shared by the quantize kernels: the formats and their limits, the
-// current-scaling scale rule, the saturating cast, and MXFP8's E8M0 block scale. Everything here
-// is plain fp32 bit arithmetic, the same on every backend (docs/fp8.md states each rule and
-// where it comes from).
+// FP8 scalar math shared by the quantize kernels of every backend: the formats and their
+// limits, the current-scaling scale rule, the saturating cast, and MXFP8's E8M0 block scale.
+// Everything here is plain fp32 bit arithmetic, C10_HOST_DEVICE, the same on every backend:
+// the CPU kernels (their scalar paths) and the CUDA kernels call these functions, so the CPU
+// suite checks the rules the GPU runs (docs/fp8.md states each rule and where it comes from).
 #pragma once
 
 #include <c10/core/ScalarType.h>
+#include <c10/macros/Macros.h>
 #include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Float8_e5m2.h>
 #include <c10/util/bit_cast.h>
 
-#include <cfloat>
-#include <cmath>
 #include <cstdint>
-#include <limits>
 
 namespace te_cpp {
 namespace fp8 {
@@ -27,27 +26,59 @@ constexpr bool is_fp8(c10::ScalarType t) { return t == kE4M3 || t == kE5M2; }
 
 // Largest finite value of the format: 448 (E4M3) and 57344 (E5M2). The only place these limits
 // are written on the C++ side.
-constexpr float max_norm(c10::ScalarType f) { return f == kE4M3 ? 448.0f : 57344.0f; }
+C10_HOST_DEVICE constexpr float max_norm(c10::ScalarType f) {
+  return f == kE4M3 ? 448.0f : 57344.0f;
+}
+
+constexpr float kFltMax = 3.40282346638528859812e+38f;
+
+// fp32 <-> its bits (host: c10::bit_cast; device: the intrinsics).
+C10_HOST_DEVICE inline uint32_t bits_of(float v) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(v);
+#else
+  return c10::bit_cast<uint32_t>(v);
+#endif
+}
+C10_HOST_DEVICE inline float float_of(uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(b);
+#else
+  return c10::bit_cast<float>(b);
+#endif
+}
+
+// Classification on the bits (valid in host and device code, no std:: calls).
+C10_HOST_DEVICE inline bool is_nan(float v) { return (bits_of(v) & 0x7FFFFFFFu) > 0x7F800000u; }
+C10_HOST_DEVICE inline bool is_inf(float v) { return (bits_of(v) & 0x7FFFFFFFu) == 0x7F800000u; }
+
+// |v| as its bits: the order of these integers is the order of the magnitudes, with every NaN
+// above +inf. The per-tensor amax is the maximum of these over the tensor (an exact, order-free
+// integer maximum: a NaN anywhere gives a NaN amax, the largest NaN pattern present).
+C10_HOST_DEVICE inline uint32_t abs_bits(float v) { return bits_of(v) & 0x7FFFFFFFu; }
 
 // Current scaling (TransformerEngine compute_scale_from_amax): amax floored at epsilon; amax 0,
 // inf or NaN gives 1; otherwise fp8_max / amax (one correctly rounded fp32 division), +inf ->
 // FLT_MAX; with pow2, only the sign and exponent bits are kept (rounds down to a power of two).
-inline float compute_scale(float amax, float fp8_max, bool pow2, float epsilon) {
+C10_HOST_DEVICE inline float compute_scale(float amax, float fp8_max, bool pow2, float epsilon) {
   if (amax < epsilon) amax = epsilon;
   float scale = 1.0f;
-  if (amax == 0.0f || std::isinf(amax) || std::isnan(amax)) return scale;
+  if (amax == 0.0f || is_inf(amax) || is_nan(amax)) return scale;
   scale = fp8_max / amax;
-  if (std::isinf(scale)) scale = FLT_MAX;
-  if (std::isnan(scale)) scale = 1.0f;
-  if (pow2) scale = c10::bit_cast<float>(c10::bit_cast<uint32_t>(scale) & 0xFF800000u);
+  if (is_inf(scale)) scale = kFltMax;
+  if (is_nan(scale)) scale = 1.0f;
+  if (pow2) scale = float_of(bits_of(scale) & 0xFF800000u);
   return scale;
 }
+
+// The dequantization scale returned beside the data: 1 / scale in fp32 (correctly rounded).
+C10_HOST_DEVICE inline float scale_inv(float scale) { return 1.0f / scale; }
 
 // Round-to-nearest-even cast with saturation to +-fp8_max (SATFINITE: +-inf saturate too);
 // NaN stays NaN. c10's conversions round to nearest even and map overflow to NaN (E4M3) or
 // inf (E5M2), so the value is clamped first; comparisons with NaN are false, so NaN passes.
 template <c10::ScalarType F>
-inline uint8_t cast_to_fp8(float v) {
+C10_HOST_DEVICE inline uint8_t cast_to_fp8(float v) {
   constexpr float m = max_norm(F);
   v = v > m ? m : (v < -m ? -m : v);
   if constexpr (F == kE4M3) {
@@ -58,7 +89,7 @@ inline uint8_t cast_to_fp8(float v) {
 }
 
 template <c10::ScalarType F>
-inline float fp8_to_float(uint8_t b) {
+C10_HOST_DEVICE inline float fp8_to_float(uint8_t b) {
   if constexpr (F == kE4M3) {
     return static_cast<float>(c10::Float8_e4m3fn(b, c10::Float8_e4m3fn::from_bits()));
   } else {
@@ -66,15 +97,22 @@ inline float fp8_to_float(uint8_t b) {
   }
 }
 
+// The fp32 constant MXFP8 multiplies a block's amax by: float(1 / fp8_max), the reciprocal
+// taken in double and rounded once.
+template <c10::ScalarType F>
+C10_HOST_DEVICE constexpr float max_norm_rcp() {
+  return static_cast<float>(1.0 / static_cast<double>(max_norm(F)));
+}
+
 // MXFP8 block scale (TransformerEngine common/util/ptx.cuh float_to_e8m0, non-Blackwell path;
 // the Blackwell path is cvt.rp.satfinite.ue8m0x2.f32, the same rule): the biased exponent of
 // v = block_amax * (1/fp8_max), rounded up to the next power of two, saturating at 254.
 // NaN -> 255, inf -> 254, 0 -> 0; a subnormal v <= 2^-127 keeps exponent 0.
-inline uint8_t float_to_e8m0(float v) {
-  if (std::isnan(v)) return 0xFF;
-  if (std::isinf(v)) return 0xFE;
+C10_HOST_DEVICE inline uint8_t float_to_e8m0(float v) {
+  if (is_nan(v)) return 0xFF;
+  if (is_inf(v)) return 0xFE;
   if (v == 0.0f) return 0x00;
-  const uint32_t bits = c10::bit_cast<uint32_t>(v);
+  const uint32_t bits = bits_of(v);
   uint8_t exponent = static_cast<uint8_t>(bits >> 23);
   const uint32_t mantissa = bits & 0x7FFFFFu;
   if ((mantissa > 0 && exponent != 0xFE) && !(exponent == 0 && mantissa <= 0x400000u)) {
@@ -86,16 +124,41 @@ inline uint8_t float_to_e8m0(float v) {
 // The multiplier applied before the cast (TransformerEngine exp2f_rcp): 2^(127 - e) as fp32 bits
 // (254 - e) << 23, and 1 for e == 0. For e == 254 this is the bit pattern 0, i.e. 0.0.
 // e == 255 (NaN) does not arise from a NaN-ignoring block amax; it gives NaN here.
-inline float e8m0_rcp(uint8_t e) {
+C10_HOST_DEVICE inline float e8m0_rcp(uint8_t e) {
   if (e == 0) return 1.0f;
-  if (e == 0xFF) return std::numeric_limits<float>::quiet_NaN();
-  return c10::bit_cast<float>(static_cast<uint32_t>(254 - e) << 23);
+  if (e == 0xFF) return float_of(0x7FC00000u);
+  return float_of(static_cast<uint32_t>(254 - e) << 23);
 }
 
-// Dequantization scale 2^(e - 127) (exact, 2^-127 for e == 0); NaN for e == 255.
-inline float e8m0_to_float(uint8_t e) {
-  if (e == 0xFF) return std::numeric_limits<float>::quiet_NaN();
-  return std::ldexp(1.0f, static_cast<int>(e) - 127);
+// Dequantization scale 2^(e - 127), exact: the fp32 bits e << 23 for e >= 1, the subnormal
+// 2^-127 (bits 1 << 22) for e == 0; NaN for e == 255.
+C10_HOST_DEVICE inline float e8m0_to_float(uint8_t e) {
+  if (e == 0xFF) return float_of(0x7FC00000u);
+  if (e == 0) return float_of(0x00400000u);
+  return float_of(static_cast<uint32_t>(e) << 23);
+}
+
+// MXFP8 quantization of one block's values given its amax (max |x| over the block, NaN
+// elements skipped): the E8M0 exponent, and the multiplier every element of the block is
+// scaled by before cast_to_fp8.
+template <c10::ScalarType F>
+C10_HOST_DEVICE inline uint8_t mxfp8_block_exponent(float block_amax) {
+  return float_to_e8m0(block_amax * max_norm_rcp<F>());
+}
+
+// Delayed scaling's update (the recipe state's rule, as TransformerEngine's fused amax and scale
+// update): amax over the history is a NaN-propagating maximum (torch.amax: a NaN anywhere gives
+// NaN, whatever the order); the new scale is (fp8_max / amax) / 2^margin (two fp32 divisions,
+// margin_div = float(2^margin), +inf for margin >= 128), the old scale where amax <= 0 or is
+// not finite, and FLT_MAX where the result is +-inf.
+C10_HOST_DEVICE inline float history_max(float m, float v) { return (is_nan(v) || v > m) ? v : m; }
+
+C10_HOST_DEVICE inline float delayed_scale(float amax, float old_scale, float fp8_max,
+                                           float margin_div) {
+  float sf = (fp8_max / amax) / margin_div;
+  if (!(amax > 0.0f) || is_nan(amax) || is_inf(amax)) sf = old_scale;
+  if (is_inf(sf)) sf = kFltMax;
+  return sf;
 }
 
 // Number of consecutive elements (along the last dim) sharing one E8M0 scale.

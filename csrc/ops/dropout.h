@@ -9,13 +9,43 @@
 // draws it from torch's generator (torch.manual_seed makes runs reproducible).
 // dropout_bwd(dy, mask, p) -> dx = dy * mask / (1 - p).
 // The scale 1 / (1 - p) is computed in double and rounded once to the accumulation type.
+// The operator classes own the checks and allocation (shared by the Meta kernels and the front
+// end, ops/dropout.cpp); the rule that decides the mask is common/dropout_math.h's, shared by
+// the backends, which implement the stubs below on contiguous buffers.
 #pragma once
 
 #include <tuple>
 
+#include "common/backend.h"
 #include "common/common.h"
 
 namespace te_cpp {
+
+// y[i] = x[i] * (keep_i ? scale : 0) in the accumulation type, mask[i] = keep_i, over n > 0
+// elements; keep_i = dropout::keep(draw of element i under the seed *seed, threshold). The
+// seed is read by the kernel (device memory on CUDA: no host round trip).
+struct DropoutFwdArgs {
+  at::ScalarType dtype;
+  int64_t n;
+  const void* x;
+  const int64_t* seed;
+  uint64_t threshold;
+  double scale;
+  void* y;
+  uint8_t* mask;
+};
+TE_DECLARE_STUB(dropout_fwd_stub, void(const DropoutFwdArgs&));
+
+// dx[i] = dy[i] * (mask[i] != 0 ? scale : 0) in the accumulation type, over n > 0 elements.
+struct DropoutBwdArgs {
+  at::ScalarType dtype;
+  int64_t n;
+  const void* dy;
+  const uint8_t* mask;
+  double scale;
+  void* dx;
+};
+TE_DECLARE_STUB(dropout_bwd_stub, void(const DropoutBwdArgs&));
 
 struct DropoutFwd {
   static constexpr const char* kName = "dropout_fwd";

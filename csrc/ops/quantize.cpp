@@ -1,7 +1,8 @@
-// Checks, allocation and Meta kernels of the quantize family.
+// Checks, allocation, Meta kernels and front end of the quantize family.
 #include "ops/quantize.h"
 
 #include <ATen/ops/empty.h>
+#include <algorithm>
 #include <cmath>
 #include <torch/library.h>
 
@@ -114,7 +115,151 @@ Tensor Mxfp8Dequantize::allocate(const Tensor& data, at::ScalarType dtype) {
   return at::empty_symint(data.sym_sizes(), data.options().dtype(dtype));
 }
 
+void Fp8DelayedScalingUpdate::check(const Tensor& h, const Tensor& scale, double fp8_max,
+                                    int64_t margin, c10::string_view algo) {
+  TE_CHECK_VALUE(algo == "max" || algo == "most_recent", kName,
+                 "amax_compute_algo must be 'max' or 'most_recent', got '", algo, "'");
+  TE_CHECK(h.defined() && h.scalar_type() == at::kFloat, kName,
+           "amax_history must be float32, got ",
+           h.defined() ? c10::toString(h.scalar_type()) : "undefined");
+  TE_CHECK(scale.defined() && scale.scalar_type() == at::kFloat, kName,
+           "scale must be float32, got ",
+           scale.defined() ? c10::toString(scale.scalar_type()) : "undefined");
+  TE_CHECK(h.dim() == 2, kName, "amax_history must be 2-D (history length, quantizers), got shape ",
+           shape_str(h));
+  TE_CHECK(scale.dim() == 1 && scale.sym_size(0) == h.sym_size(1), kName, "scale must have shape [",
+           h.sym_size(1), "] (one per amax_history column), got ", shape_str(scale));
+  TE_CHECK_VALUE(h.sym_size(0) >= 1, kName, "amax_history must have at least one row, got shape ",
+                 shape_str(h));
+  check_same_device(kName, "amax_history", h, "scale", scale);
+  check_inplace_overlap(kName, "amax_history", h, "scale", scale, /*allow_full=*/false);
+  check_inplace_overlap(kName, "scale", scale, "amax_history", h, /*allow_full=*/false);
+  TE_CHECK_VALUE(margin >= 0, kName, "margin must be >= 0, got ", margin);
+  TE_CHECK_VALUE(std::isfinite(fp8_max) && fp8_max > 0.0, kName,
+                 "fp8_max must be positive and finite, got ", fp8_max);
+}
+
+TE_DEFINE_STUB(delayed_scaling_update_stub, void(const DelayedScalingUpdateArgs&));
+TE_DEFINE_STUB(fp8_quantize_stub, void(const Fp8QuantizeArgs&));
+TE_DEFINE_STUB(fp8_dequantize_stub, void(const Fp8DequantizeArgs&));
+TE_DEFINE_STUB(mxfp8_quantize_stub, void(const Mxfp8QuantizeArgs&));
+
 namespace {
+
+// ---- front end (the CPU and CUDA dispatch keys) ----
+
+// The kernels read float32, bfloat16 and float16 as they are; float64 is first rounded to
+// float32 (the algorithm is defined on x in fp32).
+Tensor kernel_input(const Tensor& x) {
+  return (x.scalar_type() == at::kDouble ? x.to(at::kFloat) : x).contiguous();
+}
+
+// fp8_quantize and fp8_quantize_scaled (scale: nullptr for current scaling).
+std::tuple<Tensor, Tensor, Tensor> quantize(const Tensor& x_in, at::ScalarType fp8_dtype,
+                                            const float* scale, bool pow2, double eps) {
+  auto [data, scale_inv, amax] = Fp8Quantize::allocate(x_in);
+  const Tensor x = kernel_input(x_in);
+  // n = 0 still writes amax (0), scale_inv and nothing else
+  fp8_quantize_stub(x.device().type(),
+                    Fp8QuantizeArgs{x.scalar_type(), fp8_dtype, x.numel(), x.const_data_ptr(),
+                                    scale, pow2, static_cast<float>(eps),
+                                    data.mutable_data_ptr<uint8_t>(),
+                                    scale_inv.mutable_data_ptr<float>(),
+                                    amax.mutable_data_ptr<float>()});
+  return {data, scale_inv, amax};
+}
+
+std::tuple<Tensor, Tensor, Tensor> fp8_quantize(const Tensor& x, at::ScalarType fp8_dtype,
+                                                bool force_pow_2_scales, double amax_epsilon) {
+  Fp8Quantize::check(x, fp8_dtype, amax_epsilon);
+  const auto guard = device_guard(x);
+  return quantize(x, fp8_dtype, nullptr, force_pow_2_scales, amax_epsilon);
+}
+
+std::tuple<Tensor, Tensor, Tensor> fp8_quantize_scaled(const Tensor& x, const Tensor& scale_in,
+                                                       at::ScalarType fp8_dtype) {
+  Fp8QuantizeScaled::check(x, scale_in, fp8_dtype);
+  const auto guard = device_guard(x);
+  const Tensor scale = scale_in.contiguous();  // read by the kernel: no host round trip
+  return quantize(x, fp8_dtype, scale.const_data_ptr<float>(), false, 0.0);
+}
+
+Tensor fp8_dequantize(const Tensor& data_in, const Tensor& scale_inv_in, at::ScalarType fp8_dtype,
+                      at::ScalarType dtype) {
+  Fp8Dequantize::check(data_in, scale_inv_in, fp8_dtype, dtype);
+  const auto guard = device_guard(data_in);
+  Tensor out = Fp8Dequantize::allocate(data_in, dtype);
+  if (out.numel() == 0) return out;
+  const Tensor data = data_in.contiguous();
+  const Tensor scale_inv = scale_inv_in.contiguous();
+  fp8_dequantize_stub(data.device().type(),
+                      Fp8DequantizeArgs{fp8_dtype, dtype, data.numel(),
+                                        data.const_data_ptr<uint8_t>(),
+                                        scale_inv.const_data_ptr<float>(), nullptr,
+                                        out.mutable_data_ptr()});
+  return out;
+}
+
+std::tuple<Tensor, Tensor> mxfp8_quantize(const Tensor& x_in, at::ScalarType fp8_dtype) {
+  Mxfp8Quantize::check(x_in, fp8_dtype);
+  const auto guard = device_guard(x_in);
+  auto [data, scales] = Mxfp8Quantize::allocate(x_in);
+  if (data.numel() == 0) return {data, scales};
+  const Tensor x = kernel_input(x_in);
+  mxfp8_quantize_stub(x.device().type(),
+                      Mxfp8QuantizeArgs{x.scalar_type(), fp8_dtype,
+                                        x.numel() / fp8::kMXFP8BlockSize, x.const_data_ptr(),
+                                        data.mutable_data_ptr<uint8_t>(),
+                                        scales.mutable_data_ptr<uint8_t>()});
+  return {data, scales};
+}
+
+Tensor mxfp8_dequantize(const Tensor& data_in, const Tensor& scale_in, at::ScalarType fp8_dtype,
+                        at::ScalarType dtype) {
+  Mxfp8Dequantize::check(data_in, scale_in, fp8_dtype, dtype);
+  const auto guard = device_guard(data_in);
+  Tensor out = Mxfp8Dequantize::allocate(data_in, dtype);
+  if (out.numel() == 0) return out;
+  const Tensor data = data_in.contiguous();
+  const Tensor scales = scale_in.contiguous();
+  fp8_dequantize_stub(data.device().type(),
+                      Fp8DequantizeArgs{fp8_dtype, dtype, data.numel(),
+                                        data.const_data_ptr<uint8_t>(), nullptr,
+                                        scales.const_data_ptr<uint8_t>(),
+                                        out.mutable_data_ptr()});
+  return out;
+}
+
+void fp8_delayed_scaling_update(const Tensor& h, const Tensor& scale, double fp8_max,
+                                int64_t margin, c10::string_view algo) {
+  Fp8DelayedScalingUpdate::check(h, scale, fp8_max, margin, algo);
+  const auto guard = device_guard(h);
+  if (h.numel() == 0) return;
+  // a non-contiguous state is updated through contiguous copies
+  const Tensor hc = h.contiguous();
+  const Tensor sc = scale.contiguous();
+  // float(2^margin) as the Python rule divides by it: exact, +inf from margin 128 on
+  const int exponent = static_cast<int>(std::min<int64_t>(margin, 2048));
+  const float margin_div = static_cast<float>(std::ldexp(1.0, exponent));
+  delayed_scaling_update_stub(
+      h.device().type(),
+      DelayedScalingUpdateArgs{h.size(0), h.size(1), algo == "most_recent",
+                               static_cast<float>(fp8_max), margin_div,
+                               hc.mutable_data_ptr<float>(), sc.mutable_data_ptr<float>()});
+  if (!hc.is_same(h)) const_cast<Tensor&>(h).copy_(hc);
+  if (!sc.is_same(scale)) const_cast<Tensor&>(scale).copy_(sc);
+}
+
+void register_front_ends(torch::Library& m) {
+  m.impl("fp8_delayed_scaling_update", fp8_delayed_scaling_update);
+  m.impl("fp8_quantize", fp8_quantize);
+  m.impl("fp8_quantize_scaled", fp8_quantize_scaled);
+  m.impl("fp8_dequantize", fp8_dequantize);
+  m.impl("mxfp8_quantize", mxfp8_quantize);
+  m.impl("mxfp8_dequantize", mxfp8_dequantize);
+}
+
+// ---- Meta kernels ----
 
 std::tuple<Tensor, Tensor, Tensor> fp8_quantize_meta(const Tensor& x, at::ScalarType fp8_dtype,
                                                      bool, double amax_epsilon) {
@@ -145,14 +290,22 @@ Tensor mxfp8_dequantize_meta(const Tensor& data, const Tensor& scale_e8m0,
   return Mxfp8Dequantize::allocate(data, dtype);
 }
 
+void fp8_delayed_scaling_update_meta(const Tensor& h, const Tensor& scale, double fp8_max,
+                                     int64_t margin, c10::string_view algo) {
+  Fp8DelayedScalingUpdate::check(h, scale, fp8_max, margin, algo);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(te_cpp, Meta, m) {
+  m.impl("fp8_delayed_scaling_update", fp8_delayed_scaling_update_meta);
   m.impl("fp8_quantize", fp8_quantize_meta);
   m.impl("fp8_quantize_scaled", fp8_quantize_scaled_meta);
   m.impl("fp8_dequantize", fp8_dequantize_meta);
   m.impl("mxfp8_quantize", mxfp8_quantize_meta);
   m.impl("mxfp8_dequantize", mxfp8_dequantize_meta);
 }
+
+TE_REGISTER_FRONT_ENDS(register_front_ends)
 
 }  // namespace te_cpp

@@ -2,16 +2,85 @@
 // MXFP8 (32-element blocks with E8M0 scales). FP8 crosses the ops as plain buffers: `data`
 // (uint8, the input's shape) and `scale_inv` (float32, shape (1,)) or `scale_e8m0` (uint8, one
 // per block), with the format as its torch dtype (`ScalarType fp8_dtype`: float8_e4m3fn or
-// float8_e5m2). Each class has one check, called by the Meta kernel and the CPU kernel alike.
-// See docs/fp8.md.
+// float8_e5m2). Each class has one check and one allocation, shared by the Meta kernel and the
+// front end (ops/quantize.cpp); the backends implement the stubs below on contiguous buffers.
+// The rules that decide the bits (scale from amax, the cast, the E8M0 exponent) are
+// common/fp8.h's, shared by every backend. See docs/fp8.md.
 #pragma once
 
+#include "common/backend.h"
 #include "common/common.h"
 #include "common/fp8.h"
 
 #include <tuple>
 
 namespace te_cpp {
+
+// The input dtypes the quantize kernels read (the front end rounds float64 to float32).
+#define TE_DISPATCH_QUANT_INPUT(TYPE, NAME, ...)              \
+  AT_DISPATCH_SWITCH(TYPE, NAME,                              \
+                     AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) \
+                     AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__) \
+                     AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__))
+
+// ---- backend stubs (pointers to contiguous device buffers of the front end's device) --------
+
+// Per-tensor FP8 quantization of the n >= 0 elements of x (dtype float32, bfloat16 or float16;
+// the front end rounds float64 to float32):
+//   *amax = max |x| in fp32 (fp8::abs_bits maximum: NaN when any element is NaN, 0 when n = 0);
+//   scale = *scale when `scale` is given (delayed scaling), else
+//           fp8::compute_scale(*amax, max_norm(fp8_dtype), force_pow_2_scales, amax_epsilon);
+//   data[i] = fp8::cast_to_fp8(float(x[i]) * scale); *scale_inv = fp8::scale_inv(scale).
+// A backend reads every scalar it needs (amax, scale) from device memory: no host round trip.
+struct Fp8QuantizeArgs {
+  at::ScalarType dtype, fp8_dtype;
+  int64_t n;
+  const void* x;
+  const float* scale;  // nullptr: current scaling
+  bool force_pow_2_scales;
+  float amax_epsilon;
+  uint8_t* data;
+  float* scale_inv;
+  float* amax;
+};
+TE_DECLARE_STUB(fp8_quantize_stub, void(const Fp8QuantizeArgs&));
+
+// out[i] = out_dtype(fp8_to_float(data[i]) * s), the product in fp32, over n > 0 elements:
+// s = *scale_inv (per tensor), or with `e8m0` given, s = e8m0_to_float(e8m0[i / 32]) (MXFP8).
+struct Fp8DequantizeArgs {
+  at::ScalarType fp8_dtype, out_dtype;
+  int64_t n;
+  const uint8_t* data;
+  const float* scale_inv;  // per-tensor scale (nullptr for MXFP8)
+  const uint8_t* e8m0;     // MXFP8 block exponents (nullptr for per tensor)
+  void* out;
+};
+TE_DECLARE_STUB(fp8_dequantize_stub, void(const Fp8DequantizeArgs&));
+
+// MXFP8 quantization of nblocks > 0 consecutive blocks of 32 elements of x (dtype float32,
+// bfloat16 or float16): per block, amax = max |x| skipping NaN elements,
+// e = fp8::mxfp8_block_exponent(amax), scales[b] = e, data = cast_to_fp8(x * e8m0_rcp(e)).
+struct Mxfp8QuantizeArgs {
+  at::ScalarType dtype, fp8_dtype;
+  int64_t nblocks;
+  const void* x;
+  uint8_t* data;
+  uint8_t* scales;
+};
+TE_DECLARE_STUB(mxfp8_quantize_stub, void(const Mxfp8QuantizeArgs&));
+
+// Delayed scaling's update of `columns` quantizers in place, on history (length x columns, row
+// major) and scale (columns): per column j, amax = fp8::history_max over history[:, j]
+// (most_recent: history[0, j]); the history rolled up by one row (row i takes row i + 1, the
+// last row takes row 0) and row 0 zeroed; scale[j] = fp8::delayed_scale(amax, scale[j], ...).
+struct DelayedScalingUpdateArgs {
+  int64_t length, columns;
+  bool most_recent;
+  float fp8_max, margin_div;
+  float* history;
+  float* scale;
+};
+TE_DECLARE_STUB(delayed_scaling_update_stub, void(const DelayedScalingUpdateArgs&));
 
 // fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2.
 void check_fp8_dtype(const char* op, at::ScalarType fp8_dtype);
@@ -53,6 +122,16 @@ struct Mxfp8Dequantize {
   static void check(const Tensor& data, const Tensor& scale_e8m0, at::ScalarType fp8_dtype,
                     at::ScalarType dtype);
   static Tensor allocate(const Tensor& data, at::ScalarType dtype);
+};
+
+// fp8_delayed_scaling_update(amax_history!, scale!, fp8_max, margin, amax_compute_algo) -> ():
+// amax_history float32 [length >= 1, n], scale float32 [n], on one device, any strides (a
+// non-contiguous one is updated through a contiguous copy), not overlapping;
+// amax_compute_algo "max" or "most_recent".
+struct Fp8DelayedScalingUpdate {
+  static constexpr const char* kName = "fp8_delayed_scaling_update";
+  static void check(const Tensor& amax_history, const Tensor& scale, double fp8_max,
+                    int64_t margin, c10::string_view amax_compute_algo);
 };
 
 }  // namespace te_cpp

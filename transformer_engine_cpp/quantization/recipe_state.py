@@ -118,13 +118,23 @@ def update_delayed_scaling(state: DelayedScalingRecipeState) -> None:
       ``amax_compute_algo(amax_history)`` for a callable;
     * the history is rolled by one (``torch.roll(h, -1, 0)``) and slot 0 zeroed;
     * sf = (fp8_max / amax) / 2**margin in fp32, fp8_max of the state's mode; the old scale is
-      kept where amax <= 0 or amax is not finite; sf = +inf becomes FLT_MAX.
+      kept where amax <= 0 or amax is not finite; sf = +-inf becomes FLT_MAX.
+
+    With the built-in rules ("max" / "most_recent", no scaling_factor_compute_algo) this is one
+    op, ``te_cpp.fp8_delayed_scaling_update`` (on the state's device, no host round trip); a
+    callable rule runs as the tensor code below.
     """
     if not isinstance(state, DelayedScalingRecipeState):
         raise TypeError(f"update_delayed_scaling: expected a DelayedScalingRecipeState, got "
                         f"{type(state).__name__}")
     r = state.recipe
     h = state.amax_history
+    fp8_max = get_fp8_max(r, state.mode == "forward")
+    if not callable(r.amax_compute_algo) and r.scaling_factor_compute_algo is None:
+        # the rule below, in one call (torch.ops.te_cpp.fp8_delayed_scaling_update)
+        torch.ops.te_cpp.fp8_delayed_scaling_update(h, state.scale, fp8_max, r.margin,
+                                                    r.amax_compute_algo)
+        return
     if callable(r.amax_compute_algo):
         amax = r.amax_compute_algo(h)
     elif r.amax_compute_algo == "max":
@@ -133,8 +143,7 @@ def update_delayed_scaling(state: DelayedScalingRecipeState) -> None:
         amax = h[0].clone()
     h.copy_(torch.roll(h, -1, 0))
     h[0].zero_()
-    fp8_max = torch.tensor(get_fp8_max(r, state.mode == "forward"), dtype=torch.float32,
-                           device=amax.device)
+    fp8_max = torch.tensor(fp8_max, dtype=torch.float32, device=amax.device)
     scale = state.scale
     if r.scaling_factor_compute_algo is not None:
         sf = r.scaling_factor_compute_algo(amax, scale, fp8_max, r)

@@ -1,4 +1,5 @@
-// CPU kernels of the quantize family: FP8 per-tensor current / delayed scaling and MXFP8.
+// CPU backend of the quantize family: FP8 per-tensor current / delayed scaling and MXFP8
+// (the stubs of ops/quantize.h; the scalar rules are common/fp8.h's, shared with CUDA).
 //
 // The amax reduction runs over fixed blocks of kAmaxBlock elements (one private maximum per
 // block, then the block maxima in order), so the result depends only on the shape. A NaN
@@ -6,9 +7,6 @@
 // the magnitude bit patterns (every NaN sorts above +inf), the others at::vec's maximum,
 // which propagates NaN. The AVX512 casts are vectorised and give the same bytes as the
 // scalar fp8::cast_to_fp8.
-#include <ATen/ops/empty.h>
-#include <torch/library.h>
-
 #include <array>
 #include <vector>
 
@@ -30,15 +28,6 @@ decltype(auto) visit_format(at::ScalarType fmt, const Fn& f) {
   if (fmt == kE4M3) return f(std::integral_constant<c10::ScalarType, kE4M3>{});
   return f(std::integral_constant<c10::ScalarType, kE5M2>{});
 }
-
-// Inputs the kernels read: fp32, bf16, fp16 as they are; fp64 is first rounded to fp32 (the
-// algorithm is defined on x in fp32).
-Tensor as_kernel_input(const Tensor& x) {
-  return (x.scalar_type() == at::kDouble ? x.to(at::kFloat) : x).contiguous();
-}
-
-#define TE_DISPATCH_QUANT_INPUT(TYPE, NAME, ...) \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, TYPE, NAME, __VA_ARGS__)
 
 #if defined(CPU_CAPABILITY_AVX512)
 // max |x[i]| over n elements on the bit patterns: with the sign bit cleared, the order of
@@ -205,43 +194,21 @@ void cast_scaled(const T* x, uint8_t* out, int64_t n, float scale) {
   });
 }
 
-// Shared by fp8_quantize and fp8_quantize_scaled: amax, the scale (from amax or given), the cast.
-template <typename ScaleFn>
-std::tuple<Tensor, Tensor, Tensor> quantize_impl(const Tensor& x_in, at::ScalarType fmt,
-                                                 const ScaleFn& scale_of) {
-  auto [data, scale_inv, amax_out] = Fp8Quantize::allocate(x_in);
-  const Tensor x = as_kernel_input(x_in);
-  const int64_t n = x.numel();
-  TE_DISPATCH_QUANT_INPUT(x.scalar_type(), "fp8_quantize", [&] {
-    using T = std::conditional_t<std::is_same_v<scalar_t, double>, float, scalar_t>;
-    const T* xp = x.const_data_ptr<T>();
-    const float amax = amax_of<T>(xp, n);
-    const float scale = scale_of(amax);
-    visit_format(fmt, [&](auto F) {
-      cast_scaled<T, decltype(F)::value>(xp, data.mutable_data_ptr<uint8_t>(), n, scale);
-    });
-    scale_inv.mutable_data_ptr<float>()[0] = 1.0f / scale;
-    amax_out.mutable_data_ptr<float>()[0] = amax;
+void fp8_quantize_cpu(const Fp8QuantizeArgs& a) {
+  TE_DISPATCH_QUANT_INPUT(a.dtype, "fp8_quantize", [&] {
+    using T = scalar_t;
+    const T* xp = static_cast<const T*>(a.x);
+    const float amax = amax_of<T>(xp, a.n);
+    const float scale =
+        a.scale != nullptr
+            ? *a.scale
+            : fp8::compute_scale(amax, fp8::max_norm(a.fp8_dtype), a.force_pow_2_scales,
+                                 a.amax_epsilon);
+    visit_format(a.fp8_dtype,
+                 [&](auto F) { cast_scaled<T, decltype(F)::value>(xp, a.data, a.n, scale); });
+    *a.scale_inv = fp8::scale_inv(scale);
+    *a.amax = amax;
   });
-  return {data, scale_inv, amax_out};
-}
-
-std::tuple<Tensor, Tensor, Tensor> fp8_quantize_cpu(const Tensor& x, at::ScalarType fp8_dtype,
-                                                    bool force_pow_2_scales,
-                                                    double amax_epsilon) {
-  Fp8Quantize::check(x, fp8_dtype, amax_epsilon);
-  const float fp8_max = fp8::max_norm(fp8_dtype);
-  const float eps = static_cast<float>(amax_epsilon);
-  return quantize_impl(x, fp8_dtype, [&](float amax) {
-    return fp8::compute_scale(amax, fp8_max, force_pow_2_scales, eps);
-  });
-}
-
-std::tuple<Tensor, Tensor, Tensor> fp8_quantize_scaled_cpu(const Tensor& x, const Tensor& scale,
-                                                           at::ScalarType fp8_dtype) {
-  Fp8QuantizeScaled::check(x, scale, fp8_dtype);
-  const float s = scale.item<float>();
-  return quantize_impl(x, fp8_dtype, [&](float) { return s; });
 }
 
 template <c10::ScalarType F>
@@ -259,26 +226,27 @@ const std::array<float, 256>& table_for(at::ScalarType fmt) {
 
 // out[i] = T(table[data[i]] * s(i)), the product in fp32.
 template <typename SFn>
-void dequantize_into(const Tensor& data, const Tensor& out, at::ScalarType fmt,
-                     const SFn& s_of) {
-  const auto& table = table_for(fmt);
-  const uint8_t* dp = data.const_data_ptr<uint8_t>();
-  const int64_t n = data.numel();
-  TE_DISPATCH_FLOAT(out.scalar_type(), "fp8_dequantize", [&] {
-    scalar_t* op = out.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, n, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
+void dequantize_into(const Fp8DequantizeArgs& a, const SFn& s_of) {
+  const auto& table = table_for(a.fp8_dtype);
+  const uint8_t* dp = a.data;
+  TE_DISPATCH_FLOAT(a.out_dtype, "fp8_dequantize", [&] {
+    scalar_t* op = static_cast<scalar_t*>(a.out);
+    at::parallel_for(0, a.n, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) op[i] = static_cast<scalar_t>(table[dp[i]] * s_of(i));
     });
   });
 }
 
-Tensor fp8_dequantize_cpu(const Tensor& data_in, const Tensor& scale_inv, at::ScalarType fp8_dtype,
-                          at::ScalarType dtype) {
-  Fp8Dequantize::check(data_in, scale_inv, fp8_dtype, dtype);
-  Tensor out = Fp8Dequantize::allocate(data_in, dtype);
-  const float s = scale_inv.item<float>();
-  dequantize_into(data_in.contiguous(), out, fp8_dtype, [s](int64_t) { return s; });
-  return out;
+void fp8_dequantize_cpu(const Fp8DequantizeArgs& a) {
+  if (a.e8m0 == nullptr) {
+    const float s = *a.scale_inv;
+    dequantize_into(a, [s](int64_t) { return s; });
+    return;
+  }
+  std::array<float, 256> pow2{};
+  for (int e = 0; e < 256; ++e) pow2[e] = fp8::e8m0_to_float(static_cast<uint8_t>(e));
+  const uint8_t* sp = a.e8m0;
+  dequantize_into(a, [&](int64_t i) { return pow2[sp[i / fp8::kMXFP8BlockSize]]; });
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -348,8 +316,6 @@ void mxfp8_quantize_blocks(const T* x, uint8_t* data, uint8_t* scales, int64_t n
   constexpr int64_t B = fp8::kMXFP8BlockSize;
   constexpr int64_t W = at::vec::Vectorized<float>::size();
   static_assert(B % W == 0, "block must be a whole number of vectors");
-  const float max_norm_rcp =
-      static_cast<float>(1.0 / static_cast<double>(fp8::max_norm(F)));
   at::parallel_for(0, nblocks, std::max<int64_t>(1, kParallelGrainElems / B),
                    [=](int64_t b0, int64_t b1) {
 #if defined(CPU_CAPABILITY_AVX512)
@@ -360,7 +326,7 @@ void mxfp8_quantize_blocks(const T* x, uint8_t* data, uint8_t* scales, int64_t n
     static_assert(B == 2 * W, "the AVX512 path handles a block as two vectors");
     int64_t b = b0;
     for (; b + 16 <= b1; b += 16) {
-      mxfp8_16_blocks<T, F>(xl + b * B, dl + b * B, sl + b, max_norm_rcp);
+      mxfp8_16_blocks<T, F>(xl + b * B, dl + b * B, sl + b, fp8::max_norm_rcp<F>());
     }
     for (; b < b1; ++b) {
       const T* xb = xl + b * B;
@@ -369,7 +335,7 @@ void mxfp8_quantize_blocks(const T* x, uint8_t* data, uint8_t* scales, int64_t n
       // a NaN element is skipped (std::fmax); the maximum itself is exact in any order.
       const __m512 m = _mm512_max_ps(v1.abs(), _mm512_max_ps(v0.abs(), _mm512_setzero_ps()));
       const float amax = _mm512_reduce_max_ps(m);
-      const uint8_t e = fp8::float_to_e8m0(amax * max_norm_rcp);
+      const uint8_t e = fp8::mxfp8_block_exponent<F>(amax);
       const V rcp(fp8::e8m0_rcp(e));
       sl[b] = e;
       store_fp8<F>(dl + b * B, v0 * rcp);
@@ -382,7 +348,7 @@ void mxfp8_quantize_blocks(const T* x, uint8_t* data, uint8_t* scales, int64_t n
       for (int64_t j = 0; j < B; j += W) load_acc<T>(xb + j).store(buf + j);
       float amax = 0.0f;
       for (int64_t j = 0; j < B; ++j) amax = std::fmax(amax, std::fabs(buf[j]));
-      const uint8_t e = fp8::float_to_e8m0(amax * max_norm_rcp);
+      const uint8_t e = fp8::mxfp8_block_exponent<F>(amax);
       const float rcp = fp8::e8m0_rcp(e);
       scales[b] = e;
       uint8_t* db = data + b * B;
@@ -392,43 +358,39 @@ void mxfp8_quantize_blocks(const T* x, uint8_t* data, uint8_t* scales, int64_t n
   });
 }
 
-std::tuple<Tensor, Tensor> mxfp8_quantize_cpu(const Tensor& x_in, at::ScalarType fp8_dtype) {
-  Mxfp8Quantize::check(x_in, fp8_dtype);
-  auto [data, scales] = Mxfp8Quantize::allocate(x_in);
-  const Tensor x = as_kernel_input(x_in);
-  const int64_t nblocks = x.numel() / fp8::kMXFP8BlockSize;
-  TE_DISPATCH_QUANT_INPUT(x.scalar_type(), "mxfp8_quantize", [&] {
-    using T = std::conditional_t<std::is_same_v<scalar_t, double>, float, scalar_t>;
-    visit_format(fp8_dtype, [&](auto F) {
-      mxfp8_quantize_blocks<T, decltype(F)::value>(x.const_data_ptr<T>(),
-                                                    data.mutable_data_ptr<uint8_t>(),
-                                                    scales.mutable_data_ptr<uint8_t>(), nblocks);
+void mxfp8_quantize_cpu(const Mxfp8QuantizeArgs& a) {
+  TE_DISPATCH_QUANT_INPUT(a.dtype, "mxfp8_quantize", [&] {
+    using T = scalar_t;
+    visit_format(a.fp8_dtype, [&](auto F) {
+      mxfp8_quantize_blocks<T, decltype(F)::value>(static_cast<const T*>(a.x), a.data, a.scales,
+                                                    a.nblocks);
     });
   });
-  return {data, scales};
 }
 
-Tensor mxfp8_dequantize_cpu(const Tensor& data_in, const Tensor& scale_in, at::ScalarType fp8_dtype,
-                            at::ScalarType dtype) {
-  Mxfp8Dequantize::check(data_in, scale_in, fp8_dtype, dtype);
-  Tensor out = Mxfp8Dequantize::allocate(data_in, dtype);
-  const Tensor scales = scale_in.contiguous();
-  std::array<float, 256> pow2{};
-  for (int e = 0; e < 256; ++e) pow2[e] = fp8::e8m0_to_float(static_cast<uint8_t>(e));
-  const uint8_t* sp = scales.const_data_ptr<uint8_t>();
-  dequantize_into(data_in.contiguous(), out, fp8_dtype,
-                  [&](int64_t i) { return pow2[sp[i / fp8::kMXFP8BlockSize]]; });
-  return out;
+// One column at a time (a few quantizers, histories of up to a few thousand rows): the amax in
+// row order, then the roll in place.
+void delayed_scaling_update_cpu(const DelayedScalingUpdateArgs& a) {
+  const int64_t L = a.length, n = a.columns;
+  for (int64_t j = 0; j < n; ++j) {
+    float* h = a.history + j;
+    const float first = h[0];
+    float amax = first;
+    if (!a.most_recent) {
+      for (int64_t i = 1; i < L; ++i) amax = fp8::history_max(amax, h[i * n]);
+    }
+    for (int64_t i = 0; i + 1 < L; ++i) h[i * n] = h[(i + 1) * n];
+    h[(L - 1) * n] = first;
+    h[0] = 0.0f;
+    a.scale[j] = fp8::delayed_scale(amax, a.scale[j], a.fp8_max, a.margin_div);
+  }
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(te_cpp, CPU, m) {
-  m.impl("fp8_quantize", fp8_quantize_cpu);
-  m.impl("fp8_quantize_scaled", fp8_quantize_scaled_cpu);
-  m.impl("fp8_dequantize", fp8_dequantize_cpu);
-  m.impl("mxfp8_quantize", mxfp8_quantize_cpu);
-  m.impl("mxfp8_dequantize", mxfp8_dequantize_cpu);
-}
+TE_REGISTER_KERNEL(delayed_scaling_update_stub, CPU, delayed_scaling_update_cpu);
+TE_REGISTER_KERNEL(fp8_quantize_stub, CPU, fp8_quantize_cpu);
+TE_REGISTER_KERNEL(fp8_dequantize_stub, CPU, fp8_dequantize_cpu);
+TE_REGISTER_KERNEL(mxfp8_quantize_stub, CPU, mxfp8_quantize_cpu);
 
 }  // namespace te_cpp
