@@ -69,7 +69,7 @@ if stage build "${GPU_CHECK_BUILD_LIMIT:-210}" "$py" setup.py -q build_ext --inp
   # the inductor cases (marked slow) are left out: each compile costs the device's time
   stage conformance 150 "$py" -m pytest -q -p no:cacheprovider -m "not slow" \
     --junitxml="$out/conformance.xml" -rs tests/test_conformance.py tests/test_cuda_backend.py \
-    "${cases[@]}"
+    tests/test_norm_widths.py tests/test_fp8_quantize.py tests/test_dropout.py "${cases[@]}"
   stage bench 100 "$py" bench/gpu.py --out "$out/bench.csv" "${bench[@]}"
 fi
 echo "gpu_check: $([ "$status" -eq 0 ] && echo passed || echo FAILED) ($SECONDS s); outputs in $out"
