@@ -25,6 +25,10 @@ CUDA_OPS = {
         "add_extra_input_fwd", "add_extra_input_fwd_inplace",
         "make_extra_output_bwd", "make_extra_output_bwd_inplace",
     ],
+    "linear": [
+        "linear_fwd", "linear_bias_act_fwd", "linear_fwd_add", "linear_fwd_add_inplace",
+        "linear_dgrad", "linear_dgrad_add", "linear_wgrad", "linear_bwd", "fp8_gemm",
+    ],
 }
 
 
