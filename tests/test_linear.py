@@ -664,3 +664,41 @@ def test_wrong_parameter_grad_count_is_a_clear_error(extra):
     with pytest.raises(RuntimeError, match=r"_WrongGradCount.* returned 0 parameter grads.*"
                                            r"expected 1"):
         y.sum().backward()
+
+
+# ---- the front end's GEMM operands ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided"])
+def test_weight_layouts_reach_the_gemm_as_they_are(layout):
+    """The front end hands a weight with a unit-stride dim to the GEMM as it is (transposed
+    or not, leading dimension = its other stride) and copies any other layout: every linear op
+    equals the float64 product for each, and a weight with no unit-stride dim gives the bits of
+    a contiguous copy of the operand the GEMM reads (W^T forward, W for dgrad), as at::mm."""
+    ops = torch.ops.te_cpp
+    torch.manual_seed(0)
+    base = torch.randn(7, 13)
+    w = {"contiguous": base, "transposed": base.t().contiguous().t(),
+         "strided": torch.randn(7, 26)[:, ::2].copy_(base)}[layout]
+    assert torch.equal(w, base)
+    x, dy, b = torch.randn(2, 3, 13), torch.randn(2, 3, 7), torch.randn(7)
+    d = lambda t: t.double()  # noqa: E731
+    outs = {
+        "fwd": (ops.linear_fwd(x, w, b), d(x) @ d(w).t() + d(b)),
+        "act": (ops.linear_bias_act_fwd(x, w, b, "relu")[0], (d(x) @ d(w).t() + d(b)).relu()),
+        "add": (ops.linear_fwd_add(x, w, b, dy, 0.5), d(dy) + 0.5 * d(x) @ d(w).t() + d(b)),
+        "dgrad": (ops.linear_dgrad(dy, w, 2.0), 2.0 * d(dy) @ d(w)),
+        "dgrad_add": (ops.linear_dgrad_add(dy, w, x, 1.0), d(x) + d(dy) @ d(w)),
+        "bwd": (ops.linear_bwd(dy, x, w, 1.0, None)[0], d(dy) @ d(w)),
+    }
+    for name, (got, want) in outs.items():
+        torch.testing.assert_close(got.double(), want, **FP32, msg=lambda m: f"{name}: {m}")
+        if layout == "strided":
+            wt = base.t().contiguous().t()  # W^T contiguous
+            fn = {"fwd": lambda: ops.linear_fwd(x, wt, b),
+                  "act": lambda: ops.linear_bias_act_fwd(x, wt, b, "relu")[0],
+                  "add": lambda: ops.linear_fwd_add(x, wt, b, dy, 0.5),
+                  "dgrad": lambda: ops.linear_dgrad(dy, base, 2.0),
+                  "dgrad_add": lambda: ops.linear_dgrad_add(dy, base, x, 1.0),
+                  "bwd": lambda: ops.linear_bwd(dy, x, base, 1.0, None)[0]}[name]
+            assert torch.equal(got, fn()), name

@@ -179,7 +179,7 @@ int64_t leading_rows(const Tensor& t) {
 // A 2-D operand as GemmArgs reads it: the logical operand is `t` (transposed false) or t^T,
 // with either of its dims unit-stride; any other layout is copied to a contiguous one first.
 struct Operand {
-  Tensor keep;  // the tensor whose memory `ptr` points into
+  Tensor keep;  // the tensor whose memory `ptr` points into: alive until the GEMM has run
   const void* ptr;
   bool trans;
   int64_t ld;
@@ -199,11 +199,12 @@ std::optional<Operand> operand_as_is(const Tensor& t, bool transposed) {
   return std::nullopt;
 }
 
+// Any other layout: a contiguous copy of the logical operand (as ATen's CPU GEMM makes one,
+// so the CPU numerics are those of at::mm on the original operand).
 Operand operand(const Tensor& t, bool transposed) {
   if (auto op = operand_as_is(t, transposed)) return *op;
-  const auto op = operand_as_is(t.contiguous(), transposed);
-  TORCH_INTERNAL_ASSERT(op.has_value(), "a contiguous 2-D tensor is always a GEMM operand");
-  return *op;
+  const Tensor copy = (transposed ? t.t() : t).contiguous();
+  return Operand{copy, copy.const_data_ptr(), false, std::max<int64_t>(copy.size(1), 1)};
 }
 
 GemmArgs gemm_args(at::ScalarType dtype, int64_t m, int64_t n, int64_t k, const void* a,
@@ -281,8 +282,9 @@ Tensor linear_fwd(const Tensor& x_in, const Tensor& weight, const std::optional<
   const int64_t m = leading_rows(x_in), n = weight.size(0), k = weight.size(1);
   if (m == 0 || n == 0) return y;
   const Tensor x = x_in.contiguous();
-  GemmArgs g = gemm_args(x.scalar_type(), m, n, k, x.const_data_ptr(), false, k,
-                         operand(weight, /*transposed=*/true), y.mutable_data_ptr(), 1.0);
+  const Operand w = operand(weight, /*transposed=*/true);
+  GemmArgs g = gemm_args(x.scalar_type(), m, n, k, x.const_data_ptr(), false, k, w,
+                         y.mutable_data_ptr(), 1.0);
   Tensor b;
   if (bias.has_value()) {
     b = bias->contiguous();
@@ -307,8 +309,9 @@ std::tuple<Tensor, Tensor> linear_bias_act_fwd(const Tensor& x_in, const Tensor&
   const int64_t m = leading_rows(x_in), n = weight.size(0), k = weight.size(1);
   if (m == 0 || n == 0) return {y, z};
   const Tensor x = x_in.contiguous();
-  GemmArgs g = gemm_args(x.scalar_type(), m, n, k, x.const_data_ptr(), false, k,
-                         operand(weight, /*transposed=*/true), y.mutable_data_ptr(), 1.0);
+  const Operand w = operand(weight, /*transposed=*/true);
+  GemmArgs g = gemm_args(x.scalar_type(), m, n, k, x.const_data_ptr(), false, k, w,
+                         y.mutable_data_ptr(), 1.0);
   Tensor b;
   if (bias.has_value()) {
     b = bias->contiguous();
@@ -329,8 +332,9 @@ void linear_add_into(const Tensor& out, const Tensor& x_in, const Tensor& weight
   const Tensor x = x_in.contiguous();
   std::optional<Tensor> bias;
   if (bias_in.has_value()) bias = bias_in->contiguous();
-  gemm_add_into(gemm_args(x.scalar_type(), m, n, k, x.const_data_ptr(), false, k,
-                          operand(weight, /*transposed=*/true), nullptr, alpha),
+  const Operand w = operand(weight, /*transposed=*/true);
+  gemm_add_into(gemm_args(x.scalar_type(), m, n, k, x.const_data_ptr(), false, k, w, nullptr,
+                          alpha),
                 out, extra, bias);
 }
 
@@ -362,11 +366,11 @@ void linear_fwd_add_inplace(const Tensor& extra, const Tensor& x, const Tensor& 
   }
 }
 
-// The dgrad GEMM dx[rows, in] = alpha * dy[rows, out] W[out, in] (d not yet set).
-GemmArgs dgrad_args(const Tensor& dy, const Tensor& weight, double alpha) {
+// The dgrad GEMM dx[rows, in] = alpha * dy[rows, out] W[out, in] (d not yet set); w is
+// operand(weight, false), which the caller keeps until the GEMM has run.
+GemmArgs dgrad_args(const Tensor& dy, const Tensor& weight, const Operand& w, double alpha) {
   const int64_t m = leading_rows(dy), n = weight.size(1), k = weight.size(0);
-  return gemm_args(dy.scalar_type(), m, n, k, dy.const_data_ptr(), false, k,
-                   operand(weight, /*transposed=*/false), nullptr, alpha);
+  return gemm_args(dy.scalar_type(), m, n, k, dy.const_data_ptr(), false, k, w, nullptr, alpha);
 }
 
 // The wgrad GEMM dW[out, in] = alpha * dy[rows, out]^T x[rows, in] (d not yet set).
@@ -384,7 +388,8 @@ Tensor linear_dgrad(const Tensor& dy_in, const Tensor& weight, double alpha) {
   Tensor dx = LinearShapes::allocate_dgrad(dy_in, weight);
   if (dx.numel() == 0) return dx;
   const Tensor dy = dy_in.contiguous();
-  GemmArgs g = dgrad_args(dy, weight, alpha);
+  const Operand w = operand(weight, /*transposed=*/false);
+  GemmArgs g = dgrad_args(dy, weight, w, alpha);
   g.d = dx.mutable_data_ptr();
   gemm_stub(dy.device().type(), g);
   return dx;
@@ -399,7 +404,8 @@ Tensor linear_dgrad_add(const Tensor& dy_in, const Tensor& weight, const Tensor&
   Tensor dx = at::empty_symint(dextra.sym_sizes(), dextra.options());
   if (dx.numel() == 0) return dx;
   const Tensor dy = dy_in.contiguous();
-  gemm_add_into(dgrad_args(dy, weight, alpha), dx, dextra, std::nullopt);
+  const Operand w = operand(weight, /*transposed=*/false);
+  gemm_add_into(dgrad_args(dy, weight, w, alpha), dx, dextra, std::nullopt);
   return dx;
 }
 
@@ -431,7 +437,8 @@ std::tuple<Tensor, Tensor, Tensor> linear_bwd(const Tensor& dy_in, const Tensor&
   const Tensor dy = dy_in.contiguous();
   const c10::DeviceType dev = dy.device().type();
   if (dx.numel() != 0) {
-    GemmArgs g = dgrad_args(dy, weight, alpha);
+    const Operand w = operand(weight, /*transposed=*/false);
+  GemmArgs g = dgrad_args(dy, weight, w, alpha);
     g.d = dx.mutable_data_ptr();
     gemm_stub(dev, g);
   }

@@ -67,12 +67,15 @@ struct KeyHash {
   }
 };
 
+// C as cublasLtMatmul reads it: D in its place when beta is 0.
+const void* c_operand(const Matmul& mm) { return mm.beta != 0.0 ? mm.c : mm.d; }
+
 Key key_of(const Matmul& mm, int device) {
   return Key{{device, mm.a_type, mm.b_type, mm.cd_type, mm.compute, mm.scale_type, mm.trans_a,
               mm.trans_b, mm.m, mm.n, mm.k, mm.lda, mm.ldb, mm.ldc, mm.ldd, mm.beta != 0.0,
               mm.epilogue, mm.set_bias_type ? mm.bias_type : -1, mm.aux_ld,
               mm.a_scale != nullptr, alignment(mm.a), alignment(mm.b),
-              alignment(mm.c != nullptr ? mm.c : mm.d), alignment(mm.d), alignment(mm.bias),
+              alignment(c_operand(mm)), alignment(mm.d), alignment(mm.bias),
               alignment(mm.aux), 0}};
 }
 
@@ -121,8 +124,7 @@ Choice find_algo(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublasLtMatrixLa
   set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, kMaxWorkspaceBytes);
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment(mm.a));
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(mm.b));
-  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-           alignment(mm.c != nullptr ? mm.c : mm.d));
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(c_operand(mm)));
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(mm.d));
   cublasLtMatmulHeuristicResult_t result{};
   int count = 0;
@@ -187,7 +189,7 @@ bool run(const Matmul& mm) {
                                   : layout(mm.a_type, mm.m, mm.k, mm.lda);
   const LayoutPtr lb = mm.trans_b ? layout(mm.b_type, mm.n, mm.k, mm.ldb)
                                   : layout(mm.b_type, mm.k, mm.n, mm.ldb);
-  const void* c = mm.beta != 0.0 ? mm.c : mm.d;
+  const void* c = c_operand(mm);
   const LayoutPtr lc = layout(mm.cd_type, mm.m, mm.n, mm.beta != 0.0 ? mm.ldc : mm.ldd);
   const LayoutPtr ld = layout(mm.cd_type, mm.m, mm.n, mm.ldd);
 
