@@ -702,3 +702,62 @@ def test_weight_layouts_reach_the_gemm_as_they_are(layout):
                   "dgrad_add": lambda: ops.linear_dgrad_add(dy, base, x, 1.0),
                   "bwd": lambda: ops.linear_bwd(dy, x, base, 1.0, None)[0]}[name]
             assert torch.equal(got, fn()), name
+
+
+# ---- the CUDA backend's epilogues (cuBLASLt) -------------------------------------------------
+# The conformance cases (7 out_features) reach the fallbacks; these shapes reach cuBLASLt's
+# fused epilogues too (GELU_AUX needs out_features % 8 == 0), and fp64 (no fused epilogues).
+
+_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@_CUDA
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("out_features", [64, 7])
+@pytest.mark.parametrize("act", ["gelu", "relu", "silu"])
+def test_cuda_linear_epilogues_match_cpu(act, out_features, dtype):
+    ops = torch.ops.te_cpp
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 40, 48, dtype=dtype), torch.randn(out_features, 48, dtype=dtype)
+    b, dy = torch.randn(out_features, dtype=dtype), torch.randn(3, 40, out_features, dtype=dtype)
+    cuda = lambda *ts: [t.cuda() if isinstance(t, torch.Tensor) else t for t in ts]  # noqa: E731
+    tol = tols(dtype)
+    for bias in (b, None):
+        y, z = ops.linear_bias_act_fwd(*cuda(x, w, bias), act)
+        y_ref, z_ref = ops.linear_bias_act_fwd(x, w, bias, act)
+        torch.testing.assert_close(z.cpu(), z_ref, **tol)
+        torch.testing.assert_close(y.cpu(), y_ref, **tol)
+        torch.testing.assert_close(ops.linear_fwd(*cuda(x, w, bias)).cpu(),
+                                   ops.linear_fwd(x, w, bias), **tol)
+        torch.testing.assert_close(ops.linear_fwd_add(*cuda(x, w, bias, dy, 0.5)).cpu(),
+                                   ops.linear_fwd_add(x, w, bias, dy, 0.5), **tol)
+    for alpha in (1.0, -0.5):
+        for bias_dtype in (None, dtype, torch.float32):
+            got = ops.linear_bwd(*cuda(dy, x, w), alpha, bias_dtype)
+            want = ops.linear_bwd(dy, x, w, alpha, bias_dtype)
+            for g, r in zip(got, want):
+                assert g.dtype == r.dtype and g.shape == r.shape
+                torch.testing.assert_close(g.cpu(), r, **tols(r.dtype if r.numel() else dtype))
+    # the same bits every run (no atomics, the heuristics' choice cached)
+    first = ops.linear_bwd(*cuda(dy, x, w), 1.0, dtype)
+    again = ops.linear_bwd(*cuda(dy, x, w), 1.0, dtype)
+    assert all(torch.equal(p, q) for p, q in zip(first, again))
+
+
+@_CUDA
+def test_cuda_linear_empty_reduction_and_in_place_add():
+    ops = torch.ops.te_cpp
+    x, w, b = torch.randn(5, 0, device="cuda"), torch.randn(16, 0, device="cuda"), torch.randn(
+        16, device="cuda")
+    y, z = ops.linear_bias_act_fwd(x, w, b, "gelu")
+    torch.testing.assert_close(z, b.expand(5, 16))
+    dw = ops.linear_wgrad(torch.randn(0, 16, device="cuda"), torch.randn(0, 8, device="cuda"))
+    assert torch.equal(dw, torch.zeros(16, 8, device="cuda"))
+    _, _, db = ops.linear_bwd(torch.randn(0, 16, device="cuda"), torch.randn(0, 8, device="cuda"),
+                              torch.randn(16, 8, device="cuda"), 1.0, torch.float32)
+    assert torch.equal(db, torch.zeros(16, device="cuda"))
+    extra = torch.randn(4, 16, device="cuda")
+    x, w = torch.randn(4, 32, device="cuda"), torch.randn(16, 32, device="cuda")
+    want = ops.linear_fwd_add(x.cpu(), w.cpu(), b.cpu(), extra.cpu(), 2.0)
+    ops.linear_fwd_add_inplace(extra, x, w, b, 2.0)
+    torch.testing.assert_close(extra.cpu(), want, **FP32)

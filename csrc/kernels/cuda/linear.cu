@@ -4,10 +4,12 @@
 //
 // Epilogues (choose_epilogue, the one place they are chosen):
 //   * bias: BIAS (bias broadcast over the rows of D, added in fp32 before the one rounding);
-//   * GELU: GELU_AUX / GELU_AUX_BIAS, the pre-activation z written through the aux pointer.
-//     cuBLASLt's GELU is the tanh approximation, TransformerEngine's GELU (and ours); it is
-//     applied to the fp32 z, where the CPU backend applies it to z rounded to the dtype (an
-//     ulp of the dtype apart at most, within the conformance tolerances);
+//   * GELU: GELU_AUX / GELU_AUX_BIAS for bf16 and fp16, the pre-activation z written through
+//     the aux pointer. cuBLASLt's GELU is the tanh approximation, TransformerEngine's GELU (and
+//     ours); it is applied to the fp32 z, where the CPU backend applies it to z rounded to the
+//     dtype (an ulp of the dtype apart at most, within the conformance tolerances). cuBLASLt
+//     does not document how it evaluates tanh: an approximate tanh would not show at bf16 /
+//     fp16 precision but could at fp32's, so fp32 (and fp64) run BIAS + our GELU op instead;
 //   * ReLU and the other activations: BIAS writing z, then our activation op on z (RELU_AUX's
 //     aux is a bit-mask, not the z that linear_bias_act_fwd returns);
 //   * dbias of the wgrad GEMM: BGRADB (alpha 1 and dbias in the GEMM's dtype; else our column
@@ -76,8 +78,10 @@ Plan choose_epilogue(const GemmArgs& g, bool fused) {
       }
       return p;
     case GemmEpilogue::kBiasAct: {
-      // the aux buffer of GELU_AUX needs a leading dimension divisible by 8
-      const bool gelu_aux = g.act == Act::GELU && g.ldd % 8 == 0;
+      // GELU_AUX: bf16 / fp16 only (see the top of the file), and its aux buffer needs a
+      // leading dimension divisible by 8
+      const bool half = g.dtype == at::kBFloat16 || g.dtype == at::kHalf;
+      const bool gelu_aux = g.act == Act::GELU && half && g.ldd % 8 == 0;
       if (fused && gelu_aux) {
         p.epilogue = g.bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
         p.epi_bias = g.bias;
