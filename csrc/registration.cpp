@@ -126,6 +126,10 @@ TORCH_LIBRARY(te_cpp, m) {
   // by alpha); without one, dbias is an empty [0] tensor (fixed arity).
   define(m, "linear_bwd(Tensor dy, Tensor x, Tensor weight, float alpha=1.0, "
             "ScalarType? bias_dtype=None) -> (Tensor dx, Tensor dweight, Tensor dbias)");
+  // FP8 GEMM with per-tensor scales, TN: out = (a_scale_inv * a) (b_scale_inv * b)^T with a
+  // [..., k] and b [n, k] raw FP8 bytes (uint8), fp32 accumulation (docs/fp8.md).
+  define(m, "fp8_gemm(Tensor a, Tensor a_scale_inv, ScalarType a_fp8_dtype, Tensor b, "
+            "Tensor b_scale_inv, ScalarType b_fp8_dtype, ScalarType out_dtype) -> Tensor");
 
   // ---- L2Normalization: y = x * rsqrt(sum(x^2 over the last dim) + eps) --------------------
   // The forward also returns rsqrt_norm (shape x.shape[:-1], fp32; fp64 for fp64 inputs),

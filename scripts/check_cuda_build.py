@@ -44,6 +44,10 @@ CUDA_OPS = {
         "mxfp8_dequantize", "fp8_delayed_scaling_update",
     ],
     "dropout": ["dropout_fwd", "dropout_bwd"],
+    "linear": [
+        "linear_fwd", "linear_bias_act_fwd", "linear_fwd_add", "linear_fwd_add_inplace",
+        "linear_dgrad", "linear_dgrad_add", "linear_wgrad", "linear_bwd", "fp8_gemm",
+    ],
 }
 
 

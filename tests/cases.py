@@ -762,4 +762,19 @@ def _samples_quantize(dtype):
     return _with_non_contiguous(out)
 
 
-STANDALONE_OPCHECK_SAMPLES = {"quantize": _samples_quantize}
+def _samples_fp8_gemm(dtype):
+    """te_cpp.fp8_gemm (the FP8 linear's forward GEMM; numerics in tests/test_fp8_ops.py): k and
+    n multiples of 16 and never E5M2 x E5M2, so the samples also fit cuBLASLt's FP8 GEMM."""
+    out = []
+    w = _rand(32, 64, dtype=dtype)
+    for shape in [(1, 64), (2, 3, 64), (0, 64)]:
+        x = _rand(*shape, dtype=dtype)
+        for fx, fw in ((torch.float8_e4m3fn, torch.float8_e4m3fn),
+                       (torch.float8_e5m2, torch.float8_e4m3fn)):
+            xd, xs, _ = te_ops.fp8_quantize(x, fx, False, 0.0)
+            wd, ws, _ = te_ops.fp8_quantize(w, fw, False, 0.0)
+            out.append((te_ops.fp8_gemm, (xd, xs, fx, wd, ws, fw, dtype)))
+    return _with_non_contiguous(out)
+
+
+STANDALONE_OPCHECK_SAMPLES = {"quantize": _samples_quantize, "fp8_gemm": _samples_fp8_gemm}

@@ -176,10 +176,13 @@ def test_compiled_fp8_mlp_block_equals_eager(recipe_name):
         torch.testing.assert_close(p.grad, q.grad, **COMPILED_VS_EAGER, msg=lambda m: f"{n}: {m}")
     quant = "te_cpp.fp8_quantize" if recipe_name == "current" else "te_cpp.mxfp8_quantize"
     assert quant in backend.fw_graphs[0].code and quant in backend.bw_graphs[0].code
-    # FP8 crosses the custom ops as plain uint8 buffers (quantize -> dequantize)
+    # FP8 crosses the custom ops as plain uint8 buffers (quantize -> dequantize; per-tensor
+    # scaling's forward GEMM is te_cpp.fp8_gemm on the buffers themselves)
     deq = "fp8_dequantize" if recipe_name == "current" else "mxfp8_dequantize"
-    for graph in (backend.fw_graphs[0], backend.bw_graphs[0]):
-        nodes = [n for n in graph.graph.nodes if n.op == "call_function" and deq in str(n.target)]
+    fw_consumer = "fp8_gemm" if recipe_name == "current" else deq
+    for graph, consumer in ((backend.fw_graphs[0], fw_consumer), (backend.bw_graphs[0], deq)):
+        nodes = [n for n in graph.graph.nodes
+                 if n.op == "call_function" and consumer in str(n.target)]
         assert nodes and all(n.args[0].meta["val"].dtype == torch.uint8 for n in nodes)
 
 
@@ -457,3 +460,97 @@ def test_delayed_scaling_backward_scales_update_after_backward():
         y.backward(dy)
         # E5M2 (HYBRID backward): scale = 57344 / amax(dy) right after this backward
         torch.testing.assert_close(op._fp8_metas["backward"].scale[0], torch.tensor(57344.0 / g))
+
+
+# ---- te_cpp.fp8_gemm: the FP8 linear's forward GEMM ------------------------------------------
+
+_fp8_gemm = torch.ops.te_cpp.fp8_gemm.default
+_fp8_quantize = torch.ops.te_cpp.fp8_quantize.default
+_fp8_dequantize = torch.ops.te_cpp.fp8_dequantize.default
+
+
+def _quantized_operand(shape, fmt, seed):
+    torch.manual_seed(seed)
+    data, scale_inv, _ = _fp8_quantize(torch.randn(*shape) * 3, fmt, False, 0.0)
+    return data, scale_inv
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16,
+                                       torch.float64])
+@pytest.mark.parametrize("fmts", [(E4M3, E4M3), (E5M2, E4M3), (E4M3, E5M2), (E5M2, E5M2)])
+@pytest.mark.parametrize("a_shape", [(5, 48), (2, 3, 48), (0, 48), (4, 0)])
+def test_fp8_gemm_cpu_is_the_exact_emulation(a_shape, fmts, out_dtype):
+    """CPU: both operands dequantized to fp32, multiplied with fp32 accumulation (the GEMM
+    linear_fwd runs), rounded once to out_dtype: bit for bit what the FP8 linear computed."""
+    k = a_shape[-1]
+    a, sa = _quantized_operand(a_shape, fmts[0], 0)
+    b, sb = _quantized_operand((7, k), fmts[1], 1)
+    y = _fp8_gemm(a, sa, fmts[0], b, sb, fmts[1], out_dtype)
+    ref = torch.ops.te_cpp.linear_fwd(_fp8_dequantize(a, sa, fmts[0], torch.float32),
+                                      _fp8_dequantize(b, sb, fmts[1], torch.float32))
+    assert y.dtype == out_dtype and y.shape == (*a_shape[:-1], 7)
+    assert torch.equal(y, ref.to(out_dtype))
+    # and it is a product of the dequantized operands (not, say, of the raw bytes)
+    deq = (_fp8_dequantize(a, sa, fmts[0], torch.float64)
+           @ _fp8_dequantize(b, sb, fmts[1], torch.float64).t())
+    # (fp32 accumulation: fp32's tolerance for a float64 output)
+    tol = tols(torch.float32 if out_dtype == torch.float64 else out_dtype)
+    torch.testing.assert_close(y.double(), deq, **tol)
+
+
+def test_fp8_gemm_rejects_bad_operands():
+    a, sa = _quantized_operand((4, 32), E4M3, 0)
+    b, sb = _quantized_operand((16, 32), E4M3, 1)
+    with pytest.raises(RuntimeError, match=r"te_cpp\.fp8_gemm: a's last dimension \(shape "
+                                           r"\[4, 32\]\) must equal b's \(shape \[16, 16\]\)"):
+        _fp8_gemm(a, sa, E4M3, b[:, :16], sb, E4M3, torch.float32)
+    with pytest.raises(RuntimeError, match=r"te_cpp\.fp8_gemm: a must be uint8"):
+        _fp8_gemm(a.float(), sa, E4M3, b, sb, E4M3, torch.float32)
+    with pytest.raises(RuntimeError, match=r"te_cpp\.fp8_gemm: b_scale_inv must have shape"):
+        _fp8_gemm(a, sa, E4M3, b, torch.ones(2), E4M3, torch.float32)
+    with pytest.raises(ValueError, match=r"te_cpp\.fp8_gemm: b_fp8_dtype must be"):
+        _fp8_gemm(a, sa, E4M3, b, sb, torch.bfloat16, torch.float32)
+
+
+@pytest.mark.parametrize("recipe_name", ["current", "mxfp8"])
+def test_fp8_linear_forward_uses_fp8_gemm_for_per_tensor_scaling(recipe_name, monkeypatch):
+    """Per-tensor recipes run the forward GEMM as te_cpp.fp8_gemm (bitwise the emulation that
+    test_basic_linear_fp8_gemms_match_the_emulation pins); MXFP8 keeps the emulation."""
+    from transformer_engine_cpp.ops.basic import basic_linear
+    calls = []
+    real = basic_linear._fp8_gemm
+    monkeypatch.setattr(basic_linear, "_fp8_gemm", lambda *a: calls.append(1) or real(*a))
+    torch.manual_seed(0)
+    op = te.ops.BasicLinear(64, 32)
+    x = torch.randn(2, 16, 64)
+    with te.autocast(recipe=RECIPES[recipe_name][0]()):
+        y = op(x)
+    assert len(calls) == (1 if recipe_name == "current" else 0)
+    # the unfused emulation gives the same bits
+    monkeypatch.setattr(basic_linear, "_fp8_gemm_fits", lambda *a: False)
+    with te.autocast(recipe=RECIPES[recipe_name][0]()):
+        y_emulated = op(x)
+    assert torch.equal(y, y_emulated)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("fmts", [(E4M3, E4M3), (E5M2, E4M3), (E4M3, E5M2)])
+def test_fp8_gemm_cuda_matches_the_cpu_emulation(fmts, out_dtype):
+    """cuBLASLt's FP8 GEMM (TN, fp32 accumulation, device scale pointers) against the CPU
+    emulation: the same products, accumulated in another order."""
+    a, sa = _quantized_operand((3, 40, 64), fmts[0], 0)
+    b, sb = _quantized_operand((48, 64), fmts[1], 1)
+    ref = _fp8_gemm(a, sa, fmts[0], b, sb, fmts[1], torch.float32)
+    y = _fp8_gemm(a.cuda(), sa.cuda(), fmts[0], b.cuda(), sb.cuda(), fmts[1], out_dtype)
+    assert y.dtype == out_dtype and y.is_cuda
+    torch.testing.assert_close(y.cpu().float(), ref.to(out_dtype).float(), **tols(out_dtype))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_fp8_gemm_cuda_refuses_unaligned_sizes():
+    a, sa = _quantized_operand((4, 40), E4M3, 0)
+    b, sb = _quantized_operand((16, 40), E4M3, 1)
+    with pytest.raises(RuntimeError, match=r"te_cpp\.fp8_gemm: .*multiples of 16, got m 4, "
+                                           r"n 16, k 40"):
+        _fp8_gemm(a.cuda(), sa.cuda(), E4M3, b.cuda(), sb.cuda(), E4M3, torch.bfloat16)

@@ -664,3 +664,100 @@ def test_wrong_parameter_grad_count_is_a_clear_error(extra):
     with pytest.raises(RuntimeError, match=r"_WrongGradCount.* returned 0 parameter grads.*"
                                            r"expected 1"):
         y.sum().backward()
+
+
+# ---- the front end's GEMM operands ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided"])
+def test_weight_layouts_reach_the_gemm_as_they_are(layout):
+    """The front end hands a weight with a unit-stride dim to the GEMM as it is (transposed
+    or not, leading dimension = its other stride) and copies any other layout: every linear op
+    equals the float64 product for each, and a weight with no unit-stride dim gives the bits of
+    a contiguous copy of the operand the GEMM reads (W^T forward, W for dgrad), as at::mm."""
+    ops = torch.ops.te_cpp
+    torch.manual_seed(0)
+    base = torch.randn(7, 13)
+    w = {"contiguous": base, "transposed": base.t().contiguous().t(),
+         "strided": torch.randn(7, 26)[:, ::2].copy_(base)}[layout]
+    assert torch.equal(w, base)
+    x, dy, b = torch.randn(2, 3, 13), torch.randn(2, 3, 7), torch.randn(7)
+    d = lambda t: t.double()  # noqa: E731
+    outs = {
+        "fwd": (ops.linear_fwd(x, w, b), d(x) @ d(w).t() + d(b)),
+        "act": (ops.linear_bias_act_fwd(x, w, b, "relu")[0], (d(x) @ d(w).t() + d(b)).relu()),
+        "add": (ops.linear_fwd_add(x, w, b, dy, 0.5), d(dy) + 0.5 * d(x) @ d(w).t() + d(b)),
+        "dgrad": (ops.linear_dgrad(dy, w, 2.0), 2.0 * d(dy) @ d(w)),
+        "dgrad_add": (ops.linear_dgrad_add(dy, w, x, 1.0), d(x) + d(dy) @ d(w)),
+        "bwd": (ops.linear_bwd(dy, x, w, 1.0, None)[0], d(dy) @ d(w)),
+    }
+    for name, (got, want) in outs.items():
+        torch.testing.assert_close(got.double(), want, **FP32, msg=lambda m: f"{name}: {m}")
+        if layout == "strided":
+            wt = base.t().contiguous().t()  # W^T contiguous
+            fn = {"fwd": lambda: ops.linear_fwd(x, wt, b),
+                  "act": lambda: ops.linear_bias_act_fwd(x, wt, b, "relu")[0],
+                  "add": lambda: ops.linear_fwd_add(x, wt, b, dy, 0.5),
+                  "dgrad": lambda: ops.linear_dgrad(dy, base, 2.0),
+                  "dgrad_add": lambda: ops.linear_dgrad_add(dy, base, x, 1.0),
+                  "bwd": lambda: ops.linear_bwd(dy, x, base, 1.0, None)[0]}[name]
+            assert torch.equal(got, fn()), name
+
+
+# ---- the CUDA backend's epilogues (cuBLASLt) -------------------------------------------------
+# The conformance cases (7 out_features) reach the fallbacks; these shapes reach cuBLASLt's
+# fused epilogues too (GELU_AUX needs out_features % 8 == 0), and fp64 (no fused epilogues).
+
+_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@_CUDA
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("out_features", [64, 7])
+@pytest.mark.parametrize("act", ["gelu", "relu", "silu"])
+def test_cuda_linear_epilogues_match_cpu(act, out_features, dtype):
+    ops = torch.ops.te_cpp
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 40, 48, dtype=dtype), torch.randn(out_features, 48, dtype=dtype)
+    b, dy = torch.randn(out_features, dtype=dtype), torch.randn(3, 40, out_features, dtype=dtype)
+    cuda = lambda *ts: [t.cuda() if isinstance(t, torch.Tensor) else t for t in ts]  # noqa: E731
+    tol = tols(dtype)
+    for bias in (b, None):
+        y, z = ops.linear_bias_act_fwd(*cuda(x, w, bias), act)
+        y_ref, z_ref = ops.linear_bias_act_fwd(x, w, bias, act)
+        torch.testing.assert_close(z.cpu(), z_ref, **tol)
+        torch.testing.assert_close(y.cpu(), y_ref, **tol)
+        torch.testing.assert_close(ops.linear_fwd(*cuda(x, w, bias)).cpu(),
+                                   ops.linear_fwd(x, w, bias), **tol)
+        torch.testing.assert_close(ops.linear_fwd_add(*cuda(x, w, bias, dy, 0.5)).cpu(),
+                                   ops.linear_fwd_add(x, w, bias, dy, 0.5), **tol)
+    for alpha in (1.0, -0.5):
+        for bias_dtype in (None, dtype, torch.float32):
+            got = ops.linear_bwd(*cuda(dy, x, w), alpha, bias_dtype)
+            want = ops.linear_bwd(dy, x, w, alpha, bias_dtype)
+            for g, r in zip(got, want):
+                assert g.dtype == r.dtype and g.shape == r.shape
+                torch.testing.assert_close(g.cpu(), r, **tols(r.dtype if r.numel() else dtype))
+    # the same bits every run (no atomics, the heuristics' choice cached)
+    first = ops.linear_bwd(*cuda(dy, x, w), 1.0, dtype)
+    again = ops.linear_bwd(*cuda(dy, x, w), 1.0, dtype)
+    assert all(torch.equal(p, q) for p, q in zip(first, again))
+
+
+@_CUDA
+def test_cuda_linear_empty_reduction_and_in_place_add():
+    ops = torch.ops.te_cpp
+    x, w, b = torch.randn(5, 0, device="cuda"), torch.randn(16, 0, device="cuda"), torch.randn(
+        16, device="cuda")
+    y, z = ops.linear_bias_act_fwd(x, w, b, "gelu")
+    torch.testing.assert_close(z, b.expand(5, 16))
+    dw = ops.linear_wgrad(torch.randn(0, 16, device="cuda"), torch.randn(0, 8, device="cuda"))
+    assert torch.equal(dw, torch.zeros(16, 8, device="cuda"))
+    _, _, db = ops.linear_bwd(torch.randn(0, 16, device="cuda"), torch.randn(0, 8, device="cuda"),
+                              torch.randn(16, 8, device="cuda"), 1.0, torch.float32)
+    assert torch.equal(db, torch.zeros(16, device="cuda"))
+    extra = torch.randn(4, 16, device="cuda")
+    x, w = torch.randn(4, 32, device="cuda"), torch.randn(16, 32, device="cuda")
+    want = ops.linear_fwd_add(x.cpu(), w.cpu(), b.cpu(), extra.cpu(), 2.0)
+    ops.linear_fwd_add_inplace(extra, x, w, b, 2.0)
+    torch.testing.assert_close(extra.cpu(), want, **FP32)

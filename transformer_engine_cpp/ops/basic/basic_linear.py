@@ -12,8 +12,8 @@ from .._common import (autocast_dtype, canonicalize_device, canonicalize_dtype, 
                        check_size, compute_dtype, init_parameter, materialize_device)
 from ...quantization import FP8GlobalStateManager, RecipeState
 from ...quantization.quantizer import Float8CurrentScalingQuantizer, Float8Quantizer
-from ...quantization.tensor import (Float8Tensor, QuantizedTensor, QuantizedTensorStorage,
-                                    as_storage)
+from ...quantization.tensor import (Float8Tensor, Float8TensorStorage, QuantizedTensor,
+                                    QuantizedTensorStorage, as_storage)
 from .. import _quantized
 from ..op import BasicOperation, OperationContext
 
@@ -26,6 +26,21 @@ _linear_dgrad_add = torch.ops.te_cpp.linear_dgrad_add.default
 _linear_wgrad = torch.ops.te_cpp.linear_wgrad.default
 _linear_bwd = torch.ops.te_cpp.linear_bwd.default
 _bias_bwd = torch.ops.te_cpp.bias_bwd.default
+_fp8_gemm = torch.ops.te_cpp.fp8_gemm.default
+
+
+def _fp8_gemm_fits(xq, wq, dtype: torch.dtype) -> bool:
+    """Whether the forward GEMM of two quantized operands runs as te_cpp.fp8_gemm: per-tensor
+    FP8 (Float8TensorStorage) on both sides. On CPU the op is the exact emulation, always; on
+    CUDA it is cuBLASLt's FP8 GEMM, which needs k and n multiples of 16, a float32 / bfloat16 /
+    float16 output and not both operands E5M2 (otherwise the emulation runs there too)."""
+    if not (isinstance(xq, Float8TensorStorage) and isinstance(wq, Float8TensorStorage)):
+        return False
+    if not xq._data.is_cuda:
+        return True
+    n, k = wq._data.shape
+    return (k % 16 == 0 and n % 16 == 0 and dtype != torch.float64
+            and not (xq._fp8_dtype == torch.float8_e5m2 and wq._fp8_dtype == torch.float8_e5m2))
 
 
 @dataclasses.dataclass
@@ -258,7 +273,12 @@ class BasicLinear(BasicOperation):
         else:
             wq = ctx.weight_quantizer.quantize_storage(w, columnwise=need_dgrad,
                                                        op=type(self).__name__)
-        y = _linear_fwd(xq.dequantize_rowwise(), wq.dequantize_rowwise())
+        if _fp8_gemm_fits(xq, wq, ctx.dtype):
+            # the FP8 GEMM itself (CPU: the same emulation as below, bit for bit)
+            y = _fp8_gemm(xq._data, xq._scale_inv, xq._fp8_dtype, wq._data, wq._scale_inv,
+                          wq._fp8_dtype, ctx.dtype)
+        else:
+            y = _linear_fwd(xq.dequantize_rowwise(), wq.dequantize_rowwise())
         if ctx.requires_grad:
             saved_x = xq.buffers() if ctx.weight_requires_grad else (None,) * 4
             saved_w = wq.buffers() if need_dgrad else (None,) * 4
