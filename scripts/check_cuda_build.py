@@ -7,7 +7,7 @@ TORCH_LIBRARY registrations) and asserts that:
   * the library was compiled with the CUDA kernels (`_C.built_with_cuda()`);
   * every op in CUDA_OPS reports a kernel for the CUDA dispatch key;
   * no other te_cpp op does (a new CUDA kernel must be added to CUDA_OPS, and to the CUDA status
-    in docs/architecture.md);
+    in README.md);
   * every backend stub of the front ends (csrc/common/backend.h) has its CUDA kernel: an op
     registered for CUDA reaches CUDA code for every path it takes.
 Nothing is run on a GPU. Exits non-zero, naming the ops, when a check fails.
@@ -84,7 +84,7 @@ def main(path):
         sys.exit("check_cuda_build: FAILED: no CUDA kernel registered for " + ", ".join(missing))
     if unexpected:
         sys.exit("check_cuda_build: FAILED: CUDA kernels not listed in CUDA_OPS (add them there "
-                 "and to the CUDA status in docs/architecture.md): " + ", ".join(unexpected))
+                 "and to the CUDA status in README.md): " + ", ".join(unexpected))
     stubs = module.kernel_stubs()
     no_cuda = sorted(name for name, _, has_cuda_kernel in stubs if not has_cuda_kernel)
     print(f"check_cuda_build: {len(stubs)} backend stubs, {len(stubs) - len(no_cuda)} with a "

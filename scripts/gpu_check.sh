@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with an NVIDIA GPU, build the extension from source with its CUDA
-# kernels, run the conformance suite's CUDA cases (opcheck fake against real, eager against the
-# float64 reference, compiled against eager) and the GPU benchmark subset (bench/gpu.py).
+# kernels, then run the CUDA cases of the tests (the conformance suite: opcheck fake against
+# real, eager against the float64 reference, compiled against eager; tests/test_cuda_backend.py:
+# the same bits twice, no host synchronisation, CUDA graph replay, FP8 and dropout bit-identical
+# to the CPU; tests/test_norm_widths.py: every row width's launch mode; the cuBLASLt epilogue,
+# fp8_gemm, FP8 quantize and dropout tests) and the GPU benchmark subset (bench/gpu.py).
 #
 #   scripts/gpu_check.sh OUTDIR
 #
 # Writes OUTDIR/log.txt (everything printed), OUTDIR/conformance.xml (JUnit) and
 # OUTDIR/bench.csv. Uses the machine's own python3 and torch (PYTHON overrides), nvcc from PATH
 # (CUDA_HOME overrides) and every core. Each stage has its own time limit, so the whole check
-# stays under 8 minutes; a stage that fails or times out is reported and the next one still
-# runs. GPU_CHECK_DRY_RUN=1 runs the same stages on a machine without a GPU: CPU build, the
+# stays under 8 minutes; a stage that fails or times out is reported. The tests and the
+# benchmark run after a successful build, the benchmark whatever the tests' outcome. GPU_CHECK_DRY_RUN=1 runs the same stages on a machine without a GPU: CPU build, the
 # CPU cases of one family, the benchmark at tiny shapes on the CPU (run it in a copy of the
 # tree: the build is in place). GPU_CHECK_BUILD_LIMIT overrides the build's limit (seconds).
 set -uo pipefail
@@ -35,7 +38,8 @@ stage() {  # stage NAME SECONDS COMMAND...
   return "$rc"
 }
 
-echo "gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo "gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ)" \
+  "$(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 "$py" -c "import sys, torch; print('python', sys.version.split()[0], '| torch', torch.__version__,
       '| CUDA', torch.version.cuda, '| device',
       torch.cuda.get_device_name() if torch.cuda.is_available() else None)"
@@ -69,7 +73,8 @@ if stage build "${GPU_CHECK_BUILD_LIMIT:-210}" "$py" setup.py -q build_ext --inp
   # the inductor cases (marked slow) are left out: each compile costs the device's time
   stage conformance 150 "$py" -m pytest -q -p no:cacheprovider -m "not slow" \
     --junitxml="$out/conformance.xml" -rs tests/test_conformance.py tests/test_cuda_backend.py \
-    tests/test_norm_widths.py tests/test_fp8_quantize.py tests/test_dropout.py "${cases[@]}"
+    tests/test_norm_widths.py tests/test_linear.py tests/test_fp8_ops.py tests/test_fp8_quantize.py \
+    tests/test_dropout.py "${cases[@]}"
   stage bench 100 "$py" bench/gpu.py --out "$out/bench.csv" "${bench[@]}"
 fi
 echo "gpu_check: $([ "$status" -eq 0 ] && echo passed || echo FAILED) ($SECONDS s); outputs in $out"

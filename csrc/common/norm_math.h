@@ -16,9 +16,8 @@
 //              dx = rnorm (dy - (dy . y) y)
 // gamma is the weight, or 1 + weight with zero_centered_gamma.
 //
-// Compilers may contract a multiply and an add into one FMA where they see fit (GCC's default
-// -ffp-contract=fast, nvcc's --fmad=true), so the instantiations agree to a few ulp; where one
-// rounding matters, the formula says fma / fnma.
+// The build turns implicit contraction off (-ffp-contract=off, nvcc --fmad=false): a multiply-add
+// is fused exactly where the formula says fma / fnma, in every instantiation.
 #pragma once
 
 #include <c10/macros/Macros.h>

@@ -68,7 +68,8 @@ void product(const Tensor& D, const Tensor& A, const Tensor& B, const GemmArgs& 
       at::addmm_out(out, D, A, B, 0.0, g.alpha);  // beta = 0: D is not read
     }
   } else {
-    const Tensor C = g.c == g.d && g.ldc == g.ldd ? D : matrix(g.dtype, g.c, g.m, g.n, false, g.ldc);
+    const Tensor C =
+        g.c == g.d && g.ldc == g.ldd ? D : matrix(g.dtype, g.c, g.m, g.n, false, g.ldc);
     at::addmm_out(out, C, A, B, g.beta, g.alpha);
   }
 }

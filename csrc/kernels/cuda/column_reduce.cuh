@@ -1,6 +1,6 @@
-// Deterministic column sums of a rows x features matrix whose elements are computed on the fly
-// (dbias of dbias+dact): no atomics, an order of additions fixed by the shape alone, so the
-// same bits every run.
+// Deterministic column sums of a rows x features matrix whose elements are read or computed
+// on the fly (bias_bwd's dbias, the dbias of dbias+dact): no atomics, an order of additions
+// fixed by the shape alone, so the same bits every run.
 //
 // The rows are cut into `chunks` ranges of rows_per_chunk rows (column_chunks, from the row
 // count alone). Pass 1 (column_partial_kernel): block (column tile, chunk) has kColThreads x
@@ -83,7 +83,7 @@ __global__ void column_finish_kernel(const A* __restrict__ partial, OutT* __rest
 }
 
 // The column sums of fn's rows x features values into out (features of OutT), on `stream`.
-// features must be a multiple of M. rows >= 1.
+// features must be a multiple of M; zero rows give zeros.
 template <int M, typename A, typename OutT, typename RowFn>
 void column_reduce(const RowFn& fn, int64_t rows, int64_t features, OutT* out,
                    cudaStream_t stream) {

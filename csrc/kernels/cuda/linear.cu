@@ -83,7 +83,8 @@ Plan choose_epilogue(const GemmArgs& g, bool fused) {
       const bool half = g.dtype == at::kBFloat16 || g.dtype == at::kHalf;
       const bool gelu_aux = g.act == Act::GELU && half && g.ldd % 8 == 0;
       if (fused && gelu_aux) {
-        p.epilogue = g.bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+        p.epilogue =
+            g.bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
         p.epi_bias = g.bias;
         p.aux = g.aux;
         return p;
@@ -111,7 +112,9 @@ Plan choose_epilogue(const GemmArgs& g, bool fused) {
       return p;
     case GemmEpilogue::kDActBiasGrad:
       TORCH_CHECK(fused && g.act == Act::GELU && g.ldd % 8 == 0,
-                  "te_cpp: the CUDA GEMM fuses dact + dbias for GELU only (DGELU_BGRAD)");
+                  "te_cpp: the dact + dbias GEMM epilogue (DGELU_BGRAD) needs GELU, a dtype "
+                  "with fused epilogues and a leading dimension that is a multiple of 8; got ",
+                  kActInfo[static_cast<int>(g.act)].stem, ", ", g.dtype, ", ", g.ldd);
       p.epilogue = CUBLASLT_EPILOGUE_DGELU_BGRAD;
       p.epi_bias = g.bgrad;
       p.aux = g.aux;

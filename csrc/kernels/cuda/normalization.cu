@@ -10,7 +10,8 @@
 // dweight and dbias are deterministic without atomics: the rows are cut into `groups` ranges
 // of consecutive rows (from the shape alone); the warp or block of a range adds its rows'
 // contributions in row order into its own partial row of a Workspace, and a second kernel adds
-// the partial rows in range order.
+// the partial rows in an order fixed by the shape (each thread a strided set of ranges in
+// order, then the threads' sums in thread order).
 #include <algorithm>
 
 #include "common/norm_math.h"
