@@ -269,8 +269,11 @@ struct ScaledFwd {
 };
 
 // ---- scaled backward: TPR threads per row (a warp, or the whole block), so dscales is a
-// fixed-order reduction: each thread adds its elements in order, then a shuffle butterfly
-// within each warp and, for a block, the warps' sums in warp order. ----
+// fixed-order reduction: a row's outputs are cut into chunks of C = kVec<T>; thread `lane` takes
+// chunks lane, lane + TPR, ... and adds their elements in order, then a shuffle butterfly
+// within each warp and, for a block, the warps' sums in warp order. M (C for 16-byte loads, 1
+// when a pointer or the run length is not aligned) changes only the loads, never which thread
+// adds an element or when, so dscales depends on the shape alone, not on the alignment. ----
 
 template <typename A>
 __device__ inline A warp_sum(A v) {
@@ -279,55 +282,78 @@ __device__ inline A warp_sum(A v) {
   return v;
 }
 
+// Outputs [j, j + M) of row r (within one gated run): dx stored; with dscales, dy * act(x)
+// added to acc in element order.
+template <int M, bool kGated, typename T, typename G>
+__device__ inline void scaled_bwd_step(const G& gated, const T* __restrict__ dy,
+                                       const T* __restrict__ x, T* __restrict__ dx, Acc<T> s,
+                                       bool with_ds, int64_t r, int64_t j, int64_t features,
+                                       int64_t n_out, int64_t len, Acc<T>& acc) {
+  using A = Acc<T>;
+  const Pack<T, M> gv = load_pack<M>(dy + r * n_out + j);
+  if constexpr (kGated) {
+    const int64_t ia = r * features + gated_a_offset(j, len);
+    const Pack<T, M> av = load_pack<M>(x + ia);
+    const Pack<T, M> bv = load_pack<M>(x + ia + len);
+    Pack<T, M> da, db;
+#pragma unroll
+    for (int k = 0; k < M; ++k) {
+      const A d = to_acc(gv.v[k]);
+      A fa, fb, dav, dbv;
+      gated.grad(to_acc(av.v[k]), to_acc(bv.v[k]), d * s, fa, fb, dav, dbv);
+      da.v[k] = to_t<T>(dav);
+      db.v[k] = to_t<T>(dbv);
+      if (with_ds) acc += d * (fa * fb);
+    }
+    store_pack<M>(dx + ia, da);
+    store_pack<M>(dx + ia + len, db);
+  } else {
+    const int64_t ia = r * features + j;
+    const Pack<T, M> xv = load_pack<M>(x + ia);
+    Pack<T, M> da;
+#pragma unroll
+    for (int k = 0; k < M; ++k) {
+      const A d = to_acc(gv.v[k]);
+      A fa, dav;
+      gated.act.grad(to_acc(xv.v[k]), d * s, fa, dav);
+      da.v[k] = to_t<T>(dav);
+      if (with_ds) acc += d * fa;
+    }
+    store_pack<M>(dx + ia, da);
+  }
+}
+
 template <int TPR, int M, bool kGated, typename T, typename G>
 __global__ void scaled_bwd_kernel(G gated, const T* __restrict__ dy, const T* __restrict__ x,
                                   const Acc<T>* __restrict__ scales, T* __restrict__ dx,
                                   Acc<T>* __restrict__ dscales, int64_t rows, int64_t features,
                                   int64_t len) {
   using A = Acc<T>;
+  constexpr int C = kVec<T>;
   static_assert(TPR == 32 || TPR == kThreads, "a warp or a block per row");
+  static_assert(M == C || M == 1, "whole chunks, or one element at a time");
   constexpr int kRowsPerBlock = kThreads / TPR;
   __shared__ A warp_sums[kThreads / 32];
   const int lane = static_cast<int>(threadIdx.x) % TPR;
   const int group = static_cast<int>(threadIdx.x) / TPR;
   const int64_t n_out = kGated ? features / 2 : features;
+  const bool with_ds = dscales != nullptr;
   for (int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; r0 < rows;
        r0 += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
     const int64_t r = r0 + group;
     A acc(0);
     if (r < rows) {
       const A s = scales[r];
-      for (int64_t j = static_cast<int64_t>(lane) * M; j < n_out; j += TPR * M) {
-        const Pack<T, M> gv = load_pack<M>(dy + r * n_out + j);
-        if constexpr (kGated) {
-          const int64_t ia = r * features + gated_a_offset(j, len);
-          const Pack<T, M> av = load_pack<M>(x + ia);
-          const Pack<T, M> bv = load_pack<M>(x + ia + len);
-          Pack<T, M> da, db;
-#pragma unroll
-          for (int k = 0; k < M; ++k) {
-            const A d = to_acc(gv.v[k]);
-            A fa, fb, dav, dbv;
-            gated.grad(to_acc(av.v[k]), to_acc(bv.v[k]), d * s, fa, fb, dav, dbv);
-            da.v[k] = to_t<T>(dav);
-            db.v[k] = to_t<T>(dbv);
-            if (dscales != nullptr) acc += d * (fa * fb);
-          }
-          store_pack<M>(dx + ia, da);
-          store_pack<M>(dx + ia + len, db);
+      for (int64_t j = static_cast<int64_t>(lane) * C; j < n_out; j += int64_t{TPR} * C) {
+        if constexpr (M == C) {  // len % C == 0: the chunk lies in one run
+          scaled_bwd_step<C, kGated, T>(gated, dy, x, dx, s, with_ds, r, j, features, n_out,
+                                        len, acc);
         } else {
-          const int64_t ia = r * features + j;
-          const Pack<T, M> xv = load_pack<M>(x + ia);
-          Pack<T, M> da;
-#pragma unroll
-          for (int k = 0; k < M; ++k) {
-            const A d = to_acc(gv.v[k]);
-            A fa, dav;
-            gated.act.grad(to_acc(xv.v[k]), d * s, fa, dav);
-            da.v[k] = to_t<T>(dav);
-            if (dscales != nullptr) acc += d * fa;
+          const int64_t j1 = j + C < n_out ? j + C : n_out;
+          for (int64_t e = j; e < j1; ++e) {
+            scaled_bwd_step<1, kGated, T>(gated, dy, x, dx, s, with_ds, r, e, features, n_out,
+                                          len, acc);
           }
-          store_pack<M>(dx + ia, da);
         }
       }
     }
@@ -514,8 +540,9 @@ void scaled_act_bwd_cuda(const ScaledActBwdArgs& a) {
         const int64_t len = kGated ? gated_len(a.cfg, a.features) : a.features;
         const int64_t n_out = kGated ? a.features / 2 : a.features;
         const bool vec = aligned16(a.dy) && aligned16(a.x) && aligned16(a.dx) && len % N == 0;
-        // a warp per row while a row fits in a few of its passes, else a block per row
-        const bool warp = n_out <= int64_t{4} * 32 * (vec ? N : 1);
+        // a warp per row while a row fits in a few of its passes, else a block per row; from
+        // the shape alone (not vec), as it sets dscales' order of additions
+        const bool warp = n_out <= int64_t{4} * 32 * N;
         if (vec) {
           if (warp) {
             scaled_bwd_launch<32, N, kGated, T>(a, gated, len);
