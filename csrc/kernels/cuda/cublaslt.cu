@@ -136,8 +136,13 @@ Choice find_algo(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublasLtMatrixLa
     choice.algo = result.algo;
     choice.workspace = result.workspaceSize;
   } else {
-    // no algorithm (CUBLAS_STATUS_NOT_SUPPORTED): the caller falls back; anything else is a bug
-    TORCH_CHECK(st == CUBLAS_STATUS_SUCCESS || st == CUBLAS_STATUS_NOT_SUPPORTED,
+    // No algorithm: the caller falls back. cuBLASLt says so with NOT_SUPPORTED, but for a fused
+    // epilogue on a matrix with one row or column the heuristics answer INVALID_VALUE instead
+    // (PyTorch's addmm keeps such shapes off its cuBLASLt bias path for this reason), so that
+    // too is "no algorithm" when the epilogue is not DEFAULT. Anything else is a bug.
+    const bool fused = mm.epilogue != CUBLASLT_EPILOGUE_DEFAULT;
+    TORCH_CHECK(st == CUBLAS_STATUS_SUCCESS || st == CUBLAS_STATUS_NOT_SUPPORTED ||
+                    (fused && st == CUBLAS_STATUS_INVALID_VALUE),
                 "te_cpp: cuBLASLt cublasLtMatmulAlgoGetHeuristic: ", cublasLtGetStatusString(st));
   }
   return choice;

@@ -38,8 +38,9 @@ struct Matmul {
 };
 
 // Runs `mm` on the current stream. Returns false, launching nothing, when cuBLASLt has no
-// algorithm for it (an unsupported epilogue / type combination): the caller then falls back.
-// Any other cuBLASLt failure is an error.
+// algorithm for it (an unsupported epilogue / type combination, or a fused epilogue that the
+// heuristics reject as an invalid value, as they do for a matrix with one row or column): the
+// caller then falls back. Any other cuBLASLt failure is an error.
 bool run(const Matmul& mm);
 
 // The size of one element of a cuBLASLt data type (the types the backends use).
