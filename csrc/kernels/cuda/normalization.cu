@@ -134,7 +134,9 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   constexpr int C = kCached ? kBwdCacheChunks : 1;
   __shared__ A scratch[kWarp];
   const Group<kWarpRow> g;
-  if (g.id >= p.groups) return;  // the surplus warps of the last block (uniform per block)
+  // the surplus warps of the last block (uniform per warp; the warp kernels have no block
+  // barrier, and a block group's id is always < groups)
+  if (g.id >= p.groups) return;
   const int64_t n = p.n;
   const int64_t nchunks = (n + V - 1) / V;
   A* part = p.partial + g.id * (kCentered ? 2 * n : n);
