@@ -15,8 +15,9 @@
 //   * dbias of the wgrad GEMM: BGRADB (alpha 1 and dbias in the GEMM's dtype; else our column
 //     sums). DGELU_BGRAD serves GemmEpilogue::kDActBiasGrad (no op uses it yet); DRELU_BGRAD
 //     would need a ReLU bit-mask aux, which no op keeps, so it is not selected.
-// When cuBLASLt has no algorithm with the chosen epilogue (fp64: its 64F compute has no fused
-// epilogues), the GEMM runs with DEFAULT and our kernels do the rest.
+// When cuBLASLt has no algorithm with the chosen epilogue (an epilogue / type combination it
+// lacks, or a matrix with one row or column, which its heuristics reject for fused epilogues),
+// the GEMM runs with DEFAULT and our kernels do the rest.
 //
 // Compute types: fp32 accumulation for fp32 (CUBLAS_COMPUTE_32F: no TF32, as the CPU GEMMs),
 // bf16 and fp16; fp64 for fp64.
