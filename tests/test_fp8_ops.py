@@ -177,13 +177,15 @@ def test_compiled_fp8_mlp_block_equals_eager(recipe_name):
     quant = "te_cpp.fp8_quantize" if recipe_name == "current" else "te_cpp.mxfp8_quantize"
     assert quant in backend.fw_graphs[0].code and quant in backend.bw_graphs[0].code
     # FP8 crosses the custom ops as plain uint8 buffers (quantize -> dequantize; per-tensor
-    # scaling's forward GEMM is te_cpp.fp8_gemm on the buffers themselves)
+    # scaling's GEMMs, forward and backward, are te_cpp.fp8_gemm on the buffers themselves)
     deq = "fp8_dequantize" if recipe_name == "current" else "mxfp8_dequantize"
-    fw_consumer = "fp8_gemm" if recipe_name == "current" else deq
-    for graph, consumer in ((backend.fw_graphs[0], fw_consumer), (backend.bw_graphs[0], deq)):
+    consumer = "fp8_gemm" if recipe_name == "current" else deq
+    for graph in (backend.fw_graphs[0], backend.bw_graphs[0]):
         nodes = [n for n in graph.graph.nodes
                  if n.op == "call_function" and consumer in str(n.target)]
         assert nodes and all(n.args[0].meta["val"].dtype == torch.uint8 for n in nodes)
+    if recipe_name == "current":  # two linears: dgrad and wgrad each
+        assert sum("fp8_gemm" in str(n.target) for n in backend.bw_graphs[0].graph.nodes) == 4
 
 
 @pytest.mark.parametrize("act", ["GELU", "SwiGLU", "ReLU"])
@@ -531,6 +533,75 @@ def test_fp8_linear_forward_uses_fp8_gemm_for_per_tensor_scaling(recipe_name, mo
     with te.autocast(recipe=RECIPES[recipe_name][0]()):
         y_emulated = op(x)
     assert torch.equal(y, y_emulated)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("recipe_name", ["current", "mxfp8"])
+def test_fp8_linear_backward_uses_fp8_gemm_for_per_tensor_scaling(recipe_name, dtype,
+                                                                   monkeypatch):
+    """Per-tensor recipes run dgrad (dy row-wise x W column-wise) and wgrad (dy column-wise x x
+    column-wise) as te_cpp.fp8_gemm on transposed uint8 copies; on CPU that is bitwise the
+    dequantize + linear_dgrad / linear_wgrad emulation. MXFP8 keeps the emulation."""
+    from transformer_engine_cpp.ops.basic import basic_linear
+    calls = []
+    real = basic_linear._fp8_gemm
+    monkeypatch.setattr(basic_linear, "_fp8_gemm",
+                        lambda *a: calls.append((tuple(a[0].shape), tuple(a[3].shape))) or real(*a))
+
+    def run():
+        torch.manual_seed(0)
+        op = te.ops.BasicLinear(64, 32, dtype=dtype)
+        x = torch.randn(2, 16, 64, dtype=dtype, requires_grad=True)
+        dy = torch.randn(2, 16, 32, dtype=dtype)
+        with te.autocast(recipe=RECIPES[recipe_name][0]()):
+            y = op(x)
+        y.backward(dy)
+        return y, x.grad, op.weight.grad
+
+    y, dx, dw = run()
+    if recipe_name == "current":
+        # forward [2, 16, 64] x [32, 64]; dgrad dy [2, 16, 32] x W^T [64, 32]; wgrad dy^T
+        # [32, 32 rows] x x^T [64, 32 rows]
+        assert calls == [((2, 16, 64), (32, 64)), ((2, 16, 32), (64, 32)), ((32, 32), (64, 32))]
+    else:
+        assert calls == []
+    assert dx.dtype == dtype and dw.dtype == dtype
+    # the dequantize + plain GEMM emulation gives the same bits
+    calls.clear()
+    monkeypatch.setattr(basic_linear, "_fp8_gemm_takes", lambda *a: False)
+    monkeypatch.setattr(basic_linear, "_fp8_gemm_fits", lambda *a: False)
+    y_e, dx_e, dw_e = run()
+    assert calls == []
+    assert torch.equal(y, y_e) and torch.equal(dx, dx_e) and torch.equal(dw, dw_e)
+
+
+def test_fp8_linear_backward_fp8_gemm_compiled_equals_eager(monkeypatch):
+    """Under torch.compile the FP8 backward's dgrad and wgrad are te_cpp.fp8_gemm nodes on
+    uint8 operands, with the eager result."""
+    from transformer_engine_cpp.ops.basic import basic_linear
+    torch.manual_seed(0)
+    eager = te.ops.BasicLinear(64, 32)
+    comp_model = copy.deepcopy(eager)
+    backend = AotEagerAndRecordGraphs()
+    compiled = torch.compile(comp_model, backend=backend, fullgraph=True)
+    x = torch.randn(48, 64, requires_grad=True)
+    xc = x.detach().clone().requires_grad_()
+    dy = torch.randn(48, 32)
+    with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+        y = eager(x)
+        yc = compiled(xc)
+    y.backward(dy)
+    yc.backward(dy)
+    torch.testing.assert_close(yc, y, **COMPILED_VS_EAGER)
+    torch.testing.assert_close(xc.grad, x.grad, **COMPILED_VS_EAGER)
+    torch.testing.assert_close(comp_model.weight.grad, eager.weight.grad, **COMPILED_VS_EAGER)
+    nodes = [n for n in backend.bw_graphs[0].graph.nodes
+             if n.op == "call_function" and "fp8_gemm" in str(n.target)]
+    shapes = sorted((tuple(n.args[0].meta["val"].shape), tuple(n.args[3].meta["val"].shape))
+                    for n in nodes)
+    assert shapes == [((32, 48), (64, 48)), ((48, 32), (64, 32))]  # wgrad, dgrad
+    assert all(n.args[i].meta["val"].dtype == torch.uint8 for n in nodes for i in (0, 3))
+    assert not any("fp8_dequantize" in str(n.target) for n in backend.bw_graphs[0].graph.nodes)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

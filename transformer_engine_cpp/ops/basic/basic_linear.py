@@ -27,20 +27,40 @@ _linear_wgrad = torch.ops.te_cpp.linear_wgrad.default
 _linear_bwd = torch.ops.te_cpp.linear_bwd.default
 _bias_bwd = torch.ops.te_cpp.bias_bwd.default
 _fp8_gemm = torch.ops.te_cpp.fp8_gemm.default
+_FP8_GEMM_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _fp8_gemm_fits(xq, wq, dtype: torch.dtype) -> bool:
     """Whether the forward GEMM of two quantized operands runs as te_cpp.fp8_gemm: per-tensor
-    FP8 (Float8TensorStorage) on both sides. On CPU the op is the exact emulation, always; on
-    CUDA it is cuBLASLt's FP8 GEMM, which needs k and n multiples of 16, a float32 / bfloat16 /
-    float16 output and not both operands E5M2 (otherwise the emulation runs there too)."""
+    FP8 (Float8TensorStorage) on both sides, within fp8_gemm's limits (``_fp8_gemm_takes``)."""
     if not (isinstance(xq, Float8TensorStorage) and isinstance(wq, Float8TensorStorage)):
         return False
-    if not xq._data.is_cuda:
-        return True
     n, k = wq._data.shape
+    return _fp8_gemm_takes(xq._data, xq._fp8_dtype, wq._fp8_dtype, n, k, dtype)
+
+
+def _fp8_gemm_takes(a_data: torch.Tensor, a_fp8: torch.dtype, b_fp8: torch.dtype, n: int, k: int,
+                    dtype: torch.dtype) -> bool:
+    """Whether te_cpp.fp8_gemm takes a GEMM with b of shape [n, k] (the reduction dim k last) and
+    output dtype ``dtype``. On CPU the op is the exact emulation, always; on CUDA it is
+    cuBLASLt's FP8 GEMM, which needs k and n multiples of 16, a float32 / bfloat16 / float16
+    output and not both operands E5M2 (otherwise BasicLinear runs the emulation there too). The
+    operands it is given are either the quantizer's fresh buffers or transposes made contiguous
+    here, so they are 16-byte aligned."""
+    if not a_data.is_cuda:
+        return True
     return (k % 16 == 0 and n % 16 == 0 and dtype != torch.float64
-            and not (xq._fp8_dtype == torch.float8_e5m2 and wq._fp8_dtype == torch.float8_e5m2))
+            and not (a_fp8 == torch.float8_e5m2 and b_fp8 == torch.float8_e5m2))
+
+
+def _columnwise(q: Float8TensorStorage) -> torch.Tensor:
+    """The column-wise copy of per-tensor FP8 data (TransformerEngine's on Hopper): the 2-D
+    transpose [last dim, rows] of the uint8 buffer, made contiguous. The scale-inverse is the
+    row-wise copy's (one per-tensor scale serves both)."""
+    data = q._data
+    if data.dim() != 2:
+        data = data.reshape(-1, data.shape[-1])
+    return data.t().contiguous()
 
 
 @dataclasses.dataclass
@@ -354,18 +374,46 @@ class BasicLinear(BasicOperation):
                                                              op=type(self).__name__)
         dx = None
         if ctx.input_requires_grad:
-            w = QuantizedTensorStorage.from_buffers(saved[4:], w_meta).dequantize_columnwise()
-            dy_row = dyq.dequantize_rowwise()
-            if grad_extra is None:
-                dx = _linear_dgrad(dy_row, w, alpha).to(ctx.input_dtype)
+            wq = QuantizedTensorStorage.from_buffers(saved[4:], w_meta)
+            fp8_dx = None
+            if (grad_extra is None and alpha == 1.0 and isinstance(wq, Float8TensorStorage)
+                    and isinstance(dyq, Float8TensorStorage)):
+                # dx [rows, in] = dy [rows, out] @ W [out, in]: TN with dy row-wise and W
+                # column-wise (W^T, [in, out]); k = out_features, n = in_features
+                out_dtype = (ctx.input_dtype if ctx.input_dtype in _FP8_GEMM_OUT_DTYPES
+                             else torch.float32)
+                n, k = wq._data.shape[1], wq._data.shape[0]
+                if _fp8_gemm_takes(dyq._data, dyq._fp8_dtype, wq._fp8_dtype, n, k, out_dtype):
+                    fp8_dx = _fp8_gemm(dyq._data, dyq._scale_inv, dyq._fp8_dtype, _columnwise(wq),
+                                       wq._scale_inv, wq._fp8_dtype, out_dtype)
+            if fp8_dx is not None:
+                dx = fp8_dx if fp8_dx.dtype == ctx.input_dtype else fp8_dx.to(ctx.input_dtype)
             else:
-                dx = _linear_dgrad_add(dy_row, w, grad_extra, alpha)
+                w = wq.dequantize_columnwise()
+                dy_row = dyq.dequantize_rowwise()
+                if grad_extra is None:
+                    dx = _linear_dgrad(dy_row, w, alpha).to(ctx.input_dtype)
+                else:
+                    dx = _linear_dgrad_add(dy_row, w, grad_extra, alpha)
         elif grad_extra is not None:
             dx = grad_extra
         dw = None
         if ctx.weight_requires_grad:
-            x = QuantizedTensorStorage.from_buffers(saved[:4], x_meta).dequantize_columnwise()
-            dw = _linear_wgrad(dyq.dequantize_columnwise(), x, alpha)
+            xq = QuantizedTensorStorage.from_buffers(saved[:4], x_meta)
+            dw = None
+            if (alpha == 1.0 and isinstance(xq, Float8TensorStorage)
+                    and isinstance(dyq, Float8TensorStorage) and xq._data.numel() != 0
+                    and dyq._data.numel() != 0):
+                # dW [out, in] = dy^T [out, rows] @ x [rows, in]: TN with dy column-wise
+                # [out, rows] and x column-wise [in, rows]; k = rows, n = in_features
+                n = xq._data.shape[-1]
+                k = xq._data.numel() // n
+                if _fp8_gemm_takes(dyq._data, dyq._fp8_dtype, xq._fp8_dtype, n, k,
+                                   torch.float32):
+                    dw = _fp8_gemm(_columnwise(dyq), dyq._scale_inv, dyq._fp8_dtype,
+                                   _columnwise(xq), xq._scale_inv, xq._fp8_dtype, torch.float32)
+            if dw is None:
+                dw = _linear_wgrad(dyq.dequantize_columnwise(), xq.dequantize_columnwise(), alpha)
             if self._accumulate_into_main_grad:
                 dw = self._accumulate_main_grad(dw)
             else:
