@@ -4,16 +4,12 @@ mxfp8_dequantize) against independent plain-PyTorch references, bit for bit."""
 from __future__ import annotations
 
 import math
-import os
-import pathlib
-import shutil
-import subprocess
 
 import pytest
 import torch
-from torch.utils import cpp_extension
 
 import transformer_engine_cpp  # noqa: F401  (registers torch.ops.te_cpp)
+from device_code import compile_ptx
 
 te_ops = torch.ops.te_cpp
 
@@ -572,27 +568,8 @@ def test_delayed_scaling_update_op_non_contiguous_state():
 
 # ---- the shared rules are CUDA device code ----------------------------------------------------
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _nvcc():
-    home = os.environ.get("CUDA_HOME")
-    if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
-        return os.path.join(home, "bin", "nvcc")
-    return shutil.which("nvcc")
-
-
 def test_shared_quantize_and_dropout_rules_compile_as_cuda_device_code(tmp_path):
     """tests/cpp/quantize_math_device.cu calls every function of csrc/common/fp8.h and
     csrc/common/dropout_math.h from CUDA kernels: nvcc -ptx refuses a host-only call, and
     -Werror all-warnings any warning."""
-    nvcc = _nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not found (CUDA_HOME/bin/nvcc or PATH)")
-    includes = [arg for p in cpp_extension.include_paths() for arg in ("-isystem", p)]
-    cmd = [nvcc, "-std=c++20", "--expt-relaxed-constexpr", "-O1", "-ptx", "-Werror",
-           "all-warnings", *includes, f"-I{ROOT / 'csrc'}",
-           str(ROOT / "tests/cpp/quantize_math_device.cu"), "-o", str(tmp_path / "device.ptx")]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-4000:]
-    assert (tmp_path / "device.ptx").read_text().count(".entry ") == 3
+    assert compile_ptx("quantize_math_device.cu", tmp_path).count(".entry ") == 3

@@ -26,6 +26,7 @@ import torch
 from torch.utils import cpp_extension
 
 import activations
+from device_code import compile_ptx
 from activations import SCALED, op_params
 from transformer_engine_cpp.ops.basic import ACTIVATIONS
 
@@ -152,28 +153,12 @@ def test_scalar_math_matches_cpu_kernels(scalar_program, tmp_path):
     assert pos == flat.numel(), "the scalar program wrote more outputs than the test reads"
 
 
-def _nvcc():
-    home = os.environ.get("CUDA_HOME")
-    if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
-        return os.path.join(home, "bin", "nvcc")
-    return shutil.which("nvcc")
-
-
 def test_shared_math_compiles_as_cuda_device_code(tmp_path):
     """tests/cpp/shared_math_device.cu instantiates every functor and norm formula in CUDA
     kernels, on float and double: nvcc -ptx (device code only, no GPU needed) refuses a call to
     a host-only function from the shared math, and -Werror all-warnings any warning."""
-    nvcc = _nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not found (CUDA_HOME/bin/nvcc or PATH)")
-    includes = [arg for p in cpp_extension.include_paths() for arg in ("-isystem", p)]
-    cmd = [nvcc, "-std=c++20", "--expt-relaxed-constexpr", "-O1", "-ptx", "-Werror",
-           "all-warnings", *includes, f"-I{ROOT / 'csrc'}",
-           str(ROOT / "tests/cpp/shared_math_device.cu"), "-o", str(tmp_path / "device.ptx")]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-4000:]
     # 13 activations and 2 norm kernels, each on float and double
-    assert (tmp_path / "device.ptx").read_text().count(".entry ") == 30
+    assert compile_ptx("shared_math_device.cu", tmp_path).count(".entry ") == 30
 
 
 # ---- row tails against the vector body -------------------------------------------------------
