@@ -34,12 +34,12 @@ template <typename V>
 struct Identity {
   using A = scalar_of<V>;
   explicit Identity(const ActConfig&) {}
-  C10_HOST_DEVICE V f(const V& x) const { return x; }
-  C10_HOST_DEVICE void both(const V& x, V& f, V& df) const {
+  TE_MATH V f(const V& x) const { return x; }
+  TE_MATH void both(const V& x, V& f, V& df) const {
     f = x;
     df = V(A(1));
   }
-  C10_HOST_DEVICE V grad(const V&, const V& g, const V&) const { return g; }
+  TE_MATH V grad(const V&, const V& g, const V&) const { return g; }
 };
 
 // tanh approximation: 0.5 x (1 + tanh(k0 (x + k1 x^3))), computed as x sigmoid(2u) with
@@ -55,12 +55,12 @@ struct Gelu {
   const V one{A(1)}, c1{A(2 * 0.7978845608028654)}, c2{A(2 * 0.7978845608028654 * 0.044715)},
       c2x3{A(3 * 2 * 0.7978845608028654 * 0.044715)};
   explicit Gelu(const ActConfig&) {}
-  C10_HOST_DEVICE V f(const V& x) const {
+  TE_MATH V f(const V& x) const {
     // 2u = x (c1 + c2 x^2); x NaN: f is NaN through the product with x
     return x * O::sigmoid_in_product(x * O::fma(x * x, c2, c1));
   }
   // g * f'(x), as PyTorch's tanh-GELU backward (g times the derivative)
-  C10_HOST_DEVICE void grad(const V& x, const V& g, V& f, V& gx) const {
+  TE_MATH void grad(const V& x, const V& g, V& f, V& gx) const {
     const V x2 = x * x;
     const V s = O::sigmoid_in_product(x * O::fma(x2, c2, c1));
     f = x * s;
@@ -76,8 +76,8 @@ struct Relu {
   using A = scalar_of<V>;
   const V zero{A(0)};
   explicit Relu(const ActConfig&) {}
-  C10_HOST_DEVICE V f(const V& x) const { return O::clamp_min(x, zero); }
-  C10_HOST_DEVICE void grad(const V& x, const V& g, V& f, V& gx) const {
+  TE_MATH V f(const V& x) const { return O::clamp_min(x, zero); }
+  TE_MATH void grad(const V& x, const V& g, V& f, V& gx) const {
     f = O::clamp_min(x, zero);
     gx = O::select(x <= zero, zero, g);
   }
@@ -86,7 +86,7 @@ struct Relu {
 // The gradient of x * sigmoid(alpha x) for an incoming g, with g multiplied in first, as
 // autograd does: gx = g s + ((g x) (1 - s) s) alpha, s = sigmoid(alpha x).
 template <typename V>
-C10_HOST_DEVICE inline V scaled_silu_grad(const V& x, const V& g, const V& s, const V& one,
+TE_MATH V scaled_silu_grad(const V& x, const V& g, const V& s, const V& one,
                                           const V& alpha) {
   return Ops<V>::fma((g * x) * (one - s) * s, alpha, g * s);
 }
@@ -99,8 +99,8 @@ struct ScaledSilu {
   const V one{A(1)}, alpha;
   ScaledSilu(const ActConfig&, A a) : alpha(a) {}
   // x NaN: f and gx are NaN through the products with x
-  C10_HOST_DEVICE V f(const V& x) const { return x * O::sigmoid_in_product(alpha * x); }
-  C10_HOST_DEVICE void grad(const V& x, const V& g, V& f, V& gx) const {
+  TE_MATH V f(const V& x) const { return x * O::sigmoid_in_product(alpha * x); }
+  TE_MATH void grad(const V& x, const V& g, V& f, V& gx) const {
     const V s = O::sigmoid_in_product(alpha * x);
     f = x * s;
     gx = scaled_silu_grad(x, g, s, one, alpha);
@@ -124,12 +124,12 @@ struct SRelu {
   using A = scalar_of<V>;
   const V zero{A(0)}, two{A(2)};
   explicit SRelu(const ActConfig&) {}
-  C10_HOST_DEVICE V f(const V& x) const {
+  TE_MATH V f(const V& x) const {
     const V r = O::clamp_min(x, zero);  // NaN propagates (see Relu)
     return r * r;
   }
   // (g * 2r), then threshold_backward's select: 0 where relu(x) <= 0
-  C10_HOST_DEVICE void grad(const V& x, const V& g, V& f, V& gx) const {
+  TE_MATH void grad(const V& x, const V& g, V& f, V& gx) const {
     const V r = O::clamp_min(x, zero);
     f = r * r;
     gx = O::select(x <= zero, zero, g * (two * r));
@@ -143,9 +143,9 @@ struct Sigmoid {
   using A = scalar_of<V>;
   const V one{A(1)};
   explicit Sigmoid(const ActConfig&) {}
-  C10_HOST_DEVICE V f(const V& x) const { return O::sigmoid(x); }
+  TE_MATH V f(const V& x) const { return O::sigmoid(x); }
   // sigmoid_backward: g (1 - s) s
-  C10_HOST_DEVICE void grad(const V& x, const V& g, V& f, V& gx) const {
+  TE_MATH void grad(const V& x, const V& g, V& f, V& gx) const {
     f = O::sigmoid(x);
     gx = g * (one - f) * f;
   }
@@ -158,12 +158,12 @@ struct ClampedSilu {
   using A = scalar_of<V>;
   const V zero{A(0)}, one{A(1)}, limit, alpha;
   explicit ClampedSilu(const ActConfig& c) : limit(A(c.p0)), alpha(A(c.p1)) {}
-  C10_HOST_DEVICE V f(const V& x) const {
+  TE_MATH V f(const V& x) const {
     const V c = O::minimum(x, limit);
     return c * O::sigmoid(alpha * c);
   }
   // clamp_backward's select: 0 where x > limit or x is NaN
-  C10_HOST_DEVICE void grad(const V& x, const V& g, V& f, V& gx) const {
+  TE_MATH void grad(const V& x, const V& g, V& f, V& gx) const {
     const V c = O::minimum(x, limit);
     const V s = O::sigmoid(alpha * c);
     f = c * s;
@@ -179,13 +179,13 @@ struct ClampOffset {
   const V zero{A(0)}, one{A(1)}, limit, neg_limit, offset;
   explicit ClampOffset(const ActConfig& c)
       : limit(A(c.p0)), neg_limit(A(-c.p0)), offset(A(c.p2)) {}
-  C10_HOST_DEVICE V f(const V& x) const { return O::clamp(x, neg_limit, limit) + offset; }
-  C10_HOST_DEVICE void both(const V& x, V& f, V& df) const {
+  TE_MATH V f(const V& x) const { return O::clamp(x, neg_limit, limit) + offset; }
+  TE_MATH void both(const V& x, V& f, V& df) const {
     f = O::clamp(x, neg_limit, limit) + offset;
     df = O::select(O::both(x >= neg_limit, x <= limit), one, zero);
   }
   // clamp_backward's select: 0 outside [-limit, limit] (and for NaN x) whatever g is
-  C10_HOST_DEVICE V grad(const V& x, const V& g, const V&) const {
+  TE_MATH V grad(const V& x, const V& g, const V&) const {
     return O::select(O::both(x >= neg_limit, x <= limit), g, zero);
   }
 };
@@ -197,11 +197,11 @@ struct SiTU {
   using A = scalar_of<V>;
   const V one{A(1)}, beta, inv_beta;
   explicit SiTU(const ActConfig& c) : beta(A(c.p0)), inv_beta(A(1.0 / c.p0)) {}
-  C10_HOST_DEVICE V f(const V& x) const {
+  TE_MATH V f(const V& x) const {
     return beta * O::tanh(x * inv_beta) * O::sigmoid(x);
   }
   // autograd of (beta t) s: (g s)(1 - t^2) + (g (beta t))(1 - s) s
-  C10_HOST_DEVICE void grad(const V& x, const V& g, V& f, V& gx) const {
+  TE_MATH void grad(const V& x, const V& g, V& f, V& gx) const {
     const V t = O::tanh(x * inv_beta);
     const V s = O::sigmoid(x);
     const V bt = beta * t;
@@ -217,13 +217,13 @@ struct TanhScaled {
   using A = scalar_of<V>;
   const V one{A(1)}, beta, inv_beta;
   explicit TanhScaled(const ActConfig& c) : beta(A(c.p1)), inv_beta(A(1.0 / c.p1)) {}
-  C10_HOST_DEVICE V f(const V& x) const { return beta * O::tanh(x * inv_beta); }
-  C10_HOST_DEVICE void both(const V& x, V& f, V& df) const {
+  TE_MATH V f(const V& x) const { return beta * O::tanh(x * inv_beta); }
+  TE_MATH void both(const V& x, V& f, V& df) const {
     const V t = O::tanh(x * inv_beta);
     f = beta * t;
     df = one - t * t;
   }
-  C10_HOST_DEVICE V grad(const V&, const V& g, const V& df) const { return g * df; }
+  TE_MATH V grad(const V&, const V& g, const V& df) const { return g * df; }
 };
 
 // Act -> (act functor, lin functor). Unary activations use only `Act` (their `Lin` is the
@@ -257,10 +257,10 @@ struct Gated {
   typename ActMath<K, V>::Act act;
   typename ActMath<K, V>::Lin lin;
   explicit Gated(const ActConfig& c) : act(c), lin(c) {}
-  C10_HOST_DEVICE V f(const V& a, const V& b) const { return act.f(a) * lin.f(b); }
+  TE_MATH V f(const V& a, const V& b) const { return act.f(a) * lin.f(b); }
   // For an incoming gradient g: da = act'(a) applied to g * lin(b), db = lin'(b) applied to
   // g * act(a); fa = act(a) and fb = lin(b) (y = fa * fb) for callers that need the value.
-  C10_HOST_DEVICE void grad(const V& a, const V& b, const V& g, V& fa, V& fb, V& da,
+  TE_MATH void grad(const V& a, const V& b, const V& g, V& fa, V& fb, V& da,
                             V& db) const {
     V dfb;
     lin.both(b, fb, dfb);

@@ -19,6 +19,15 @@
 
 #include <cmath>
 
+// Every function of the shared math is forced inline: it runs per element or per vector in a
+// kernel's inner loop, where a call costs more than the arithmetic. Left to its heuristics, GCC
+// keeps some instantiations out of line in the large kernels that dispatch over every Act.
+#if defined(__CUDACC__)
+#define TE_MATH C10_HOST_DEVICE __forceinline__
+#else
+#define TE_MATH C10_ALWAYS_INLINE
+#endif
+
 namespace te_cpp::math {
 
 // Specialised for each value type (no primary definition).
@@ -28,14 +37,14 @@ struct Ops;
 namespace detail {
 // The libm / CUDA math functions by precision (the global ones: std:: functions are host-only
 // in device code).
-C10_HOST_DEVICE inline float fma(float a, float b, float c) { return ::fmaf(a, b, c); }
-C10_HOST_DEVICE inline double fma(double a, double b, double c) { return ::fma(a, b, c); }
-C10_HOST_DEVICE inline float exp(float x) { return ::expf(x); }
-C10_HOST_DEVICE inline double exp(double x) { return ::exp(x); }
-C10_HOST_DEVICE inline float tanh(float x) { return ::tanhf(x); }
-C10_HOST_DEVICE inline double tanh(double x) { return ::tanh(x); }
-C10_HOST_DEVICE inline float sqrt(float x) { return ::sqrtf(x); }
-C10_HOST_DEVICE inline double sqrt(double x) { return ::sqrt(x); }
+TE_MATH float fma(float a, float b, float c) { return ::fmaf(a, b, c); }
+TE_MATH double fma(double a, double b, double c) { return ::fma(a, b, c); }
+TE_MATH float exp(float x) { return ::expf(x); }
+TE_MATH double exp(double x) { return ::exp(x); }
+TE_MATH float tanh(float x) { return ::tanhf(x); }
+TE_MATH double tanh(double x) { return ::tanh(x); }
+TE_MATH float sqrt(float x) { return ::sqrtf(x); }
+TE_MATH double sqrt(double x) { return ::sqrt(x); }
 }  // namespace detail
 
 template <typename A>
@@ -44,32 +53,32 @@ struct ScalarOps {
   using Mask = bool;
 
   // a * b + c with one rounding
-  static C10_HOST_DEVICE A fma(A a, A b, A c) { return detail::fma(a, b, c); }
+  static TE_MATH A fma(A a, A b, A c) { return detail::fma(a, b, c); }
   // c - a * b with one rounding
-  static C10_HOST_DEVICE A fnma(A a, A b, A c) { return detail::fma(-a, b, c); }
+  static TE_MATH A fnma(A a, A b, A c) { return detail::fma(-a, b, c); }
   // max(x, lo) that returns x when x is NaN, and x for x = -0, lo = +0 (as x86's max(lo, x))
-  static C10_HOST_DEVICE A clamp_min(A x, A lo) { return lo > x ? lo : x; }
+  static TE_MATH A clamp_min(A x, A lo) { return lo > x ? lo : x; }
   // min(x, y), NaN when either is NaN; y when they compare equal (+0 / -0)
-  static C10_HOST_DEVICE A minimum(A x, A y) {
+  static TE_MATH A minimum(A x, A y) {
     return x != x ? x : (y != y ? y : (x < y ? x : y));
   }
   // min(hi, max(lo, x)): NaN x stays NaN
-  static C10_HOST_DEVICE A clamp(A x, A lo, A hi) {
+  static TE_MATH A clamp(A x, A lo, A hi) {
     const A t = lo > x ? lo : x;
     return hi < t ? hi : t;
   }
   // m ? if_true : if_false (a select, so a NaN or inf in the unselected value never leaks)
-  static C10_HOST_DEVICE A select(bool m, A if_true, A if_false) { return m ? if_true : if_false; }
-  static C10_HOST_DEVICE bool both(bool a, bool b) { return a && b; }
-  static C10_HOST_DEVICE A exp(A x) { return detail::exp(x); }
-  static C10_HOST_DEVICE A tanh(A x) { return detail::tanh(x); }
-  static C10_HOST_DEVICE A sqrt(A x) { return detail::sqrt(x); }
+  static TE_MATH A select(bool m, A if_true, A if_false) { return m ? if_true : if_false; }
+  static TE_MATH bool both(bool a, bool b) { return a && b; }
+  static TE_MATH A exp(A x) { return detail::exp(x); }
+  static TE_MATH A tanh(A x) { return detail::tanh(x); }
+  static TE_MATH A sqrt(A x) { return detail::sqrt(x); }
   // 1 / (1 + exp(-x)): 0 where exp(-x) overflows, NaN for NaN x
-  static C10_HOST_DEVICE A sigmoid(A x) { return A(1) / (A(1) + detail::exp(-x)); }
+  static TE_MATH A sigmoid(A x) { return A(1) / (A(1) + detail::exp(-x)); }
   // sigmoid(x) where the caller multiplies the result by a factor that is NaN whenever x is
   // (x sigmoid(a x), ...): a vector implementation may skip its NaN fix-up there. The same
   // function for a scalar.
-  static C10_HOST_DEVICE A sigmoid_in_product(A x) { return sigmoid(x); }
+  static TE_MATH A sigmoid_in_product(A x) { return sigmoid(x); }
 };
 
 template <>
@@ -79,16 +88,16 @@ struct Ops<double> : ScalarOps<double> {};
 
 // Classification in plain arithmetic (valid in host and device code, no std:: calls).
 template <typename A>
-C10_HOST_DEVICE inline bool is_nan(A v) {
+TE_MATH bool is_nan(A v) {
   return v != v;
 }
 // false for +-inf and NaN (v - v is NaN for both)
 template <typename A>
-C10_HOST_DEVICE inline bool is_finite(A v) {
+TE_MATH bool is_finite(A v) {
   return v - v == A(0);
 }
 template <typename A>
-C10_HOST_DEVICE inline bool is_inf(A v) {
+TE_MATH bool is_inf(A v) {
   return !is_nan(v) && !is_finite(v);
 }
 

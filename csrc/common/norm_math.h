@@ -1,6 +1,6 @@
 // The row formulas of LayerNorm, RMSNorm and L2Normalization, written once for every backend
 // (see common/math_ops.h): the per-row statistics from the row sums, as scalar functions of the
-// accumulation type A, and the per-element formulas as C10_HOST_DEVICE templates over a value
+// accumulation type A, and the per-element formulas as TE_MATH templates over a value
 // type V (float on CUDA, at::vec::Vectorized<float / double> in the CPU kernels, where a row's
 // tail goes through the same code with partial loads).
 //
@@ -32,27 +32,27 @@ namespace te_cpp::math {
 // The gamma a norm multiplies by: weight, or 1 + weight (zero-centred gamma). Adding 0 in the
 // other case keeps one formula (it turns a -0 weight into +0, which scales alike).
 template <typename A>
-C10_HOST_DEVICE inline A norm_gamma(A weight, bool zero_centered) {
+TE_MATH A norm_gamma(A weight, bool zero_centered) {
   return weight + (zero_centered ? A(1) : A(0));
 }
 
 // sum / n: the mean from sum(x), the variance from sum((x - mu)^2), the mean square from
 // sum(x^2).
 template <typename A>
-C10_HOST_DEVICE inline A row_mean(A sum, int64_t n) {
+TE_MATH A row_mean(A sum, int64_t n) {
   return sum / static_cast<A>(n);
 }
 
 // 1 / sqrt(v + eps): the norms' rstd from the variance (or mean square), and L2Normalization's
 // rnorm from sum(x^2). Infinite when v + eps is 0.
 template <typename A>
-C10_HOST_DEVICE inline A rsqrt_eps(A v, A eps) {
+TE_MATH A rsqrt_eps(A v, A eps) {
   return A(1) / Ops<A>::sqrt(v + eps);
 }
 
 // xhat = (x - mu) rstd (LayerNorm, kCentered) or x rstd (RMSNorm; mu unused).
 template <bool kCentered, typename V>
-C10_HOST_DEVICE inline V norm_xhat(const V& x, const V& mu, const V& rstd) {
+TE_MATH V norm_xhat(const V& x, const V& mu, const V& rstd) {
   if constexpr (kCentered) {
     return (x - mu) * rstd;
   } else {
@@ -62,7 +62,7 @@ C10_HOST_DEVICE inline V norm_xhat(const V& x, const V& mu, const V& rstd) {
 
 // y = xhat gamma + beta with one rounding (LayerNorm), or xhat gamma (RMSNorm; beta unused).
 template <bool kCentered, typename V>
-C10_HOST_DEVICE inline V norm_out(const V& xhat, const V& gamma, const V& beta) {
+TE_MATH V norm_out(const V& xhat, const V& gamma, const V& beta) {
   if constexpr (kCentered) {
     return Ops<V>::fma(xhat, gamma, beta);
   } else {
@@ -85,7 +85,7 @@ struct NormBwdRow {
 // (quiet_NaN is constexpr, so device code may call it: setup.py builds CUDA with
 // --expt-relaxed-constexpr.)
 template <bool kCentered, typename A>
-C10_HOST_DEVICE inline NormBwdRow<A> norm_bwd_row(A sum_g, A sum_gx, int64_t n, A rstd) {
+TE_MATH NormBwdRow<A> norm_bwd_row(A sum_g, A sum_gx, int64_t n, A rstd) {
   NormBwdRow<A> r;
   r.c1 = kCentered ? row_mean(sum_g, n) : A(0);
   r.c2 = row_mean(sum_gx, n);
@@ -98,20 +98,20 @@ C10_HOST_DEVICE inline NormBwdRow<A> norm_bwd_row(A sum_g, A sum_gx, int64_t n, 
 // explicit (fnma, and fma for BackwardAddRMSNorm's + dextra): left to the compiler, their
 // contraction differed between the CPU kernels' vector body and a row's tail.
 template <typename V>
-C10_HOST_DEVICE inline V norm_dx(const V& g, const V& xhat, const V& c1, const V& c2,
+TE_MATH V norm_dx(const V& g, const V& xhat, const V& c1, const V& c2,
                                  const V& scale) {
   return scale * Ops<V>::fnma(xhat, c2, g - c1);
 }
 
 template <typename V>
-C10_HOST_DEVICE inline V norm_dx_add(const V& g, const V& xhat, const V& c1, const V& c2,
+TE_MATH V norm_dx_add(const V& g, const V& xhat, const V& c1, const V& c2,
                                      const V& scale, const V& dextra) {
   return Ops<V>::fma(scale, Ops<V>::fnma(xhat, c2, g - c1), dextra);
 }
 
 // L2Normalization: y = x rnorm (also the y of the backward's dot product dy . y).
 template <typename V>
-C10_HOST_DEVICE inline V l2norm_out(const V& x, const V& rnorm) {
+TE_MATH V l2norm_out(const V& x, const V& rnorm) {
   return x * rnorm;
 }
 
@@ -119,7 +119,7 @@ C10_HOST_DEVICE inline V l2norm_out(const V& x, const V& rnorm) {
 // zero or underflowing row) is all NaN, as PyTorch's autograd of the forward gives (inf * 0),
 // never +-inf.
 template <typename A>
-C10_HOST_DEVICE inline bool l2norm_bwd_row_is_nan(A rnorm) {
+TE_MATH bool l2norm_bwd_row_is_nan(A rnorm) {
   return is_inf(rnorm);
 }
 
@@ -128,7 +128,7 @@ C10_HOST_DEVICE inline bool l2norm_bwd_row_is_nan(A rnorm) {
 // the contraction of that multiply-add depended on the surrounding code (on the CPU it differed
 // between the vector body and a row's tail).
 template <typename V>
-C10_HOST_DEVICE inline V l2norm_dx(const V& dy, const V& y, const V& k, const V& rnorm) {
+TE_MATH V l2norm_dx(const V& dy, const V& y, const V& k, const V& rnorm) {
   return rnorm * Ops<V>::fnma(k, y, dy);
 }
 

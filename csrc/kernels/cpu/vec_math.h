@@ -23,7 +23,7 @@ using V = at::vec::Vectorized<A>;
 // exp_u20 clamps its argument to the finite range (x > ln(FLT_MAX) would give a finite value,
 // NaN a finite value), so those lanes are set to +inf and NaN. fp64 keeps the full-precision exp.
 template <typename A>
-inline V<A> exp_fast(const V<A>& x) {
+C10_ALWAYS_INLINE V<A> exp_fast(const V<A>& x) {
   if constexpr (std::is_same_v<A, float>) {
     const V<A> e = x.exp_u20();
     const V<A> big = V<A>::blendv(e, V<A>(std::numeric_limits<float>::infinity()),
@@ -41,7 +41,7 @@ inline V<A> exp_fast(const V<A>& x) {
 // kNaN = false skips the NaN lanes' fix-up (the value there is then some finite number): for
 // callers whose result is a product with x (x sigmoid(a x), ...), NaN already propagates.
 template <typename A, bool kNaN = true>
-inline V<A> sigmoid(const V<A>& x) {
+C10_ALWAYS_INLINE V<A> sigmoid(const V<A>& x) {
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (std::is_same_v<A, float>) {
     const __m512 xv = x;
@@ -73,23 +73,27 @@ struct Ops<at::vec::Vectorized<A>> {
   using Scalar = A;
   using Mask = V;
 
-  static V fma(const V& a, const V& b, const V& c) { return at::vec::fmadd(a, b, c); }
-  static V fnma(const V& a, const V& b, const V& c) { return at::vec::fnmadd(a, b, c); }
+  static C10_ALWAYS_INLINE V fma(const V& a, const V& b, const V& c)
+      { return at::vec::fmadd(a, b, c); }
+  static C10_ALWAYS_INLINE V fnma(const V& a, const V& b, const V& c)
+      { return at::vec::fnmadd(a, b, c); }
   // max(lo, x) in one instruction that returns x when x is NaN (x86 max returns its second
   // operand for NaN and for equal operands)
-  static V clamp_min(const V& x, const V& lo) { return at::vec::clamp_min(x, lo); }
+  static C10_ALWAYS_INLINE V clamp_min(const V& x, const V& lo)
+      { return at::vec::clamp_min(x, lo); }
   // NaN when either is NaN (as an all-ones NaN)
-  static V minimum(const V& x, const V& y) { return at::vec::minimum(x, y); }
-  static V clamp(const V& x, const V& lo, const V& hi) { return at::vec::clamp(x, lo, hi); }
-  static V select(const V& m, const V& if_true, const V& if_false) {
+  static C10_ALWAYS_INLINE V minimum(const V& x, const V& y) { return at::vec::minimum(x, y); }
+  static C10_ALWAYS_INLINE V clamp(const V& x, const V& lo, const V& hi)
+      { return at::vec::clamp(x, lo, hi); }
+  static C10_ALWAYS_INLINE V select(const V& m, const V& if_true, const V& if_false) {
     return V::blendv(if_false, if_true, m);
   }
-  static V both(const V& a, const V& b) { return a & b; }
-  static V exp(const V& x) { return cpu::exp_fast<A>(x); }
-  static V tanh(const V& x) { return x.tanh(); }
-  static V sqrt(const V& x) { return x.sqrt(); }
-  static V sigmoid(const V& x) { return cpu::sigmoid<A>(x); }
-  static V sigmoid_in_product(const V& x) { return cpu::sigmoid<A, false>(x); }
+  static C10_ALWAYS_INLINE V both(const V& a, const V& b) { return a & b; }
+  static C10_ALWAYS_INLINE V exp(const V& x) { return cpu::exp_fast<A>(x); }
+  static C10_ALWAYS_INLINE V tanh(const V& x) { return x.tanh(); }
+  static C10_ALWAYS_INLINE V sqrt(const V& x) { return x.sqrt(); }
+  static C10_ALWAYS_INLINE V sigmoid(const V& x) { return cpu::sigmoid<A>(x); }
+  static C10_ALWAYS_INLINE V sigmoid_in_product(const V& x) { return cpu::sigmoid<A, false>(x); }
 };
 
 }  // namespace te_cpp::math
