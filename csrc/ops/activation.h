@@ -38,6 +38,33 @@ decltype(auto) visit_act(Act a, F&& f) {
   TORCH_CHECK(false, "te_cpp: unknown activation ", static_cast<int>(a));
 }
 
+// visit_act for the stubs that only some activations reach: the unary ones (bias_act_fwd,
+// dbias_d<stem>) and those with a scaled variant. The backends instantiate their kernels for
+// those alone; any other value (the front end never sends one) is an error naming `op`.
+template <class F>
+void visit_unary_act(const char* op, Act a, F&& f) {
+  visit_act(a, [&](auto k) {
+    if constexpr (is_gated(decltype(k)::value)) {
+      TORCH_CHECK(false, "te_cpp.", op, ": unary activations only, got ",
+                  act_op_name(decltype(k)::value, ActOp::FWD));
+    } else {
+      f(k);
+    }
+  });
+}
+
+template <class F>
+void visit_scaled_act(const char* op, Act a, F&& f) {
+  visit_act(a, [&](auto k) {
+    if constexpr (!has_scaled(decltype(k)::value)) {
+      TORCH_CHECK(false, "te_cpp.", op, ": no scaled variant of ",
+                  act_op_name(decltype(k)::value, ActOp::FWD));
+    } else {
+      f(k);
+    }
+  });
+}
+
 // The activation whose stem is `name`, among those a kernel taking an activation by name
 // accepts (`takes`: the table's column of that kernel, &ActInfo::bias_act or
 // &ActInfo::linear_bias_act), or a ValueError naming `op` that lists the accepted names.

@@ -337,48 +337,30 @@ void activation_bwd_cpu(const ActBwdArgs& a) {
 }
 
 void bias_act_fwd_cpu(const BiasActArgs& a) {
-  visit_act(a.cfg.act, [&](auto k) {
+  visit_unary_act("bias_act_fwd", a.cfg.act, [&](auto k) {
     constexpr Act K = decltype(k)::value;
-    if constexpr (is_gated(K)) {
-      TORCH_CHECK(false, "te_cpp.bias_act_fwd: unary activations only, got ",
-                  act_op_name(K, ActOp::FWD));
-    } else {
-      bias_act_kernel<K>(a);
-    }
+    bias_act_kernel<K>(a);
   });
 }
 
 void dbias_dact_cpu(const DbiasDactArgs& a) {
-  visit_act(a.cfg.act, [&](auto k) {
+  visit_unary_act("dbias_dact", a.cfg.act, [&](auto k) {
     constexpr Act K = decltype(k)::value;
-    if constexpr (is_gated(K)) {
-      TORCH_CHECK(false, "te_cpp: dbias+dact is fused for unary activations only, got ",
-                  act_op_name(K, ActOp::FWD));
-    } else {
-      dbias_dact_kernel<K>(a);
-    }
+    dbias_dact_kernel<K>(a);
   });
 }
 
 void scaled_act_fwd_cpu(const ScaledActFwdArgs& a) {
-  visit_act(a.cfg.act, [&](auto k) {
+  visit_scaled_act("scaled_act_fwd", a.cfg.act, [&](auto k) {
     constexpr Act K = decltype(k)::value;
-    if constexpr (!has_scaled(K)) {
-      TORCH_CHECK(false, "te_cpp: no scaled variant of ", act_op_name(K, ActOp::FWD));
-    } else {
-      scaled_fwd_kernel<K>(a);
-    }
+    scaled_fwd_kernel<K>(a);
   });
 }
 
 void scaled_act_bwd_cpu(const ScaledActBwdArgs& a) {
-  visit_act(a.cfg.act, [&](auto k) {
+  visit_scaled_act("scaled_act_bwd", a.cfg.act, [&](auto k) {
     constexpr Act K = decltype(k)::value;
-    if constexpr (!has_scaled(K)) {
-      TORCH_CHECK(false, "te_cpp: no scaled variant of ", act_op_name(K, ActOp::BWD));
-    } else {
-      scaled_bwd_kernel<K>(a);
-    }
+    scaled_bwd_kernel<K>(a);
   });
 }
 

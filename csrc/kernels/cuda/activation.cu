@@ -426,24 +426,19 @@ void activation_bwd_cuda(const ActBwdArgs& a) {
 }
 
 void bias_act_fwd_cuda(const BiasActArgs& a) {
-  visit_act(a.cfg.act, [&](auto k) {
+  visit_unary_act("bias_act_fwd", a.cfg.act, [&](auto k) {
     constexpr Act K = decltype(k)::value;
-    if constexpr (is_gated(K)) {
-      TORCH_CHECK(false, "te_cpp.bias_act_fwd: unary activations only, got ",
-                  act_op_name(K, ActOp::FWD));
-    } else {
-      TE_DISPATCH_FLOAT(a.dtype, "bias_act_fwd", [&] {
-        using T = scalar_t;
-        using F = typename math::ActMath<K, Acc<T>>::Act;
-        const T* x = static_cast<const T*>(a.x);
-        const T* bias = static_cast<const T*>(a.bias);
-        T* y = static_cast<T*>(a.y);
-        const bool vec = aligned16(x) && aligned16(bias) && aligned16(y) &&
-                         a.features % kVec<T> == 0;
-        launch_flat<T>(vec, BiasActFwd<T, F>{F(a.cfg), x, bias, y, a.features},
-                       a.rows * a.features);
-      });
-    }
+    TE_DISPATCH_FLOAT(a.dtype, "bias_act_fwd", [&] {
+      using T = scalar_t;
+      using F = typename math::ActMath<K, Acc<T>>::Act;
+      const T* x = static_cast<const T*>(a.x);
+      const T* bias = static_cast<const T*>(a.bias);
+      T* y = static_cast<T*>(a.y);
+      const bool vec = aligned16(x) && aligned16(bias) && aligned16(y) &&
+                       a.features % kVec<T> == 0;
+      launch_flat<T>(vec, BiasActFwd<T, F>{F(a.cfg), x, bias, y, a.features},
+                     a.rows * a.features);
+    });
   });
 }
 
@@ -467,49 +462,40 @@ void dbias_dact_launch(const DbiasDactArgs& a, const F& act) {
 }
 
 void dbias_dact_cuda(const DbiasDactArgs& a) {
-  visit_act(a.cfg.act, [&](auto k) {
+  visit_unary_act("dbias_dact", a.cfg.act, [&](auto k) {
     constexpr Act K = decltype(k)::value;
-    if constexpr (is_gated(K)) {
-      TORCH_CHECK(false, "te_cpp: dbias+dact is fused for unary activations only, got ",
-                  act_op_name(K, ActOp::FWD));
-    } else {
-      TE_DISPATCH_FLOAT(a.dtype, "dbias_dact", [&] {
-        using T = scalar_t;
-        using F = typename math::ActMath<K, Acc<T>>::Act;
-        const F act(a.cfg);
-        const bool vec = aligned16(a.dy) && aligned16(a.x) && aligned16(a.dx) &&
-                         (a.bias == nullptr || aligned16(a.bias)) && a.features % kVec<T> == 0;
-        if (vec) {
-          dbias_dact_launch<kVec<T>, T>(a, act);
-        } else {
-          dbias_dact_launch<1, T>(a, act);
-        }
-      });
-    }
+    TE_DISPATCH_FLOAT(a.dtype, "dbias_dact", [&] {
+      using T = scalar_t;
+      using F = typename math::ActMath<K, Acc<T>>::Act;
+      const F act(a.cfg);
+      const bool vec = aligned16(a.dy) && aligned16(a.x) && aligned16(a.dx) &&
+                       (a.bias == nullptr || aligned16(a.bias)) && a.features % kVec<T> == 0;
+      if (vec) {
+        dbias_dact_launch<kVec<T>, T>(a, act);
+      } else {
+        dbias_dact_launch<1, T>(a, act);
+      }
+    });
   });
 }
 
 void scaled_act_fwd_cuda(const ScaledActFwdArgs& a) {
-  visit_act(a.cfg.act, [&](auto k) {
+  visit_scaled_act("scaled_act_fwd", a.cfg.act, [&](auto k) {
     constexpr Act K = decltype(k)::value;
-    if constexpr (!has_scaled(K)) {
-      TORCH_CHECK(false, "te_cpp: no scaled variant of ", act_op_name(K, ActOp::FWD));
-    } else {
-      TE_DISPATCH_FLOAT(a.dtype, "scaled_activation", [&] {
-        using T = scalar_t;
-        using A = Acc<T>;
-        using G = math::Gated<K, A>;
-        const T* x = static_cast<const T*>(a.x);
-        T* y = static_cast<T*>(a.y);
-        const A* scales = static_cast<const A*>(a.scales);
-        const int64_t len = is_gated(K) ? gated_len(a.cfg, a.features) : a.features;
-        const int64_t n_out = is_gated(K) ? a.features / 2 : a.features;
-        const bool vec = aligned16(x) && aligned16(y) && len % kVec<T> == 0;
-        launch_flat<T>(vec,
-                       ScaledFwd<T, G, is_gated(K)>{G(a.cfg), x, scales, y, len, n_out / len},
-                       a.rows * n_out);
-      });
-    }
+    TE_DISPATCH_FLOAT(a.dtype, "scaled_activation", [&] {
+      using T = scalar_t;
+      using A = Acc<T>;
+      using G = math::Gated<K, A>;
+      const T* x = static_cast<const T*>(a.x);
+      T* y = static_cast<T*>(a.y);
+      const A* scales = static_cast<const A*>(a.scales);
+      const int64_t len = is_gated(K) ? gated_len(a.cfg, a.features) : a.features;
+      const int64_t n_out = is_gated(K) ? a.features / 2 : a.features;
+      const bool vec = aligned16(x) && aligned16(y) && len % kVec<T> == 0;
+      launch_flat<T>(vec,
+                     ScaledFwd<T, G, is_gated(K)>{G(a.cfg), x, scales, y, len, n_out / len},
+                     a.rows * n_out);
+    });
   });
 }
 
@@ -526,36 +512,32 @@ void scaled_bwd_launch(const ScaledActBwdArgs& a, const G& gated, int64_t len) {
 }
 
 void scaled_act_bwd_cuda(const ScaledActBwdArgs& a) {
-  visit_act(a.cfg.act, [&](auto k) {
+  visit_scaled_act("scaled_act_bwd", a.cfg.act, [&](auto k) {
     constexpr Act K = decltype(k)::value;
-    if constexpr (!has_scaled(K)) {
-      TORCH_CHECK(false, "te_cpp: no scaled variant of ", act_op_name(K, ActOp::BWD));
-    } else {
-      TE_DISPATCH_FLOAT(a.dtype, "scaled_activation", [&] {
-        using T = scalar_t;
-        using G = math::Gated<K, Acc<T>>;
-        constexpr bool kGated = is_gated(K);
-        constexpr int N = kVec<T>;
-        const G gated(a.cfg);
-        const int64_t len = kGated ? gated_len(a.cfg, a.features) : a.features;
-        const int64_t n_out = kGated ? a.features / 2 : a.features;
-        const bool vec = aligned16(a.dy) && aligned16(a.x) && aligned16(a.dx) && len % N == 0;
-        // a warp per row while a row fits in a few of its passes, else a block per row; from
-        // the shape alone (not vec), as it sets dscales' order of additions
-        const bool warp = n_out <= int64_t{4} * 32 * N;
-        if (vec) {
-          if (warp) {
-            scaled_bwd_launch<32, N, kGated, T>(a, gated, len);
-          } else {
-            scaled_bwd_launch<kThreads, N, kGated, T>(a, gated, len);
-          }
-        } else if (warp) {
-          scaled_bwd_launch<32, 1, kGated, T>(a, gated, len);
+    TE_DISPATCH_FLOAT(a.dtype, "scaled_activation", [&] {
+      using T = scalar_t;
+      using G = math::Gated<K, Acc<T>>;
+      constexpr bool kGated = is_gated(K);
+      constexpr int N = kVec<T>;
+      const G gated(a.cfg);
+      const int64_t len = kGated ? gated_len(a.cfg, a.features) : a.features;
+      const int64_t n_out = kGated ? a.features / 2 : a.features;
+      const bool vec = aligned16(a.dy) && aligned16(a.x) && aligned16(a.dx) && len % N == 0;
+      // a warp per row while a row fits in a few of its passes, else a block per row; from
+      // the shape alone (not vec), as it sets dscales' order of additions
+      const bool warp = n_out <= int64_t{4} * 32 * N;
+      if (vec) {
+        if (warp) {
+          scaled_bwd_launch<32, N, kGated, T>(a, gated, len);
         } else {
-          scaled_bwd_launch<kThreads, 1, kGated, T>(a, gated, len);
+          scaled_bwd_launch<kThreads, N, kGated, T>(a, gated, len);
         }
-      });
-    }
+      } else if (warp) {
+        scaled_bwd_launch<32, 1, kGated, T>(a, gated, len);
+      } else {
+        scaled_bwd_launch<kThreads, 1, kGated, T>(a, gated, len);
+      }
+    });
   });
 }
 
