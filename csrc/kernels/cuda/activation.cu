@@ -29,9 +29,6 @@ struct alignas(sizeof(T) * M) Pack {
   T v[M];
 };
 
-template <typename T>
-constexpr int kVec = static_cast<int>(16 / sizeof(T));
-
 template <int M, typename T>
 __device__ inline Pack<T, M> load_pack(const T* p) {
   return *reinterpret_cast<const Pack<T, M>*>(p);
@@ -51,8 +48,6 @@ template <typename T>
 __device__ inline Acc<T> to_acc(T v) {
   return static_cast<Acc<T>>(v);
 }
-
-inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 // a / b for a >= 0, b > 0: in 32 bits where both fit (a 64-bit division is a long software
 // sequence on the GPU; the 32-bit one a few instructions), else in 64 bits.
@@ -388,7 +383,7 @@ void activation_fwd_cuda(const ActFwdArgs& a) {
       using A = Acc<T>;
       const T* x = static_cast<const T*>(a.x);
       T* y = static_cast<T*>(a.y);
-      const bool vec = aligned16(x) && aligned16(y);
+      const bool vec = aligned(x) && aligned(y);
       if constexpr (!is_gated(K)) {
         using F = typename math::ActMath<K, A>::Act;
         launch_flat<T>(vec, UnaryFwd<T, F>{F(a.cfg), x, y}, a.rows * a.features);
@@ -411,7 +406,7 @@ void activation_bwd_cuda(const ActBwdArgs& a) {
       const T* dy = static_cast<const T*>(a.dy);
       const T* x = static_cast<const T*>(a.x);
       T* dx = static_cast<T*>(a.dx);
-      const bool vec = aligned16(dy) && aligned16(x) && aligned16(dx);
+      const bool vec = aligned(dy) && aligned(x) && aligned(dx);
       if constexpr (!is_gated(K)) {
         using F = typename math::ActMath<K, A>::Act;
         launch_flat<T>(vec, UnaryBwd<T, F>{F(a.cfg), dy, x, dx}, a.rows * a.features);
@@ -434,7 +429,7 @@ void bias_act_fwd_cuda(const BiasActArgs& a) {
       const T* x = static_cast<const T*>(a.x);
       const T* bias = static_cast<const T*>(a.bias);
       T* y = static_cast<T*>(a.y);
-      const bool vec = aligned16(x) && aligned16(bias) && aligned16(y) &&
+      const bool vec = aligned(x) && aligned(bias) && aligned(y) &&
                        a.features % kVec<T> == 0;
       launch_flat<T>(vec, BiasActFwd<T, F>{F(a.cfg), x, bias, y, a.features},
                      a.rows * a.features);
@@ -468,8 +463,8 @@ void dbias_dact_cuda(const DbiasDactArgs& a) {
       using T = scalar_t;
       using F = typename math::ActMath<K, Acc<T>>::Act;
       const F act(a.cfg);
-      const bool vec = aligned16(a.dy) && aligned16(a.x) && aligned16(a.dx) &&
-                       (a.bias == nullptr || aligned16(a.bias)) && a.features % kVec<T> == 0;
+      const bool vec = aligned(a.dy) && aligned(a.x) && aligned(a.dx) &&
+                       (a.bias == nullptr || aligned(a.bias)) && a.features % kVec<T> == 0;
       if (vec) {
         dbias_dact_launch<kVec<T>, T>(a, act);
       } else {
@@ -491,7 +486,7 @@ void scaled_act_fwd_cuda(const ScaledActFwdArgs& a) {
       const A* scales = static_cast<const A*>(a.scales);
       const int64_t len = is_gated(K) ? gated_len(a.cfg, a.features) : a.features;
       const int64_t n_out = is_gated(K) ? a.features / 2 : a.features;
-      const bool vec = aligned16(x) && aligned16(y) && len % kVec<T> == 0;
+      const bool vec = aligned(x) && aligned(y) && len % kVec<T> == 0;
       launch_flat<T>(vec,
                      ScaledFwd<T, G, is_gated(K)>{G(a.cfg), x, scales, y, len, n_out / len},
                      a.rows * n_out);
@@ -522,7 +517,7 @@ void scaled_act_bwd_cuda(const ScaledActBwdArgs& a) {
       const G gated(a.cfg);
       const int64_t len = kGated ? gated_len(a.cfg, a.features) : a.features;
       const int64_t n_out = kGated ? a.features / 2 : a.features;
-      const bool vec = aligned16(a.dy) && aligned16(a.x) && aligned16(a.dx) && len % N == 0;
+      const bool vec = aligned(a.dy) && aligned(a.x) && aligned(a.dx) && len % N == 0;
       // a warp per row while a row fits in a few of its passes, else a block per row; from
       // the shape alone (not vec), as it sets dscales' order of additions
       const bool warp = n_out <= int64_t{4} * 32 * N;

@@ -20,10 +20,6 @@ struct alignas(4) Mask4 {
   uint8_t v[4];
 };
 
-inline bool aligned(const void* p, int64_t bytes) {
-  return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
-}
-
 // Thread k handles elements 4k .. 4k + 3 (one Philox block); kVec: the whole-block loads and
 // stores are aligned (the tail block is always element by element).
 template <typename T, bool kVec>

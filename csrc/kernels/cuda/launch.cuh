@@ -36,6 +36,16 @@ __device__ inline int64_t grid_stride() {
   return static_cast<int64_t>(gridDim.x) * blockDim.x;
 }
 
+// Elements of T in one 16-byte vector load or store.
+template <typename T>
+constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+
+// Whether p is a multiple of `bytes` (a power of two): what a vector load or store of that
+// width needs.
+inline bool aligned(const void* p, int64_t bytes = 16) {
+  return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
+}
+
 // The current stream of the current device (the front end's device guard chose the device).
 inline cudaStream_t current_stream() { return at::cuda::getCurrentCUDAStream().stream(); }
 

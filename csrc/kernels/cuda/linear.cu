@@ -229,8 +229,6 @@ cudaDataType_t fp8_type(at::ScalarType t) {
   return t == at::kFloat8_e4m3fn ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 void fp8_gemm_cuda(const Fp8GemmArgs& f) {
   const char* op = Fp8Gemm::kName;
   TE_CHECK(f.out_dtype != at::kDouble, op,
@@ -240,7 +238,7 @@ void fp8_gemm_cuda(const Fp8GemmArgs& f) {
   TE_CHECK(f.k % 16 == 0 && f.n % 16 == 0, op,
            "the FP8 GEMM needs k and n (the leading dimensions) to be multiples of 16, got m ",
            f.m, ", n ", f.n, ", k ", f.k);
-  TE_CHECK(aligned16(f.a) && aligned16(f.b) && aligned16(f.d), op,
+  TE_CHECK(aligned(f.a) && aligned(f.b) && aligned(f.d), op,
            "the FP8 GEMM needs 16-byte aligned operands (m ", f.m, ", n ", f.n, ", k ", f.k,
            ")");
   if (f.k == 0) {

@@ -44,14 +44,6 @@ struct alignas(kBytes) BytePack {
   uint8_t v[kBytes];
 };
 
-// Elements per 16-byte vector of T; 1 when a pointer is not aligned for it.
-template <typename T>
-constexpr int kVecOf = 16 / static_cast<int>(sizeof(T));
-
-inline bool aligned(const void* p, int64_t bytes) {
-  return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
-}
-
 // The magnitude key whose maximum is the amax: fp32's abs bits, or for 16-bit types their own
 // 16-bit magnitude (the same order; converted to fp32 once, at the end).
 template <typename T>
@@ -176,7 +168,7 @@ void fp8_quantize_cuda(const Fp8QuantizeArgs& a) {
   TE_DISPATCH_QUANT_INPUT(a.dtype, "fp8_quantize", [&] {
     using T = scalar_t;
     if (aligned(a.x, 16)) {
-      quantize_typed<T, kVecOf<T>>(a, stream);
+      quantize_typed<T, kVec<T>>(a, stream);
     } else {
       quantize_typed<T, 1>(a, stream);
     }
@@ -266,9 +258,9 @@ void mxfp8_quantize_cuda(const Mxfp8QuantizeArgs& a) {
     visit_format(a.fp8_dtype, [&](auto fmt) {
       constexpr c10::ScalarType F = decltype(fmt)::value;
       if (aligned(a.x, 16)) {
-        constexpr int kVec = kVecOf<T>;
-        const int64_t units = a.nblocks * (fp8::kMXFP8BlockSize / kVec);
-        mxfp8_quantize_kernel<T, F, kVec><<<blocks_for(units), kThreads, 0, stream>>>(
+        constexpr int V = kVec<T>;
+        const int64_t units = a.nblocks * (fp8::kMXFP8BlockSize / V);
+        mxfp8_quantize_kernel<T, F, V><<<blocks_for(units), kThreads, 0, stream>>>(
             x, a.data, a.scales, a.nblocks);
       } else {
         const int64_t units = a.nblocks * fp8::kMXFP8BlockSize;

@@ -18,9 +18,6 @@
 
 namespace te_cpp::rowwise {
 
-template <typename T>
-constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-
 constexpr int kWarp = 32;
 // Chunks per thread that the cached kernels keep in registers (the forward kernels cache x,
 // the backward ones x and dy); rows with more use the uncached kernel, which reads the row
@@ -202,7 +199,7 @@ template <typename T>
 bool rows_aligned(int64_t n, std::initializer_list<const void*> bases) {
   if ((n * static_cast<int64_t>(sizeof(T))) % 16 != 0) return false;
   for (const void* b : bases) {
-    if (b != nullptr && reinterpret_cast<uintptr_t>(b) % 16 != 0) return false;
+    if (b != nullptr && !aligned(b)) return false;
   }
   return true;
 }
