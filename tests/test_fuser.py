@@ -566,8 +566,8 @@ def test_one_pipeline_function_runs_every_configuration():
 # ---- op contexts --------------------------------------------------------------------------------
 
 # The basic ops with nothing but saved tensors (or nothing) between their passes.
-_PLAIN_CONTEXT_OPS = {"AddExtraInput", "ConstantScale", "Identity", "L2Normalization",
-                      "MakeExtraOutput"}
+_PLAIN_CONTEXT_OPS = {"AddExtraInput", "AllGather", "AllReduce", "ConstantScale", "Identity",
+                      "L2Normalization", "MakeExtraOutput", "ReduceScatter"}
 
 
 @pytest.mark.parametrize("name", te.ops.basic.__all__)

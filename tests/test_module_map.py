@@ -11,13 +11,14 @@ import transformer_engine_cpp.ops as ops
 
 # TransformerEngine's module (relative to ``ops``) -> the public names it defines.
 # Not implemented yet, so not listed:
-#   basic.all_gather, basic.all_reduce, basic.reduce_scatter: tensor parallelism (issue 14)
 #   basic.grouped_linear: GroupedLinear (issue 15)
 #   basic.adaptive_layer_norm: AdaptiveLayerNorm (issue 15)
 TRANSFORMER_ENGINE_MODULES = {
     "basic.activation": ("GELU", "GEGLU", "GLU", "QGELU", "QGEGLU", "ReLU", "ReGLU", "SReLU",
                          "ScaledSReLU", "SReGLU", "SiLU"),
     "basic.add_extra_input": ("AddExtraInput",),
+    "basic.all_gather": ("AllGather",),
+    "basic.all_reduce": ("AllReduce",),
     "basic.basic_linear": ("BasicLinear",),
     "basic.bias": ("Bias",),
     "basic.constant_scale": ("ConstantScale",),
@@ -27,6 +28,7 @@ TRANSFORMER_ENGINE_MODULES = {
     "basic.layer_norm": ("LayerNorm",),
     "basic.make_extra_output": ("MakeExtraOutput",),
     "basic.quantize": ("Quantize",),
+    "basic.reduce_scatter": ("ReduceScatter",),
     "basic.reshape": ("Reshape",),
     "basic.rmsnorm": ("RMSNorm",),
     "basic.swiglu": ("ClampedSwiGLU", "ScaledClampedQGeGLU", "ScaledSiTUGLU", "ScaledSwiGLU",

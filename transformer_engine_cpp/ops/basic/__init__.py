@@ -16,6 +16,8 @@ from .activation import (
     _ScaledActivation,
 )
 from .add_extra_input import AddExtraInput
+from .all_gather import AllGather
+from .all_reduce import AllReduce
 from .basic_linear import BasicLinear
 from .bias import Bias
 from .constant_scale import ConstantScale
@@ -25,6 +27,7 @@ from .l2normalization import L2Normalization
 from .layer_norm import LayerNorm
 from .make_extra_output import MakeExtraOutput
 from .quantize import Quantize
+from .reduce_scatter import ReduceScatter
 from .reshape import Reshape
 from .rmsnorm import RMSNorm
 from .swiglu import (
@@ -37,10 +40,10 @@ from .swiglu import (
 )
 
 __all__ = [
-    "AddExtraInput", "BasicLinear", "Bias", "ClampedSwiGLU", "ConstantScale", "Dropout", "GEGLU",
-    "GELU", "GLU", "Identity", "L2Normalization", "LayerNorm", "MakeExtraOutput", "QGEGLU",
-    "QGELU", "Quantize", "ReGLU", "ReLU", "Reshape", "RMSNorm", "ScaledClampedQGeGLU",
-    "ScaledSiTUGLU", "ScaledSReLU", "ScaledSwiGLU", "SiLU",
+    "AddExtraInput", "AllGather", "AllReduce", "BasicLinear", "Bias", "ClampedSwiGLU",
+    "ConstantScale", "Dropout", "GEGLU", "GELU", "GLU", "Identity", "L2Normalization", "LayerNorm",
+    "MakeExtraOutput", "QGEGLU", "QGELU", "Quantize", "ReduceScatter", "ReGLU", "ReLU", "Reshape",
+    "RMSNorm", "ScaledClampedQGeGLU", "ScaledSiTUGLU", "ScaledSReLU", "ScaledSwiGLU", "SiLU",
     "SiTUGLU", "SReGLU", "SReLU", "SwiGLU",
 ]
 
