@@ -1,0 +1,255 @@
+"""The communication ops (AllGather, ReduceScatter, AllReduce) on 2 CPU ranks with gloo: forward
+and backward on each rank equal a single-process autograd computation of the same sums and
+concatenations, fp32 and bf16; a one-rank group is the identity; a dim 0 that does not divide
+by the group size raises an error naming the op and the sizes.
+
+The harness spawns the ranks with torch.multiprocessing (spawn), on a free port chosen here,
+under a bounded time; each rank reports its result or its traceback on a queue, and the first
+failure (or the deadline) terminates the other ranks and fails the test: never a hang."""
+
+from __future__ import annotations
+
+import datetime
+import queue
+import socket
+import time
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import transformer_engine_cpp as te
+
+WORLD = 2
+DEADLINE_S = 90.0  # the whole spawn, start-up (imports) included
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=30)
+
+
+# ---- harness ------------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank, world, port, body, results):
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=COLLECTIVE_TIMEOUT)
+        try:
+            out = body(rank, world)
+        finally:
+            dist.destroy_process_group()
+        results.put((rank, "ok", out))
+    except BaseException:  # pylint: disable=broad-except
+        results.put((rank, "error", traceback.format_exc()))
+
+
+def run_ranks(body, world: int = WORLD, deadline_s: float = DEADLINE_S) -> list:
+    """``body(rank, world)`` on ``world`` spawned ranks; its return values in rank order.
+    Raises AssertionError with every reported traceback as soon as a rank fails, exits without
+    reporting, or the deadline passes; the remaining ranks are terminated."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, body, results), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    outs, errors = {}, []
+    end = time.monotonic() + deadline_s
+    try:
+        while len(outs) < world and not errors:
+            try:
+                rank, status, payload = results.get(timeout=0.2)
+            except queue.Empty:
+                if time.monotonic() > end:
+                    errors.append(f"deadline of {deadline_s:.0f} s passed; ranks done: "
+                                  f"{sorted(outs)}")
+                for r, p in enumerate(procs):
+                    if r not in outs and not p.is_alive() and results.empty():
+                        errors.append(f"rank {r} exited (code {p.exitcode}) without a result")
+                continue
+            if status == "ok":
+                outs[rank] = payload
+            else:
+                errors.append(f"rank {rank} raised:\n{payload}")
+        # a failed rank's peers may report theirs at once: collect them for the message
+        while errors:
+            try:
+                rank, status, payload = results.get(timeout=0.5)
+            except queue.Empty:
+                break
+            if status != "ok":
+                errors.append(f"rank {rank} raised:\n{payload}")
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if errors:
+        raise AssertionError("\n".join(errors))
+    return [outs[r] for r in range(world)]
+
+
+# ---- rank bodies (module level: spawn pickles them by name) -------------------------------------
+
+def _data(seed, *shape, dtype):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+def _tol(dtype):
+    return dict(rtol=0, atol=0) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+
+
+def _check_all_gather(rank, world, dtype, group=None, group_size=None):
+    group_size = group_size or world
+    n, k = 3, 5
+    shards = [_data(10 + r, n, k, dtype=dtype) for r in range(group_size)]
+    dys = [_data(20 + r, n * group_size, k, dtype=dtype) for r in range(group_size)]
+    me = rank % group_size
+    # single process: every rank's output is the concatenation; loss sums <y_r, dy_r>
+    ref_shards = [s.clone().float().requires_grad_() for s in shards]
+    full = torch.cat(ref_shards)
+    sum(((full * dy.float()).sum() for dy in dys)).backward()
+    x = shards[me].clone().requires_grad_()
+    y = te.ops.AllGather(group)(x)
+    y.backward(dys[me])
+    torch.testing.assert_close(y, full.detach().to(dtype), **_tol(dtype))
+    torch.testing.assert_close(x.grad, ref_shards[me].grad.to(dtype), **_tol(dtype))
+
+
+def _check_reduce_scatter(rank, world, dtype, group=None, group_size=None):
+    group_size = group_size or world
+    n, k = 2, 4
+    xs = [_data(30 + r, n * group_size, k, dtype=dtype) for r in range(group_size)]
+    dys = [_data(40 + r, n, k, dtype=dtype) for r in range(group_size)]
+    me = rank % group_size
+    ref_xs = [t.clone().float().requires_grad_() for t in xs]
+    total = sum(ref_xs)
+    ref_ys = total.chunk(group_size)
+    sum(((yr * dy.float()).sum() for yr, dy in zip(ref_ys, dys))).backward()
+    x = xs[me].clone().requires_grad_()
+    y = te.ops.ReduceScatter(group)(x)
+    y.backward(dys[me])
+    torch.testing.assert_close(y, ref_ys[me].detach().to(dtype), **_tol(dtype))
+    torch.testing.assert_close(x.grad, ref_xs[me].grad.to(dtype), **_tol(dtype))
+
+
+def _check_all_reduce(rank, world, dtype, group=None, group_size=None):
+    group_size = group_size or world
+    xs = [_data(50 + r, 3, 2, 4, dtype=dtype) for r in range(group_size)]
+    dy = _data(60, 3, 2, 4, dtype=dtype)  # identical on every rank: the op's assumption
+    me = rank % group_size
+    ref_xs = [t.clone().float().requires_grad_() for t in xs]
+    total = sum(ref_xs)
+    (total * dy.float()).sum().backward()
+    x = xs[me].clone().requires_grad_()
+    before = x.detach().clone()
+    y = te.ops.AllReduce(group)(x)
+    torch.testing.assert_close(x.detach(), before, rtol=0, atol=0)  # input not overwritten
+    y.backward(dy)
+    torch.testing.assert_close(y, total.detach().to(dtype), **_tol(dtype))
+    torch.testing.assert_close(x.grad, ref_xs[me].grad.to(dtype), **_tol(dtype))
+    # backward is the identity (TransformerEngine), whatever reduce_in_backward says
+    x2 = xs[me].clone().requires_grad_()
+    dy_mine = _data(70 + me, 3, 2, 4, dtype=dtype)
+    te.ops.AllReduce(group, reduce_in_backward=False)(x2).backward(dy_mine)
+    torch.testing.assert_close(x2.grad, dy_mine, rtol=0, atol=0)
+
+
+def _check_sequential(rank, world, dtype):
+    """AllGather, ConstantScale, ReduceScatter in one Sequential: y_r = chunk r of
+    world * 2 * concat(shards)."""
+    n, k = 2, 3
+    shards = [_data(80 + r, n, k, dtype=dtype) for r in range(world)]
+    dys = [_data(90 + r, n, k, dtype=dtype) for r in range(world)]
+    ref_shards = [s.clone().float().requires_grad_() for s in shards]
+    full = torch.cat(ref_shards)
+    ref_ys = sum([2.0 * full for _ in range(world)]).chunk(world)
+    sum(((yr * dy.float()).sum() for yr, dy in zip(ref_ys, dys))).backward()
+    seq = te.ops.Sequential(te.ops.AllGather(), te.ops.ConstantScale(2.0),
+                            te.ops.ReduceScatter())
+    x = shards[rank].clone().requires_grad_()
+    y = seq(x)
+    y.backward(dys[rank])
+    torch.testing.assert_close(y, ref_ys[rank].detach().to(dtype), **_tol(dtype))
+    torch.testing.assert_close(x.grad, ref_shards[rank].grad.to(dtype), **_tol(dtype))
+
+
+def _body_correctness(rank, world):
+    singles = [dist.new_group([r]) for r in range(world)]  # every rank creates every group
+    done = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for check in (_check_all_gather, _check_reduce_scatter, _check_all_reduce):
+            check(rank, world, dtype)
+            check(rank, world, dtype, group=singles[rank], group_size=1)  # identity
+            done.append(f"{check.__name__}[{dtype}]")
+        _check_sequential(rank, world, dtype)
+        done.append(f"sequential[{dtype}]")
+    return done
+
+
+def _body_errors(rank, world):
+    messages = []
+    x = torch.randn(3, 4, requires_grad=True)
+    try:
+        te.ops.ReduceScatter()(x)
+    except RuntimeError as e:
+        messages.append(str(e))
+    try:
+        te.ops.AllGather()(torch.tensor(1.0))
+    except RuntimeError as e:
+        messages.append(str(e))
+    dist.barrier()
+    return messages
+
+
+def _body_rank1_fails(rank, world):
+    if rank == 1:
+        raise ValueError("rank 1 fails on purpose")
+    dist.barrier()  # rank 0 would wait here for the collective timeout without the harness
+    return "rank 0 passed the barrier"
+
+
+# ---- tests --------------------------------------------------------------------------------------
+
+def test_communication_ops_match_single_process():
+    done = run_ranks(_body_correctness)
+    assert done[0] == done[1] and len(done[0]) == 8
+
+
+def test_indivisible_dim0_names_the_op_and_sizes():
+    for msgs in run_ranks(_body_errors):
+        assert len(msgs) == 2, msgs
+        assert "ReduceScatter" in msgs[0] and "[3, 4]" in msgs[0] and "2 processes" in msgs[0]
+        assert "AllGather" in msgs[1] and "0-d" in msgs[1]
+
+
+def test_failing_rank_fails_fast():
+    start = time.monotonic()
+    with pytest.raises(AssertionError, match="rank 1 fails on purpose"):
+        run_ranks(_body_rank1_fails)
+    assert time.monotonic() - start < 30  # not the 30 s collective timeout plus start-up
+
+
+def test_uninitialized_process_group_is_a_clear_error():
+    if dist.is_initialized():
+        pytest.skip("a process group is initialized in this process")
+    for op in (te.ops.AllGather(), te.ops.ReduceScatter(), te.ops.AllReduce()):
+        with pytest.raises(RuntimeError, match=f"{type(op).__name__}: torch.distributed is not "
+                                               "initialized"):
+            op(torch.randn(2, 2))
+
+
+def test_communication_ops_refuse_torch_compile():
+    for op in (te.ops.AllGather(), te.ops.ReduceScatter(), te.ops.AllReduce()):
+        assert "eagerly" in op.compile_unsupported_reason()
