@@ -7,7 +7,7 @@ export TORCHINDUCTOR_COMPILE_THREADS ?= 1
 
 PY = $(shell ./scripts/python_env.sh)
 
-.PHONY: build test demo bench cuda-build clean
+.PHONY: build test demo demo-tp bench cuda-build clean
 
 # Incremental build of transformer_engine_cpp/_C.so in place (ninja: only changed files).
 build:
@@ -18,6 +18,13 @@ test: build
 
 demo: build
 	@py=$(PY); $$py examples/train_residual_mlp.py
+
+# Tensor and sequence parallelism: examples/train_tensor_parallel.py on 2 CPU ranks (gloo),
+# torchrun --standalone (a free local port), one OpenMP thread per rank, at most 10 minutes.
+# DEMO_TP_ARGS=--compile runs the parallel block under torch.compile(fullgraph=True).
+demo-tp: build
+	@py=$(PY); OMP_NUM_THREADS=1 timeout 600 $$py -m torch.distributed.run --standalone \
+		--nproc-per-node 2 examples/train_tensor_parallel.py $(DEMO_TP_ARGS)
 
 # Benchmarks (never part of `make test`): the suite, bench/suite.py. Quick by default (under 5
 # minutes once the compile cache is warm); BENCH_ARGS=--full for the full run. It writes
