@@ -82,7 +82,8 @@ def count_collectives(forward, backward) -> list[dict]:
             minimum = {"all_gather": (p - 1) * out_bytes // p,
                        "reduce_scatter": (p - 1) * in_bytes // p,
                        "all_reduce": 2 * (p - 1) * in_bytes // p}[name]
-            records.append({"pass": phase[0], "collective": name, "op": kwargs.get("who", "AllReduce"),
+            records.append({"pass": phase[0], "collective": name,
+                            "op": kwargs.get("who", "AllReduce"),
                             "what": kwargs.get("what", "tensor"),
                             "in_shape": "x".join(map(str, tensor.shape)),
                             "out_shape": "x".join(map(str, out.shape)),
@@ -194,11 +195,11 @@ def report(args, world, records, times) -> None:
                      "ratio_max": max(ratios)})
     print(f"(ideal compute scaling: TP / single = 1/{world} = {1 / world:.3f})")
 
-    print(f"\n{'pass':<10}{'collective':<16}{'op: what':<38}{'in':>11}{'out':>11}{'sent B/rank':>13}"
-          f"{'minimum':>11}{'sent/min':>9}")
+    print(f"\n{'pass':<10}{'collective':<16}{'op: what':<38}{'in':>11}{'out':>11}"
+          f"{'sent B/rank':>13}{'minimum':>11}{'sent/min':>9}")
     for r in records:
-        print(f"{r['pass']:<10}{r['collective']:<16}{r['op'] + ': ' + r['what']:<38}{r['in_shape']:>11}"
-              f"{r['out_shape']:>11}{r['sent_bytes']:>13,}{r['min_bytes']:>11,}"
+        print(f"{r['pass']:<10}{r['collective']:<16}{r['op'] + ': ' + r['what']:<38}"
+              f"{r['in_shape']:>11}{r['out_shape']:>11}{r['sent_bytes']:>13,}{r['min_bytes']:>11,}"
               f"{r['sent_bytes'] / r['min_bytes']:>9.3f}")
         rows.append({"table": "bytes", "item": r["collective"],
                      **{k: v for k, v in r.items() if k != "call"},
