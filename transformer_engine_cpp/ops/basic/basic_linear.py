@@ -287,9 +287,9 @@ class BasicLinear(BasicOperation):
         if self._quantizers is not None:
             return self._quantized_forward(ctx, x, w)
         x = _quantized.as_high_precision(x)
-        y = _linear_fwd(self.gather_input(x), w)
+        y = _linear_fwd(self.gather_input(x) if self._gathers_input else x, w)
         self.save_ctx(ctx, x, w)
-        return self.reduce_output(y)
+        return self.reduce_output(y) if self.tensor_parallel_mode == "row" else y
 
     # ---- tensor parallelism --------------------------------------------------------------------
 
