@@ -480,7 +480,10 @@ class BasicLinear(BasicOperation):
                 db = _bias_bwd(dy, bias_dtype)
         if bias_dtype is None:
             db = None
-        return dx, self._finish_wgrad(dw), db
+        if dw is not None and (self._accumulate_into_main_grad
+                               or dw.dtype != self._parameters["weight"].dtype):
+            dw = self._finish_wgrad(dw)
+        return dx, dw, db
 
     def _parallel_backward(self, ctx: LinearContext, dy_local: torch.Tensor, x_local, w,
                            alpha: float, grad_extra: Optional[torch.Tensor],
