@@ -40,8 +40,8 @@ CUDA_OPS = {
                                      "scaled_situglu") for d in ("fwd", "bwd")],
     ],
     "quantize": [
-        "fp8_quantize", "fp8_quantize_scaled", "fp8_dequantize", "mxfp8_quantize",
-        "mxfp8_dequantize", "fp8_delayed_scaling_update",
+        "fp8_quantize", "fp8_quantize_scaled", "fp8_amax", "fp8_current_scale", "fp8_dequantize",
+        "mxfp8_quantize", "mxfp8_dequantize", "fp8_delayed_scaling_update",
     ],
     "dropout": ["dropout_fwd", "dropout_bwd"],
     "linear": [

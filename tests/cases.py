@@ -777,4 +777,33 @@ def _samples_fp8_gemm(dtype):
     return _with_non_contiguous(out)
 
 
-STANDALONE_OPCHECK_SAMPLES = {"quantize": _samples_quantize, "fp8_gemm": _samples_fp8_gemm}
+def _samples_fp8_amax(dtype):
+    """te_cpp.fp8_amax: fp8_quantize's amax alone (numerics in tests/test_fp8_quantize.py)."""
+    out = [(te_ops.fp8_amax, (_rand(*shape, dtype=dtype),))
+           for shape in [(1, 64), (2, 3, 64), (0, 64), (5,)]]
+    out.append((te_ops.fp8_amax, (_rand(64, 32, dtype=dtype).t(),)))  # transposed
+    return _with_non_contiguous(out)
+
+
+def _samples_fp8_current_scale(dtype):
+    """te_cpp.fp8_current_scale: the scale from an fp32 amax of one element (whatever the
+    compute dtype; shape [1] as fp8_amax returns it, or 0-d), both formats, pow2, epsilon."""
+    out = []
+    for amax in (torch.tensor([3.5]), torch.tensor(0.0), torch.tensor([[float("nan")]]),
+                 torch.tensor([1e-30])):
+        for fmt in (torch.float8_e4m3fn, torch.float8_e5m2):
+            out.append((te_ops.fp8_current_scale, (amax, fmt, False, 0.0)))
+            out.append((te_ops.fp8_current_scale, (amax, fmt, True, 1e-3)))
+    return out
+
+
+STANDALONE_OPCHECK_SAMPLES = {"quantize": _samples_quantize, "fp8_gemm": _samples_fp8_gemm,
+                              "fp8_amax": _samples_fp8_amax,
+                              "fp8_current_scale": _samples_fp8_current_scale}
+
+#: Custom ops whose tensor arguments always have exactly one element, so no zero-size and no
+#: non-contiguous sample of them exists (a tensor of one element is contiguous whatever its
+#: strides), with the reason.
+ONE_ELEMENT_OPS: dict[str, str] = {
+    "fp8_current_scale": "its one tensor argument, amax, must have exactly one element",
+}

@@ -16,8 +16,9 @@ from torch.library import opcheck
 
 from transformer_engine_cpp.ops.basic import ACTIVATIONS
 
-from cases import (CASE_IDS, CONTIGUOUS_ARGUMENTS, OP_CASES, STANDALONE_OPCHECK_SAMPLES,
-                   _is_non_contiguous_sample, _is_zero_size_sample, _non_contiguous, _op_name)
+from cases import (CASE_IDS, CONTIGUOUS_ARGUMENTS, ONE_ELEMENT_OPS, OP_CASES,
+                   STANDALONE_OPCHECK_SAMPLES, _is_non_contiguous_sample, _is_zero_size_sample,
+                   _non_contiguous, _op_name)
 from harness import (DEVICES, LAYOUTS, as_tuple, build, clone_leaf, eager_run, inputs_for,
                      random_grads_like, reference_run, skip_missing_cuda_kernel, to_device)
 from tolerances import COMPILED_VS_EAGER, tols
@@ -96,9 +97,11 @@ def test_every_custom_op_falls_through_autograd():
 def test_every_custom_op_has_zero_size_and_non_contiguous_samples():
     """Each custom op's samples include one whose input has no elements, and one with
     non-contiguous tensor arguments (CONTIGUOUS_ARGUMENTS lists the arguments an op requires
-    contiguous; those are tested to raise below)."""
+    contiguous; those are tested to raise below). ONE_ELEMENT_OPS have neither."""
     samples = _all_opcheck_samples()
     ops = _all_te_cpp_ops()
+    assert set(ONE_ELEMENT_OPS) <= ops, sorted(set(ONE_ELEMENT_OPS) - ops)
+    ops -= set(ONE_ELEMENT_OPS)
     zero = {_op_name(op) for op, args in samples if _is_zero_size_sample(args)}
     non_contiguous = {_op_name(op) for op, args in samples if _is_non_contiguous_sample(args)}
     assert not ops - zero, f"custom ops without a zero-size opcheck sample: {sorted(ops - zero)}"

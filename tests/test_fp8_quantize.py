@@ -1,5 +1,6 @@
-"""FP8 quantize ops (te_cpp.fp8_quantize, fp8_quantize_scaled, fp8_dequantize, mxfp8_quantize,
-mxfp8_dequantize) against independent plain-PyTorch references, bit for bit."""
+"""FP8 quantize ops (te_cpp.fp8_quantize, fp8_quantize_scaled, fp8_amax, fp8_current_scale,
+fp8_dequantize, mxfp8_quantize, mxfp8_dequantize) against independent plain-PyTorch references,
+bit for bit."""
 
 from __future__ import annotations
 
@@ -100,6 +101,14 @@ def assert_fp8_bytes_equal(a: torch.Tensor, b: torch.Tensor, fmt: torch.dtype):
     assert torch.equal(a[~nan_a], b[~nan_b]), f"{(a != b).sum()} bytes differ"
 
 
+def assert_same_bits(a: torch.Tensor, b: torch.Tensor):
+    """The same dtype, shape and bytes: NaNs included, with their payloads."""
+    assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
+    w = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    a, b = a.contiguous().view(w), b.contiguous().view(w)
+    assert torch.equal(a, b), f"{(a != b).sum()} of {a.numel()} elements differ"
+
+
 def randn(shape, dtype, scale=1.0, seed=0):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(shape, generator=g) * scale).to(dtype)
@@ -184,16 +193,137 @@ def test_current_scaling_fp64_input_is_rounded_to_fp32():
 
 def test_current_scaling_thread_count_independent():
     x = randn((257, 1031), torch.bfloat16, 5.0, 7)
+    xnan = randn((300, 1031), torch.float32, 5.0, 8)
+    xnan.view(-1)[[5, 70000, 300000]] = float("nan")  # NaNs in several amax blocks
     before = torch.get_num_threads()
+
+    def run():
+        return (*te_ops.fp8_quantize(x, E4M3, False, 0.0), te_ops.fp8_amax(x),
+                te_ops.fp8_amax(xnan))
+
     try:
         torch.set_num_threads(1)
-        one = te_ops.fp8_quantize(x, E4M3, False, 0.0)
+        one = run()
         torch.set_num_threads(max(2, before))
-        many = te_ops.fp8_quantize(x, E4M3, False, 0.0)
+        many = run()
     finally:
         torch.set_num_threads(before)
     for a, b in zip(one, many):
-        assert_bits_equal(a, b)
+        assert_same_bits(a, b)
+
+
+# ---- current scaling in three steps: fp8_amax, fp8_current_scale, fp8_quantize_scaled ---------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
+
+SPLIT_SHAPES = [(0,), (0, 8), (1,), (7,), (3, 5), (2, 3, 64), (70000,), (4096, 1024)]
+
+
+def _split_inputs(shape, dtype):
+    """Random values at a few magnitudes, and with a NaN, an inf, or all zeros."""
+    xs = [randn(shape, dtype, scale, seed) for seed, scale in enumerate([1.0, 3e-3, 200.0])]
+    xs.append(torch.zeros(shape, dtype=dtype))
+    n = xs[0].numel()
+    for special in (float("nan"), -float("inf")):
+        if n:
+            x = randn(shape, dtype, 2.0, 9)
+            x.view(-1)[n // 2] = special
+            xs.append(x)
+    return xs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=str)
+def test_split_current_scaling_equals_fp8_quantize(shape, dtype, device):
+    """amax = fp8_amax(x); scale = fp8_current_scale(amax, ...); fp8_quantize_scaled(x, scale)
+    gives fp8_quantize(x, ...)'s data, scale_inv and amax bit for bit (NaN payloads included),
+    so an amax reduced over a process group in between gives TransformerEngine's amax-reduced
+    current scaling."""
+    for x in _split_inputs(shape, dtype):
+        x = x.to(device)
+        amax = te_ops.fp8_amax(x)
+        assert amax.dtype == torch.float32 and amax.shape == (1,) and amax.device == x.device
+        for fmt in (E4M3, E5M2):
+            for pow2, eps in [(False, 0.0), (True, 0.0), (False, 1e-2), (True, 1e-2)]:
+                scale = te_ops.fp8_current_scale(amax, fmt, pow2, eps)
+                assert scale.dtype == torch.float32 and scale.shape == (1,)
+                assert scale.device == x.device
+                split = te_ops.fp8_quantize_scaled(x, scale, fmt)
+                whole = te_ops.fp8_quantize(x, fmt, pow2, eps)
+                for a, b in zip(split, whole):
+                    assert_same_bits(a, b)
+                assert_same_bits(amax, whole[2])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float64], ids=["fp32", "bf16", "fp16", "fp64"])
+def test_fp8_amax_matches_reference(dtype, device):
+    for shape in [(0, 3), (1,), (9, 70), (300, 97)]:
+        for x in _split_inputs(shape, dtype):
+            got = te_ops.fp8_amax(x.to(device)).cpu()
+            _, _, want = ref_current(x.float(), E4M3)
+            assert_bits_equal(got, want)
+
+
+AMAX_VALUES = [0.0, -0.0, 1e-45, 1e-40, 1e-30, 1e-3, 0.37, 1.0, 448.0, 57344.0, 3e38,
+               float("inf"), float("nan")]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+def test_fp8_current_scale_matches_reference(fmt, device):
+    for v in AMAX_VALUES:
+        for pow2 in (False, True):
+            for eps in (0.0, 1e-2, 10.0):
+                want = ref_scale(torch.tensor([v]), fmt, pow2, eps)
+                for amax in (torch.tensor([v]), torch.tensor(v), torch.tensor([[v]])):
+                    got = te_ops.fp8_current_scale(amax.to(device), fmt, pow2, eps)
+                    assert got.shape == (1,)
+                    assert_bits_equal(got.cpu(), want)
+
+
+def test_split_current_scaling_bad_inputs():
+    x = torch.randn(4, 64)
+    amax = torch.ones(1)
+    cases = [
+        (lambda: te_ops.fp8_amax(x.to(torch.int32)), RuntimeError,
+         r"te_cpp\.fp8_amax: input must be float32, float64, bfloat16 or float16, got Int"),
+        (lambda: te_ops.fp8_current_scale(amax.double(), E4M3, False, 0.0), RuntimeError,
+         r"te_cpp\.fp8_current_scale: amax must be float32, got Double"),
+        (lambda: te_ops.fp8_current_scale(torch.ones(2), E4M3, False, 0.0), RuntimeError,
+         r"te_cpp\.fp8_current_scale: amax must have exactly one element, got shape \[2\]"),
+        (lambda: te_ops.fp8_current_scale(torch.ones(0), E4M3, False, 0.0), RuntimeError,
+         r"te_cpp\.fp8_current_scale: amax must have exactly one element, got shape \[0\]"),
+        (lambda: te_ops.fp8_current_scale(amax, E4M3, False, -1.0), ValueError,
+         r"te_cpp\.fp8_current_scale: amax_epsilon must be >= 0 and finite, got -1"),
+        (lambda: te_ops.fp8_current_scale(amax, E4M3, False, float("nan")), ValueError,
+         r"te_cpp\.fp8_current_scale: amax_epsilon must be >= 0 and finite, got nan"),
+        (lambda: te_ops.fp8_current_scale(amax, E4M3, False, float("inf")), ValueError,
+         r"te_cpp\.fp8_current_scale: amax_epsilon must be >= 0 and finite, got inf"),
+    ]
+    for device in ("cpu", "meta"):  # the Meta kernels share the checks
+        x, amax = x.to(device), amax.to(device)
+        for call, exc, msg in cases:
+            with pytest.raises(exc, match=msg):
+                call()
+
+
+def test_compiled_split_current_scaling_matches_eager():
+    torch._dynamo.reset()
+
+    def f(x):
+        amax = te_ops.fp8_amax(x)
+        scale = te_ops.fp8_current_scale(amax, E4M3, True, 1e-3)
+        return te_ops.fp8_quantize_scaled(x, scale, E4M3)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    for shape in [(4, 64), (3, 5, 32), (0, 8)]:
+        x = torch.randn(shape)
+        for a, b in zip(compiled(x), f(x)):
+            assert_same_bits(a, b)
+    torch._dynamo.reset()
 
 
 # ---- delayed scaling's cast -------------------------------------------------------------------
@@ -324,6 +454,7 @@ def test_wrong_fp8_dtype_is_rejected(bad, device):
     calls = {
         "fp8_quantize": lambda: te_ops.fp8_quantize(x, bad, False, 0.0),
         "fp8_quantize_scaled": lambda: te_ops.fp8_quantize_scaled(x, scale, bad),
+        "fp8_current_scale": lambda: te_ops.fp8_current_scale(scale, bad, False, 0.0),
         "fp8_dequantize": lambda: te_ops.fp8_dequantize(data, scale, bad, torch.float32),
         "mxfp8_quantize": lambda: te_ops.mxfp8_quantize(x, bad),
         "mxfp8_dequantize": lambda: te_ops.mxfp8_dequantize(data, e8m0, bad, torch.float32),
@@ -338,8 +469,8 @@ def test_wrong_fp8_dtype_is_rejected(bad, device):
 
 def test_format_is_a_scalar_type_in_the_schemas():
     """The format argument is a ScalarType named fp8_dtype in every quantize schema."""
-    for op in ("fp8_quantize", "fp8_quantize_scaled", "fp8_dequantize", "mxfp8_quantize",
-               "mxfp8_dequantize"):
+    for op in ("fp8_quantize", "fp8_quantize_scaled", "fp8_current_scale", "fp8_dequantize",
+               "mxfp8_quantize", "mxfp8_dequantize"):
         args = {a.name: str(a.real_type) for a in getattr(te_ops, op).default._schema.arguments}
         assert args.get("fp8_dtype") == "ScalarType", (op, args)
         assert "fp8_format" not in args
@@ -370,8 +501,6 @@ def test_compiled_quantize_dequantize_matches_eager():
 
 # ---- CUDA against CPU: the same bytes (common/fp8.h is the rule both backends run) -----------
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-
 
 def _special_input(n, dtype, seed):
     """Random values over a wide range with zeros, subnormals, +-inf, NaN and values near the
@@ -400,6 +529,7 @@ def test_cuda_quantize_equals_cpu(n, dtype, fmt):
             for a, b in zip(te_ops.fp8_quantize(xc, fmt, pow2, eps),
                             te_ops.fp8_quantize(xg, fmt, pow2, eps)):
                 assert_bits_equal(a, b.cpu())
+        assert_bits_equal(te_ops.fp8_amax(xc), te_ops.fp8_amax(xg).cpu())
         scale = torch.tensor([0.37], dtype=torch.float32)
         cpu = te_ops.fp8_quantize_scaled(xc, scale, fmt)
         gpu = te_ops.fp8_quantize_scaled(xg, scale.cuda(), fmt)
@@ -454,13 +584,16 @@ def test_cuda_quantize_captures_in_a_graph():
         cur = te_ops.fp8_quantize(x, E4M3, False, 0.0)
         dly = te_ops.fp8_quantize_scaled(x, scale, E5M2)
         mx = te_ops.mxfp8_quantize(x[:, :32], E4M3)
+        split = te_ops.fp8_quantize_scaled(
+            x, te_ops.fp8_current_scale(te_ops.fp8_amax(x), E5M2, True, 1e-3), E5M2)
     x.copy_(torch.randn(4096, 33, device="cuda") * 7)
     scale.fill_(0.25)
     g.replay()
     torch.cuda.synchronize()
     for got, want in [(cur, te_ops.fp8_quantize(x, E4M3, False, 0.0)),
                       (dly, te_ops.fp8_quantize_scaled(x, scale, E5M2)),
-                      (mx, te_ops.mxfp8_quantize(x[:, :32], E4M3))]:
+                      (mx, te_ops.mxfp8_quantize(x[:, :32], E4M3)),
+                      (split, te_ops.fp8_quantize(x, E5M2, True, 1e-3))]:
         for a, b in zip(got, want):
             assert_bits_equal(a, b)
 

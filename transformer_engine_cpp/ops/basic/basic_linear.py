@@ -287,9 +287,9 @@ class BasicLinear(BasicOperation):
         if self._quantizers is not None:
             return self._quantized_forward(ctx, x, w)
         x = _quantized.as_high_precision(x)
-        y = _linear_fwd(self.gather_input(x), w)
+        y = _linear_fwd(self.gather_input(x) if self._gathers_input else x, w)
         self.save_ctx(ctx, x, w)
-        return self.reduce_output(y)
+        return self.reduce_output(y) if self.tensor_parallel_mode == "row" else y
 
     # ---- tensor parallelism --------------------------------------------------------------------
 
@@ -480,7 +480,10 @@ class BasicLinear(BasicOperation):
                 db = _bias_bwd(dy, bias_dtype)
         if bias_dtype is None:
             db = None
-        return dx, self._finish_wgrad(dw), db
+        if dw is not None and (self._accumulate_into_main_grad
+                               or dw.dtype != self._parameters["weight"].dtype):
+            dw = self._finish_wgrad(dw)
+        return dx, dw, db
 
     def _parallel_backward(self, ctx: LinearContext, dy_local: torch.Tensor, x_local, w,
                            alpha: float, grad_extra: Optional[torch.Tensor],

@@ -21,7 +21,7 @@ def _linear_prologue(ops, basic_op_ctxs, input_, has_bias: bool):
     x, w = linear.prepare(linear_ctx, input_)
     b = ops[1].gemm_bias(basic_op_ctxs[1], linear_ctx.dtype) if has_bias else None
     linear.save_ctx(linear_ctx, x, w)
-    return linear.gather_input(x), w, b
+    return (linear.gather_input(x) if linear._gathers_input else x), w, b
 
 
 def bias_fuses(linear: BasicLinear, bias) -> bool:
