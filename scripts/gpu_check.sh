@@ -4,14 +4,15 @@
 # real, eager against the float64 reference, compiled against eager; tests/test_cuda_backend.py:
 # the same bits twice, no host synchronisation, CUDA graph replay, FP8 and dropout bit-identical
 # to the CPU; tests/test_norm_widths.py: every row width's launch mode; the cuBLASLt epilogue,
-# fp8_gemm, FP8 quantize and dropout tests) and the GPU benchmark subset (bench/gpu.py).
+# fp8_gemm, FP8 quantize and dropout tests), the GPU benchmark subset (bench/gpu.py) and the
+# tensor-parallel example on NCCL with one rank (examples/train_tensor_parallel.py).
 #
 #   scripts/gpu_check.sh OUTDIR
 #
 # Writes OUTDIR/log.txt (everything printed), OUTDIR/conformance.xml (JUnit) and
 # OUTDIR/bench.csv. Uses the machine's own python3 and torch (PYTHON overrides), nvcc from PATH
 # (CUDA_HOME overrides) and every core. Each stage has its own time limit, so the whole check
-# stays under 8 minutes; a stage that fails or times out is reported. The tests and the
+# stays under 9 minutes; a stage that fails or times out is reported. The tests and the
 # benchmark run after a successful build, the benchmark whatever the tests' outcome. GPU_CHECK_DRY_RUN=1 runs the same stages on a machine without a GPU: CPU build, the
 # CPU cases of one family, the benchmark at tiny shapes on the CPU (run it in a copy of the
 # tree: the build is in place). GPU_CHECK_BUILD_LIMIT overrides the build's limit (seconds).
@@ -76,6 +77,10 @@ if stage build "${GPU_CHECK_BUILD_LIMIT:-210}" "$py" setup.py -q build_ext --inp
     tests/test_norm_widths.py tests/test_linear.py tests/test_fp8_ops.py tests/test_fp8_quantize.py \
     tests/test_dropout.py "${cases[@]}"
   stage bench 100 "$py" bench/gpu.py --out "$out/bench.csv" "${bench[@]}"
+  # tensor parallelism's smoke test: the example on NCCL with one rank (TP turns itself off,
+  # the collectives' code paths and the CUDA kernels run), 3 steps
+  stage tp-smoke 60 "$py" -m torch.distributed.run --standalone --nproc-per-node 1 \
+    examples/train_tensor_parallel.py --steps 3
 fi
 echo "gpu_check: $([ "$status" -eq 0 ] && echo passed || echo FAILED) ($SECONDS s); outputs in $out"
 exit "$status"
