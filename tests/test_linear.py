@@ -190,8 +190,12 @@ def test_linear_bad_constructor_arguments():
         te.ops.BasicLinear(0, 4)
     with pytest.raises(ValueError, match="BasicLinear: unsupported dtype torch.int32"):
         te.ops.BasicLinear(4, 4, dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="tensor parallelism"):
+    with pytest.raises(RuntimeError, match="Linear: torch.distributed is not initialized"):
         te.ops.Linear(4, 4, tensor_parallel_mode="row")
+    with pytest.raises(TypeError, match="BasicLinear: sequence_parallel must be a bool"):
+        te.ops.BasicLinear(4, 4, sequence_parallel=1)
+    with pytest.raises(NotImplementedError, match="BasicLinear: userbuffers_options"):
+        te.ops.BasicLinear(4, 4, userbuffers_options={"comm_name": "qkv"})
     with pytest.raises(ValueError, match="tensor_parallel_mode must be None"):
         te.ops.BasicLinear(4, 4, tensor_parallel_mode="diagonal")
     with pytest.raises(TypeError, match="Linear: bias must be a bool"):

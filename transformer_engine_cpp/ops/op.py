@@ -275,9 +275,14 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
         registers its metas); the backward ones are updated after the backward pass
         (update_delayed_backward_state)."""
         metas = self._fp8_metas
-        if metas is None or not metas["recipe"].delayed() or "forward" not in metas:
+        if metas is None or not metas["recipe"].delayed():
             return
-        FP8GlobalStateManager.add_delayed_scaling_state(metas["forward"])
+        group = FP8GlobalStateManager.get_fp8_group()
+        for mode in ("forward", "backward"):
+            if mode in metas:
+                metas[mode].amax_reduction_group = group
+        if "forward" in metas:
+            FP8GlobalStateManager.add_delayed_scaling_state(metas["forward"])
 
     def update_delayed_backward_state(self) -> None:
         """Delayed scaling: roll the backward amax history and update the backward scales once

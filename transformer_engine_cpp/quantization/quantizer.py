@@ -25,6 +25,7 @@ from typing import Optional
 
 import torch
 
+from .. import _comm
 from .tensor import Float8TensorStorage, MXFP8TensorStorage, check_fp8_dtype
 
 __all__ = ["Quantizer", "Float8CurrentScalingQuantizer", "Float8Quantizer", "MXFP8Quantizer"]
@@ -115,7 +116,10 @@ class _PerTensorQuantizer(Quantizer):
 
 
 class Float8CurrentScalingQuantizer(_PerTensorQuantizer):
-    """Per-tensor current scaling: scale = fp8_max / amax of the tensor itself."""
+    """Per-tensor current scaling: scale = fp8_max / amax of the tensor itself. With an
+    ``amax_reduction_group`` (tensor parallelism sets it on an operand that is all-gathered,
+    as TransformerEngine's ``with_amax_reduction``), the amax is the maximum over the group's
+    ranks, so every rank quantizes with the scale of the gathered tensor."""
 
     def __init__(self, fp8_dtype: torch.dtype, device=None, *, rowwise: bool = True,
                  columnwise: bool = True, force_pow_2_scales: bool = False,
@@ -129,10 +133,25 @@ class Float8CurrentScalingQuantizer(_PerTensorQuantizer):
         self.dtype = fp8_dtype
         self.force_pow_2_scales = bool(force_pow_2_scales)
         self.amax_epsilon = float(amax_epsilon)
+        self.amax_reduction_group = None
+
+    @property
+    def with_amax_reduction(self) -> bool:
+        """Whether the amax is reduced over ``amax_reduction_group`` (TransformerEngine's
+        attribute of the same name)."""
+        return self.amax_reduction_group is not None
 
     def quantize_storage(self, tensor, *, rowwise=True, columnwise=False, op=None):
-        data, scale_inv, _amax = _fp8_quantize(tensor, self.dtype, self.force_pow_2_scales,
-                                               self.amax_epsilon)
+        if self.amax_reduction_group is None:
+            data, scale_inv, _amax = _fp8_quantize(tensor, self.dtype, self.force_pow_2_scales,
+                                                   self.amax_epsilon)
+        else:  # amax -> max over the group -> scale -> cast (the same bits as one call)
+            ops = torch.ops.te_cpp
+            amax = _comm.wait(_comm.all_reduce(ops.fp8_amax.default(tensor),
+                                               self.amax_reduction_group, "max"))
+            scale = ops.fp8_current_scale.default(amax, self.dtype, self.force_pow_2_scales,
+                                                  self.amax_epsilon)
+            data, scale_inv, _amax = _fp8_quantize_scaled(tensor, scale, self.dtype)
         return Float8TensorStorage(data, scale_inv, self.dtype, tensor.dtype, self)
 
 

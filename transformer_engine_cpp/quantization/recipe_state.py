@@ -9,6 +9,7 @@ delayed scaling's update rule.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from .. import recipe as _recipe
 from .quantizer import Float8CurrentScalingQuantizer, Float8Quantizer, MXFP8Quantizer
@@ -79,6 +80,9 @@ class DelayedScalingRecipeState(RecipeState):
             self.scale = torch.ones(num_quantizers, dtype=torch.float32, device=self.device)
             self.amax_history = torch.zeros(recipe.amax_history_len, num_quantizers,
                                             dtype=torch.float32, device=self.device)
+        #: the process group the amaxes are reduced over before an update (te.autocast's
+        #: amax_reduction_group when the op last ran, recorded by the op; None: the world)
+        self.amax_reduction_group = None
 
     def make_quantizers(self) -> list:
         return [Float8Quantizer(self.scale[i:i + 1], self.amax_history[0, i:i + 1], self.dtype)
@@ -114,6 +118,8 @@ def update_delayed_scaling(state: DelayedScalingRecipeState) -> None:
     """Delayed scaling's update (te_ops.md 4.4), in place on ``state.scale`` and
     ``state.amax_history``:
 
+    * with ``recipe.reduce_amax`` and torch.distributed initialized, the newest amaxes
+      (slot 0) are first maximised over ``state.amax_reduction_group`` (the world when None);
     * amax = max over the history ("max") or its slot 0 ("most_recent"), or
       ``amax_compute_algo(amax_history)`` for a callable;
     * the history is rolled by one (``torch.roll(h, -1, 0)``) and slot 0 zeroed;
@@ -129,6 +135,11 @@ def update_delayed_scaling(state: DelayedScalingRecipeState) -> None:
                         f"{type(state).__name__}")
     r = state.recipe
     h = state.amax_history
+    if r.reduce_amax and dist.is_available() and dist.is_initialized() \
+            and dist.get_world_size(state.amax_reduction_group) > 1:
+        # the amaxes recorded since the last update, maximised over the ranks, so every rank
+        # computes the same scales (TransformerEngine reduces over the autocast's group)
+        dist.all_reduce(h[0], op=dist.ReduceOp.MAX, group=state.amax_reduction_group)
     fp8_max = get_fp8_max(r, state.mode == "forward")
     if not callable(r.amax_compute_algo) and r.scaling_factor_compute_algo is None:
         # the rule below, in one call (torch.ops.te_cpp.fp8_delayed_scaling_update)

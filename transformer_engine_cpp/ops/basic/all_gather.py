@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from ... import _comm
 from ..op import OperationContext
-from ._comm import CommunicationOperation, gather_dim0, reduce_scatter_dim0
+from ._comm import CommunicationOperation, plain
 
 
 class AllGather(CommunicationOperation):
@@ -23,14 +24,15 @@ class AllGather(CommunicationOperation):
         next_op_input_quantizer=None,
         **kwargs,
     ) -> torch.Tensor:
-        size = self.process_group_size
+        group, size = self._resolved()
         if size == 1:
             return input_
-        return gather_dim0(type(self).__name__, "input", input_, self.process_group, size)
+        return _comm.wait(_comm.all_gather(plain(input_), group, size, who="AllGather",
+                                           what="input"))
 
     def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
-        size = self.process_group_size
+        group, size = self._resolved()
         if size == 1:
             return grad_output, ()
-        return reduce_scatter_dim0(type(self).__name__, "output gradient", grad_output,
-                                   self.process_group, size), ()
+        return _comm.wait(_comm.reduce_scatter(plain(grad_output), group, size, who="AllGather",
+                                               what="output gradient")), ()

@@ -10,6 +10,7 @@ import torch
 
 from .._common import (autocast_dtype, canonicalize_device, canonicalize_dtype, check_numel,
                        check_size, compute_dtype, init_parameter, materialize_device)
+from ... import _comm
 from ...quantization import FP8GlobalStateManager, RecipeState
 from ...quantization.quantizer import Float8CurrentScalingQuantizer, Float8Quantizer
 from ...quantization.tensor import (Float8Tensor, Float8TensorStorage, QuantizedTensor,
@@ -86,6 +87,9 @@ class LinearContext(OperationContext):
     input_was_quantized: bool = False
     #: the next op handed dy over already quantized (set in backward)
     grad_output_was_quantized: bool = False
+    #: column-parallel sequence parallelism: the saved FP8 input is the gathered one (else the
+    #: local chunk, gathered again for wgrad)
+    saved_input_gathered: bool = False
 
 
 class BasicLinear(BasicOperation):
@@ -99,8 +103,19 @@ class BasicLinear(BasicOperation):
         in_features, out_features: the weight is ``(out_features, in_features)``.
         device, dtype: of the weight (defaults: torch's default device and dtype); fp32, fp16,
             bf16 or fp64.
-        tensor_parallel_mode, tensor_parallel_group, sequence_parallel, userbuffers_options:
-            accepted for API compatibility; only the single-process values are supported.
+        tensor_parallel_mode: None, ``"column"`` (the weight's rows, i.e. the output
+            features, split over the ranks: this rank holds ``[out_features / size,
+            in_features]``) or ``"row"`` (the input features split: ``[out_features,
+            in_features / size]``). Column: the input is replicated, the output is this rank's
+            feature slice, and dx is all-reduced. Row: the input is this rank's feature slice
+            and the output is all-reduced. A group of one rank turns it off.
+        tensor_parallel_group: the process group (the default group when None).
+        sequence_parallel: with tensor parallelism, the replicated side is split along dim 0
+            (the sequence or batch dim) instead: column mode all-gathers the input before the
+            GEMM (and again for wgrad) and reduce-scatters dx; row mode reduce-scatters the
+            output and all-gathers dy. docs/parallelism.md has the shapes per rank.
+        userbuffers_options: TransformerEngine's experimental Userbuffers overlap (GPU); not
+            supported (an error if given).
         rng_state_tracker_function: returns a context manager forking the RNG for the weight
             initialisation, as in TransformerEngine.
         accumulate_into_main_grad: add dW into ``weight.main_grad`` (which the caller creates)
@@ -128,14 +143,18 @@ class BasicLinear(BasicOperation):
         name = self.__class__.__name__
         self.in_features = check_size(name, "in_features", in_features)
         self.out_features = check_size(name, "out_features", out_features)
-        if tensor_parallel_mode not in (None, "column", "row"):
-            raise ValueError(f"{name}: tensor_parallel_mode must be None, 'column' or 'row', "
-                             f"got {tensor_parallel_mode!r}")
-        if tensor_parallel_mode is not None or sequence_parallel or userbuffers_options:
-            raise NotImplementedError(f"{name}: tensor parallelism, sequence parallelism and "
-                                      "userbuffers are not supported (single process)")
-        del tensor_parallel_group
-        self.tensor_parallel_mode = None
+        if userbuffers_options:
+            raise NotImplementedError(f"{name}: userbuffers_options (TransformerEngine's "
+                                      "Userbuffers communication overlap) is not supported")
+        (self.tensor_parallel_mode, self.tensor_parallel_group, self.tensor_parallel_size,
+         self.sequence_parallel, self.local_in_features,
+         self.local_out_features) = _comm.tensor_parallel_config(
+             name, tensor_parallel_mode, tensor_parallel_group, sequence_parallel,
+             self.in_features, self.out_features)
+        tp = self.tensor_parallel_mode
+        # the collectives this op runs (each is its own dual's in backward)
+        self._gathers_input = tp == "column" and self.sequence_parallel
+        self._gathers_grad_output = tp == "row" and self.sequence_parallel
         if not isinstance(accumulate_into_main_grad, bool):
             raise TypeError(f"{name}: accumulate_into_main_grad must be a bool")
         self._accumulate_into_main_grad = accumulate_into_main_grad
@@ -148,9 +167,9 @@ class BasicLinear(BasicOperation):
         if dtype not in _LINEAR_DTYPES:
             raise ValueError(f"{name}: unsupported dtype {dtype} (expected float32, float16, "
                              "bfloat16 or float64)")
-        check_numel(name, "weight", (self.out_features, self.in_features), dtype)
-        self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, device="meta",
-                                                     dtype=dtype))
+        shape = (self.local_out_features, self.local_in_features)
+        check_numel(name, "weight", shape, dtype)
+        self.weight = torch.nn.Parameter(torch.empty(shape, device="meta", dtype=dtype))
         if self.device.type != "meta":
             self.reset_parameters()
 
@@ -212,6 +231,7 @@ class BasicLinear(BasicOperation):
         quantizer (as TransformerEngine's pre_forward), so under delayed scaling the weight's
         amax goes into this op's history and the updated scale applies to the next update."""
         super().reset_recipe_state(recipe=recipe)
+        self._configure_amax_reduction()
         w = self._parameters.get("weight")
         q = self.get_quantizer("forward", 1)
         if isinstance(w, Float8Tensor) and isinstance(q, (Float8Quantizer,
@@ -267,14 +287,113 @@ class BasicLinear(BasicOperation):
         if self._quantizers is not None:
             return self._quantized_forward(ctx, x, w)
         x = _quantized.as_high_precision(x)
-        y = _linear_fwd(x, w)
+        y = _linear_fwd(self.gather_input(x) if self._gathers_input else x, w)
         self.save_ctx(ctx, x, w)
-        return y
+        return self.reduce_output(y) if self.tensor_parallel_mode == "row" else y
+
+    # ---- tensor parallelism --------------------------------------------------------------------
+
+    def gather_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The forward GEMM's input: with column-parallel sequence parallelism every rank's
+        dim-0 chunk, all-gathered; otherwise ``x``. (The fused forwards call it too.)"""
+        if not self._gathers_input:
+            return x
+        return _comm.wait(_comm.all_gather(x, self.tensor_parallel_group,
+                                           self.tensor_parallel_size,
+                                           who=type(self).__name__, what="input"))
+
+    def reduce_output(self, y: torch.Tensor) -> torch.Tensor:
+        """Row parallelism: the partial products summed over the ranks (all-reduce), or with
+        sequence parallelism this rank's dim-0 chunk of the sum (reduce-scatter)."""
+        if self.tensor_parallel_mode != "row":
+            return y
+        group = self.tensor_parallel_group
+        if self.sequence_parallel:
+            return _comm.wait(_comm.reduce_scatter(y, group, self.tensor_parallel_size,
+                                                   who=type(self).__name__, what="output"))
+        return _comm.wait(_comm.all_reduce(y, group))
+
+    def _start_grad_input_reduction(self, dx: torch.Tensor):
+        """Column parallelism: dx summed over the ranks (all-reduce), or with sequence
+        parallelism this rank's dim-0 chunk of the sum (reduce-scatter); asynchronous, so the
+        wgrad GEMM overlaps it. The caller waits (``_comm.wait``)."""
+        if self.tensor_parallel_mode != "column":
+            return dx
+        group = self.tensor_parallel_group
+        if self.sequence_parallel:
+            return _comm.reduce_scatter(dx, group, self.tensor_parallel_size,
+                                        who=type(self).__name__, what="input gradient")
+        return _comm.all_reduce(dx, group)
+
+    def _start_gather(self, t: torch.Tensor, what: str):
+        """An asynchronous all-gather of ``t`` over the tensor-parallel group."""
+        return _comm.all_gather(t, self.tensor_parallel_group, self.tensor_parallel_size,
+                                who=type(self).__name__, what=what)
+
+    def _gather_quantized(self, x, quantizer, what: str, *, rowwise: bool, columnwise: bool):
+        """The all-gathered operand of a sequence-parallel GEMM, quantized, and the local
+        quantized chunk it was gathered from (None if there is none). Per-tensor FP8 by this
+        op's quantizer travels as FP8: the scale is the same on every rank (current scaling
+        reduces the amax over the group first, delayed scaling's scale comes from the amaxes
+        reduced over the group), so the gathered bytes with that scale are exactly the
+        quantization of the gathered tensor. Anything else (MXFP8, whose blocks follow the
+        gathered layout, or an input another quantizer made) is gathered in high precision and
+        quantized whole."""
+        per_tensor = isinstance(quantizer, (Float8CurrentScalingQuantizer, Float8Quantizer))
+        local = None
+        if _quantized.is_storage(x):
+            if per_tensor and isinstance(x, Float8TensorStorage) and x._quantizer is quantizer:
+                local = x
+            else:
+                x = x.dequantize()
+        elif per_tensor:
+            local = quantizer.quantize_storage(x, op=type(self).__name__)
+        if local is None:
+            full = _comm.wait(self._start_gather(x, what))
+            return quantizer.quantize_storage(full, rowwise=rowwise, columnwise=columnwise,
+                                              op=type(self).__name__), None
+        return self._gather_fp8(local, what), local
+
+    def _gather_fp8(self, q: Float8TensorStorage, what: str) -> Float8TensorStorage:
+        """Per-tensor FP8 gathered as its bytes, with the (group-wide) scale."""
+        data = _comm.wait(self._start_gather(q._data, what))
+        return Float8TensorStorage(data, q._scale_inv, q._fp8_dtype, q._nominal_dtype,
+                                   q._quantizer)
+
+    def _configure_amax_reduction(self) -> None:
+        """Current scaling of an operand that is all-gathered before its GEMM reduces the amax
+        over the tensor-parallel group (TransformerEngine's ``with_amax_reduction``), so every
+        rank quantizes its chunk with the scale a single process computes for the whole:
+        column-parallel sequence parallelism's input, row-parallel sequence parallelism's
+        grad_output. The neighbour that emits the operand quantized uses the same quantizer."""
+        for mode, gathers in (("forward", self._gathers_input),
+                              ("backward", self._gathers_grad_output)):
+            q = self.get_quantizer(mode, 0)
+            if gathers and isinstance(q, Float8CurrentScalingQuantizer):
+                q.amax_reduction_group = self.tensor_parallel_group
+
+    def get_input_quantizer(self):
+        # an operand gathered in high precision (see _gather_quantized) is not taken quantized
+        q = super().get_input_quantizer()
+        if self._gathers_input and not isinstance(q, (Float8CurrentScalingQuantizer,
+                                                      Float8Quantizer)):
+            return None
+        return q
+
+    def get_grad_output_quantizer(self):
+        q = super().get_grad_output_quantizer()
+        if self._gathers_grad_output and not isinstance(q, (Float8CurrentScalingQuantizer,
+                                                            Float8Quantizer)):
+            return None
+        return q
+
+    # ---- FP8 -----------------------------------------------------------------------------------
 
     def _quantized_forward(self, ctx: LinearContext, x: torch.Tensor, w: torch.Tensor):
         """FP8 GEMM, emulated exactly: the quantized operands' dequantization multiplied with
         fp32 accumulation. The saved tensors are the quantized buffers (for dgrad the weight's
-        columnwise copy, for wgrad the input's)."""
+        columnwise copy, for wgrad the input's: with column-parallel sequence parallelism the
+        local chunk, gathered again in backward, unless it was gathered in high precision)."""
         ctx.with_quantized_compute = True
         ctx.input_quantizer = self.get_quantizer("forward", 0)
         ctx.weight_quantizer = self.get_quantizer("forward", 1)
@@ -283,11 +402,18 @@ class BasicLinear(BasicOperation):
         ctx.weight_requires_grad = ctx.requires_grad and self.weight.requires_grad
         need_dgrad = ctx.requires_grad and ctx.input_requires_grad
         ctx.input_was_quantized = _quantized.is_storage(x)
-        if ctx.input_was_quantized:  # the previous op emitted it quantized: no second cast
-            xq = x
+        if self._gathers_input:
+            xq, x_local = self._gather_quantized(x, ctx.input_quantizer, "input", rowwise=True,
+                                                 columnwise=ctx.weight_requires_grad)
+            ctx.saved_input_gathered = x_local is None
+            x_saved = xq if x_local is None else x_local
         else:
-            xq = ctx.input_quantizer.quantize_storage(x, columnwise=ctx.weight_requires_grad,
-                                                      op=type(self).__name__)
+            if ctx.input_was_quantized:  # the previous op emitted it quantized: no second cast
+                xq = x
+            else:
+                xq = ctx.input_quantizer.quantize_storage(x, columnwise=ctx.weight_requires_grad,
+                                                          op=type(self).__name__)
+            x_saved = xq
         if isinstance(w, Float8Tensor):  # a quantized weight: its own buffers, no second cast
             wq = as_storage(w)
         else:
@@ -300,11 +426,11 @@ class BasicLinear(BasicOperation):
         else:
             y = _linear_fwd(xq.dequantize_rowwise(), wq.dequantize_rowwise())
         if ctx.requires_grad:
-            saved_x = xq.buffers() if ctx.weight_requires_grad else (None,) * 4
+            saved_x = x_saved.buffers() if ctx.weight_requires_grad else (None,) * 4
             saved_w = wq.buffers() if need_dgrad else (None,) * 4
             ctx.save_for_backward(*saved_x, *saved_w)
-            ctx.quantized_meta = (xq.metadata(), wq.metadata())
-        return y if y.dtype == ctx.dtype else y.to(ctx.dtype)
+            ctx.quantized_meta = (x_saved.metadata(), wq.metadata())
+        return self.reduce_output(y if y.dtype == ctx.dtype else y.to(ctx.dtype))
 
     def op_backward(self, ctx: LinearContext, grad_output: torch.Tensor):
         return self.backward_grads(ctx, grad_output)
@@ -322,7 +448,8 @@ class BasicLinear(BasicOperation):
                                  bias_dtype: Optional[torch.dtype]):
         """BackwardLinearBias (unquantized): ``(dx, dW, dbias)`` with dbias the sum of dy over
         its leading dims in ``bias_dtype`` (None: no dbias), one op call when dx and dW are both
-        needed."""
+        needed (without tensor parallelism). dbias is the following Bias' gradient: the sum of
+        this rank's dy, before any gather."""
         return self._backward(ctx, grad_output, 1.0, None, bias_dtype)
 
     def _backward(self, ctx: LinearContext, grad_output: torch.Tensor, alpha: float,
@@ -331,7 +458,9 @@ class BasicLinear(BasicOperation):
         x, w = ctx.saved_tensors
         dy = grad_output if grad_output.dtype == ctx.dtype else grad_output.to(ctx.dtype)
         dx = db = None
-        if ctx.input_requires_grad and ctx.weight_requires_grad and grad_extra is None:
+        if self.tensor_parallel_mode is not None:
+            dx, dw, db = self._parallel_backward(ctx, dy, x, w, alpha, grad_extra, bias_dtype)
+        elif ctx.input_requires_grad and ctx.weight_requires_grad and grad_extra is None:
             # dgrad, wgrad (and dbias) in one op call
             dx, dw, db = _linear_bwd(dy, x, w, alpha, bias_dtype)
             if dx.dtype != ctx.input_dtype:
@@ -351,21 +480,56 @@ class BasicLinear(BasicOperation):
                 db = _bias_bwd(dy, bias_dtype)
         if bias_dtype is None:
             db = None
-        if dw is not None:
-            if self._accumulate_into_main_grad:
-                dw = self._accumulate_main_grad(dw)
+        return dx, self._finish_wgrad(dw), db
+
+    def _parallel_backward(self, ctx: LinearContext, dy_local: torch.Tensor, x_local, w,
+                           alpha: float, grad_extra: Optional[torch.Tensor],
+                           bias_dtype: Optional[torch.dtype]):
+        """The unquantized backward with tensor parallelism, communication overlapped with the
+        GEMMs: the all-gathers of dy (row, sequence parallel) and of x (column, sequence
+        parallel, for wgrad) start first; dx's reduction (column) starts after dgrad and runs
+        during wgrad."""
+        dy = self._start_gather(dy_local, "output gradient") if self._gathers_grad_output \
+            else dy_local
+        x = None
+        if ctx.weight_requires_grad:
+            x = self._start_gather(x_local, "input") if self._gathers_input else x_local
+        db = _bias_bwd(dy_local, bias_dtype) if bias_dtype is not None else None
+        dy = _comm.wait(dy)
+        dx = None
+        if ctx.input_requires_grad:
+            if grad_extra is None:
+                dx = _linear_dgrad(dy, w, alpha)
+                if dx.dtype != ctx.input_dtype:
+                    dx = dx.to(ctx.input_dtype)
             else:
-                weight_dtype = self._parameters["weight"].dtype
-                if dw.dtype != weight_dtype:
-                    dw = dw.to(weight_dtype)
-        return dx, dw, db
+                dx = _linear_dgrad_add(dy, w, grad_extra, alpha)
+            dx = self._start_grad_input_reduction(dx)
+        elif grad_extra is not None:
+            dx = grad_extra
+        dw = _linear_wgrad(dy, _comm.wait(x), alpha) if ctx.weight_requires_grad else None
+        return _comm.wait(dx), dw, db
+
+    def _finish_wgrad(self, dw: Optional[torch.Tensor]):
+        """dW as the weight's gradient: added into ``weight.main_grad`` with
+        accumulate_into_main_grad, else in the weight's dtype."""
+        if dw is None:
+            return None
+        if self._accumulate_into_main_grad:
+            return self._accumulate_main_grad(dw)
+        weight_dtype = self._parameters["weight"].dtype
+        return dw if dw.dtype == weight_dtype else dw.to(weight_dtype)
 
     def _quantized_backward(self, ctx: LinearContext, grad_output: torch.Tensor, *,
                             alpha: float, grad_extra: Optional[torch.Tensor]):
         saved = ctx.saved_tensors
         x_meta, w_meta = ctx.quantized_meta
         ctx.grad_output_was_quantized = _quantized.is_storage(grad_output)
-        if ctx.grad_output_was_quantized:  # the next op's backward emitted it quantized
+        if self._gathers_grad_output:
+            dyq, _ = self._gather_quantized(grad_output, ctx.grad_output_quantizer,
+                                            "output gradient", rowwise=ctx.input_requires_grad,
+                                            columnwise=ctx.weight_requires_grad)
+        elif ctx.grad_output_was_quantized:  # the next op's backward emitted it quantized
             dyq = grad_output
         else:
             dyq = ctx.grad_output_quantizer.quantize_storage(grad_output,
@@ -395,12 +559,14 @@ class BasicLinear(BasicOperation):
                     dx = _linear_dgrad(dy_row, w, alpha).to(ctx.input_dtype)
                 else:
                     dx = _linear_dgrad_add(dy_row, w, grad_extra, alpha)
+            dx = self._start_grad_input_reduction(dx)
         elif grad_extra is not None:
             dx = grad_extra
         dw = None
         if ctx.weight_requires_grad:
             xq = QuantizedTensorStorage.from_buffers(saved[:4], x_meta)
-            dw = None
+            if self._gathers_input and not ctx.saved_input_gathered:
+                xq = self._gather_fp8(xq, "input")
             if (alpha == 1.0 and isinstance(xq, Float8TensorStorage)
                     and isinstance(dyq, Float8TensorStorage) and xq._data.numel() != 0
                     and dyq._data.numel() != 0):
@@ -414,11 +580,7 @@ class BasicLinear(BasicOperation):
                                    _columnwise(xq), xq._scale_inv, xq._fp8_dtype, torch.float32)
             if dw is None:
                 dw = _linear_wgrad(dyq.dequantize_columnwise(), xq.dequantize_columnwise(), alpha)
-            if self._accumulate_into_main_grad:
-                dw = self._accumulate_main_grad(dw)
-            else:
-                dw = dw.to(self.weight.dtype)
-        return dx, (dw,)
+        return _comm.wait(dx), (self._finish_wgrad(dw),)
 
     def _accumulate_main_grad(self, dw: torch.Tensor):
         weight = self.weight
@@ -438,4 +600,9 @@ class BasicLinear(BasicOperation):
         return None
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}"
+        text = f"in_features={self.in_features}, out_features={self.out_features}"
+        if self.tensor_parallel_mode is not None:
+            text += (f", tensor_parallel_mode={self.tensor_parallel_mode!r}, "
+                     f"tensor_parallel_size={self.tensor_parallel_size}, "
+                     f"sequence_parallel={self.sequence_parallel}")
+        return text

@@ -9,6 +9,7 @@ import torch
 
 from .._common import (autocast_dtype, canonicalize_device, canonicalize_dtype, check_float_dtype,
                        check_numel, check_size, init_parameter, materialize_device)
+from ... import _comm
 from .. import _quantized
 from ..op import BasicOperation, OperationContext
 
@@ -33,8 +34,10 @@ class Bias(BasicOperation):
     Args:
         size: number of features.
         device, dtype: of the bias parameter (defaults: torch's default device and dtype).
-        tensor_parallel, tensor_parallel_group: accepted for API compatibility; tensor
-            parallelism is not supported (a single process owns the whole bias).
+        tensor_parallel, tensor_parallel_group: with ``tensor_parallel`` and a group of more
+            than one rank (the default group when None), the bias is split along its features
+            as a column-parallel linear's output: this rank holds ``size / group size``
+            elements (``size`` must divide). Otherwise the whole bias.
     """
 
     accepts_forward_kwargs = False
@@ -51,9 +54,17 @@ class Bias(BasicOperation):
     ) -> None:
         super().__init__()
         size = check_size("Bias", "size", size)
-        if tensor_parallel:
-            raise NotImplementedError("Bias: tensor_parallel=True is not supported")
-        del tensor_parallel_group
+        if not isinstance(tensor_parallel, bool):
+            raise TypeError(f"Bias: tensor_parallel must be a bool, got {tensor_parallel!r}")
+        tp_size = _comm.group_size("Bias", tensor_parallel_group) if tensor_parallel else 1
+        if tp_size > 1 and size % tp_size != 0:
+            raise ValueError(f"Bias: invalid configuration for tensor parallelism: size={size} "
+                             f"is split over {tp_size} ranks, which does not divide it")
+        self.tensor_parallel = tp_size > 1
+        self.tensor_parallel_group = (_comm.resolve_group("Bias", tensor_parallel_group)
+                                      if self.tensor_parallel else None)
+        self.tensor_parallel_size = tp_size
+        size //= tp_size
         self.local_size = size
         self.device = canonicalize_device(device)
         dtype = canonicalize_dtype(dtype)

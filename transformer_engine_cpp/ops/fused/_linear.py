@@ -12,15 +12,16 @@ from ..basic import BasicLinear, Bias
 
 
 def _linear_prologue(ops, basic_op_ctxs, input_, has_bias: bool):
-    """The shared start of the linear forward fusions: the linear's input and weight in the
-    compute dtype, its context saved as the unfused BasicLinear would, and with ``has_bias``
-    the bias (the second op) in the compute dtype, else None."""
+    """The shared start of the linear forward fusions: the linear's GEMM input (all-gathered
+    under column-parallel sequence parallelism) and weight in the compute dtype, its context
+    saved as the unfused BasicLinear would, and with ``has_bias`` the bias (the second op) in
+    the compute dtype, else None."""
     linear = ops[0]
     linear_ctx = basic_op_ctxs[0]
     x, w = linear.prepare(linear_ctx, input_)
     b = ops[1].gemm_bias(basic_op_ctxs[1], linear_ctx.dtype) if has_bias else None
     linear.save_ctx(linear_ctx, x, w)
-    return x, w, b
+    return linear.gather_input(x), w, b
 
 
 def bias_fuses(linear: BasicLinear, bias) -> bool:
@@ -49,7 +50,15 @@ def dbias_fuses(linear: BasicLinear, bias) -> bool:
 
 
 def _linear_ok(op) -> bool:
-    return type(op) is BasicLinear
+    """A BasicLinear the forward fusions take: as TransformerEngine, not row-parallel (its
+    output reduction follows the GEMM)."""
+    return type(op) is BasicLinear and op.tensor_parallel_mode != "row"
+
+
+def backward_linear_ok(op) -> bool:
+    """A BasicLinear BackwardLinearAdd / BackwardLinearScale take: as TransformerEngine, not
+    column-parallel (its dgrad is followed by a reduction)."""
+    return type(op) is BasicLinear and op.tensor_parallel_mode != "column"
 
 
 def _unquantized_add_fusion(fuse, in_place: bool, name: str, doc: str):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..basic import BasicLinear, MakeExtraOutput
 from ..op import FusedOperation
+from ._linear import backward_linear_ok
 from ._window import fuse_windows
 
 
@@ -30,7 +31,7 @@ def _fuse_linear_add(ops: list, in_place: bool) -> list:
     def match(ops, i):
         if (i + 1 < len(ops) and type(ops[i]) is MakeExtraOutput
                 and ops[i].in_place == in_place
-                and type(ops[i + 1]) is BasicLinear):
+                and backward_linear_ok(ops[i + 1])):
             return BackwardLinearAdd(backward_add=ops[i], linear=ops[i + 1]), 2
         return None
 

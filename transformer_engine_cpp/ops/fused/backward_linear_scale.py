@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..basic import BasicLinear, ConstantScale
 from ..op import FusedOperation
+from ._linear import backward_linear_ok
 from ._window import fuse_windows
 
 
@@ -25,7 +26,8 @@ class BackwardLinearScale(FusedOperation):
 
 def fuse_backward_linear_scale(ops: list, *, recipe=None) -> list:
     def match(ops, i):
-        if i + 1 < len(ops) and type(ops[i]) is BasicLinear and type(ops[i + 1]) is ConstantScale:
+        if (i + 1 < len(ops) and backward_linear_ok(ops[i])
+                and type(ops[i + 1]) is ConstantScale):
             return BackwardLinearScale(linear=ops[i], scale=ops[i + 1]), 2
         return None
 
