@@ -154,6 +154,12 @@ TORCH_LIBRARY(te_cpp, m) {
   // Delayed scaling's cast with a given scale (fp32, shape [1]); amax is for the history.
   define(m, "fp8_quantize_scaled(Tensor x, Tensor scale, ScalarType fp8_dtype) "
             "-> (Tensor data, Tensor scale_inv, Tensor amax)");
+  // Current scaling in three steps (an amax all-reduced over a process group in between):
+  // fp8_amax = fp8_quantize's amax; fp8_current_scale = its scale from an amax (fp32, one
+  // element); fp8_quantize_scaled with that scale then gives fp8_quantize's outputs.
+  define(m, "fp8_amax(Tensor x) -> Tensor amax");
+  define(m, "fp8_current_scale(Tensor amax, ScalarType fp8_dtype, bool force_pow_2_scales, "
+            "float amax_epsilon) -> Tensor scale");
   define(m, "fp8_dequantize(Tensor data, Tensor scale_inv, ScalarType fp8_dtype, ScalarType dtype) "
             "-> Tensor");
   // MXFP8: blocks of 32 consecutive elements of the last dim, one E8M0 scale (uint8 biased

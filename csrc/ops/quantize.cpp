@@ -37,6 +37,26 @@ std::tuple<Tensor, Tensor, Tensor> Fp8Quantize::allocate(const Tensor& x) {
   return {data, scale_inv, amax};
 }
 
+void Fp8Amax::check(const Tensor& x) { check_float(kName, "input", x); }
+
+Tensor Fp8Amax::allocate(const Tensor& x) {
+  return at::empty_symint({c10::SymInt(1)}, x.options().dtype(at::kFloat));
+}
+
+void Fp8CurrentScale::check(const Tensor& amax, at::ScalarType fp8_dtype, double amax_epsilon) {
+  TE_CHECK(amax.defined(), kName, "amax is undefined");
+  TE_CHECK(amax.scalar_type() == at::kFloat, kName, "amax must be float32, got ",
+           amax.scalar_type());
+  TE_CHECK(amax.sym_numel() == 1, kName, "amax must have exactly one element, got shape ",
+           shape_str(amax));
+  check_fp8_dtype(kName, fp8_dtype);
+  check_epsilon(kName, amax_epsilon);
+}
+
+Tensor Fp8CurrentScale::allocate(const Tensor& amax) {
+  return at::empty_symint({c10::SymInt(1)}, amax.options().dtype(at::kFloat));
+}
+
 void Fp8QuantizeScaled::check(const Tensor& x, const Tensor& scale, at::ScalarType fp8_dtype) {
   check_float(kName, "input", x);
   check_fp8_dtype(kName, fp8_dtype);
@@ -141,6 +161,8 @@ void Fp8DelayedScalingUpdate::check(const Tensor& h, const Tensor& scale, double
 
 TE_DEFINE_STUB(delayed_scaling_update_stub, void(const DelayedScalingUpdateArgs&));
 TE_DEFINE_STUB(fp8_quantize_stub, void(const Fp8QuantizeArgs&));
+TE_DEFINE_STUB(fp8_amax_stub, void(const Fp8AmaxArgs&));
+TE_DEFINE_STUB(fp8_current_scale_stub, void(const Fp8CurrentScaleArgs&));
 TE_DEFINE_STUB(fp8_dequantize_stub, void(const Fp8DequantizeArgs&));
 TE_DEFINE_STUB(mxfp8_quantize_stub, void(const Mxfp8QuantizeArgs&));
 
@@ -182,6 +204,31 @@ std::tuple<Tensor, Tensor, Tensor> fp8_quantize_scaled(const Tensor& x, const Te
   const auto guard = device_guard(x);
   const Tensor scale = scale_in.contiguous();  // read by the kernel: no host round trip
   return quantize(x, fp8_dtype, scale.const_data_ptr<float>(), false, 0.0);
+}
+
+Tensor fp8_amax(const Tensor& x_in) {
+  Fp8Amax::check(x_in);
+  const auto guard = device_guard(x_in);
+  Tensor amax = Fp8Amax::allocate(x_in);
+  const Tensor x = kernel_input(x_in);
+  // n = 0 writes amax = 0
+  fp8_amax_stub(x.device().type(), Fp8AmaxArgs{x.scalar_type(), x.numel(), x.const_data_ptr(),
+                                               amax.mutable_data_ptr<float>()});
+  return amax;
+}
+
+Tensor fp8_current_scale(const Tensor& amax_in, at::ScalarType fp8_dtype, bool force_pow_2_scales,
+                         double amax_epsilon) {
+  Fp8CurrentScale::check(amax_in, fp8_dtype, amax_epsilon);
+  const auto guard = device_guard(amax_in);
+  Tensor scale = Fp8CurrentScale::allocate(amax_in);
+  const Tensor amax = amax_in.contiguous();  // read by the kernel: no host round trip
+  fp8_current_scale_stub(amax.device().type(),
+                         Fp8CurrentScaleArgs{fp8_dtype, force_pow_2_scales,
+                                             static_cast<float>(amax_epsilon),
+                                             amax.const_data_ptr<float>(),
+                                             scale.mutable_data_ptr<float>()});
+  return scale;
 }
 
 Tensor fp8_dequantize(const Tensor& data_in, const Tensor& scale_inv_in, at::ScalarType fp8_dtype,
@@ -254,6 +301,8 @@ void register_front_ends(torch::Library& m) {
   m.impl("fp8_delayed_scaling_update", fp8_delayed_scaling_update);
   m.impl("fp8_quantize", fp8_quantize);
   m.impl("fp8_quantize_scaled", fp8_quantize_scaled);
+  m.impl("fp8_amax", fp8_amax);
+  m.impl("fp8_current_scale", fp8_current_scale);
   m.impl("fp8_dequantize", fp8_dequantize);
   m.impl("mxfp8_quantize", mxfp8_quantize);
   m.impl("mxfp8_dequantize", mxfp8_dequantize);
@@ -271,6 +320,17 @@ std::tuple<Tensor, Tensor, Tensor> fp8_quantize_scaled_meta(const Tensor& x, con
                                                             at::ScalarType fp8_dtype) {
   Fp8QuantizeScaled::check(x, scale, fp8_dtype);
   return Fp8Quantize::allocate(x);
+}
+
+Tensor fp8_amax_meta(const Tensor& x) {
+  Fp8Amax::check(x);
+  return Fp8Amax::allocate(x);
+}
+
+Tensor fp8_current_scale_meta(const Tensor& amax, at::ScalarType fp8_dtype, bool,
+                              double amax_epsilon) {
+  Fp8CurrentScale::check(amax, fp8_dtype, amax_epsilon);
+  return Fp8CurrentScale::allocate(amax);
 }
 
 Tensor fp8_dequantize_meta(const Tensor& data, const Tensor& scale_inv, at::ScalarType fp8_dtype,
@@ -301,6 +361,8 @@ TORCH_LIBRARY_IMPL(te_cpp, Meta, m) {
   m.impl("fp8_delayed_scaling_update", fp8_delayed_scaling_update_meta);
   m.impl("fp8_quantize", fp8_quantize_meta);
   m.impl("fp8_quantize_scaled", fp8_quantize_scaled_meta);
+  m.impl("fp8_amax", fp8_amax_meta);
+  m.impl("fp8_current_scale", fp8_current_scale_meta);
   m.impl("fp8_dequantize", fp8_dequantize_meta);
   m.impl("mxfp8_quantize", mxfp8_quantize_meta);
   m.impl("mxfp8_dequantize", mxfp8_dequantize_meta);

@@ -45,6 +45,27 @@ struct Fp8QuantizeArgs {
 };
 TE_DECLARE_STUB(fp8_quantize_stub, void(const Fp8QuantizeArgs&));
 
+// *amax = max |x| in fp32 over the n >= 0 elements of x (dtype as Fp8QuantizeArgs): the same
+// reduction, and the same bits, as fp8_quantize_stub's amax (0 when n = 0).
+struct Fp8AmaxArgs {
+  at::ScalarType dtype;
+  int64_t n;
+  const void* x;
+  float* amax;
+};
+TE_DECLARE_STUB(fp8_amax_stub, void(const Fp8AmaxArgs&));
+
+// *scale = fp8::compute_scale(*amax, max_norm(fp8_dtype), force_pow_2_scales, amax_epsilon),
+// amax read from device memory (no host round trip).
+struct Fp8CurrentScaleArgs {
+  at::ScalarType fp8_dtype;
+  bool force_pow_2_scales;
+  float amax_epsilon;
+  const float* amax;
+  float* scale;
+};
+TE_DECLARE_STUB(fp8_current_scale_stub, void(const Fp8CurrentScaleArgs&));
+
 // out[i] = out_dtype(fp8_to_float(data[i]) * s), the product in fp32, over n > 0 elements:
 // s = *scale_inv (per tensor), or with `e8m0` given, s = e8m0_to_float(e8m0[i / 32]) (MXFP8).
 struct Fp8DequantizeArgs {
@@ -91,6 +112,25 @@ struct Fp8Quantize {
   static constexpr const char* kName = "fp8_quantize";
   static void check(const Tensor& x, at::ScalarType fp8_dtype, double amax_epsilon);
   static std::tuple<Tensor, Tensor, Tensor> allocate(const Tensor& x);
+};
+
+// Current scaling in three steps, for an amax reduced over a process group between the first
+// two (TransformerEngine's amax reduction under tensor parallelism):
+//   fp8_amax(x) -> amax: fp8_quantize's amax (fp32, shape (1,));
+//   fp8_current_scale(amax, fp8_dtype, force_pow_2_scales, amax_epsilon) -> scale: fp32,
+//     shape (1,), the scale fp8_quantize derives from that amax;
+// then fp8_quantize_scaled(x, scale, fp8_dtype) gives fp8_quantize's data, scale_inv, amax.
+struct Fp8Amax {
+  static constexpr const char* kName = "fp8_amax";
+  static void check(const Tensor& x);
+  static Tensor allocate(const Tensor& x);
+};
+
+// amax: float32 with exactly one element (any shape).
+struct Fp8CurrentScale {
+  static constexpr const char* kName = "fp8_current_scale";
+  static void check(const Tensor& amax, at::ScalarType fp8_dtype, double amax_epsilon);
+  static Tensor allocate(const Tensor& amax);
 };
 
 // fp8_quantize_scaled(x, scale, fp8_dtype) -> (data, scale_inv, amax): the given scale

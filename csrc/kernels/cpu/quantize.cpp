@@ -211,6 +211,18 @@ void fp8_quantize_cpu(const Fp8QuantizeArgs& a) {
   });
 }
 
+// fp8_quantize's amax alone (amax_of: the same blocks, the same bits).
+void fp8_amax_cpu(const Fp8AmaxArgs& a) {
+  TE_DISPATCH_QUANT_INPUT(a.dtype, "fp8_amax", [&] {
+    *a.amax = amax_of<scalar_t>(static_cast<const scalar_t*>(a.x), a.n);
+  });
+}
+
+void fp8_current_scale_cpu(const Fp8CurrentScaleArgs& a) {
+  *a.scale = fp8::compute_scale(*a.amax, fp8::max_norm(a.fp8_dtype), a.force_pow_2_scales,
+                                a.amax_epsilon);
+}
+
 template <c10::ScalarType F>
 std::array<float, 256> fp8_table() {
   std::array<float, 256> t{};
@@ -390,6 +402,8 @@ void delayed_scaling_update_cpu(const DelayedScalingUpdateArgs& a) {
 
 TE_REGISTER_KERNEL(delayed_scaling_update_stub, CPU, delayed_scaling_update_cpu);
 TE_REGISTER_KERNEL(fp8_quantize_stub, CPU, fp8_quantize_cpu);
+TE_REGISTER_KERNEL(fp8_amax_stub, CPU, fp8_amax_cpu);
+TE_REGISTER_KERNEL(fp8_current_scale_stub, CPU, fp8_current_scale_cpu);
 TE_REGISTER_KERNEL(fp8_dequantize_stub, CPU, fp8_dequantize_cpu);
 TE_REGISTER_KERNEL(mxfp8_quantize_stub, CPU, mxfp8_quantize_cpu);
 

@@ -107,8 +107,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One block: amax from the partials, the scale (given, or from amax), scale_inv; the scale
-// the cast reads goes to *scale_out.
+// One block: amax from the partials; unless scale_inv is nullptr (fp8_amax: the amax only),
+// the scale (given, or from amax) and scale_inv; the scale the cast reads goes to *scale_out.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     quantize_finish_kernel(const uint32_t* __restrict__ partial, int64_t nparts,
@@ -120,19 +120,37 @@ __global__ void __launch_bounds__(kThreads)
   m = block_max(m);
   if (threadIdx.x == 0) {
     const float amax = key_to_float<T>(m);
+    *amax_out = amax;
+    if (scale_inv == nullptr) return;
     const float scale =
         given_scale != nullptr ? *given_scale : fp8::compute_scale(amax, fp8_max, pow2, epsilon);
-    *amax_out = amax;
     *scale_inv = fp8::scale_inv(scale);
     if (scale_out != nullptr) *scale_out = scale;
   }
 }
 
+// Blocks of the amax pass over n elements read kVec at a time (the partial buffer's length).
+template <int kVec>
+unsigned amax_grid(int64_t n) {
+  const int64_t units = std::max<int64_t>(n / kVec, 1);
+  return static_cast<unsigned>(
+      std::clamp<int64_t>((units + kThreads - 1) / kThreads, 1, kAmaxBlocks));
+}
+
+// Pass 1 of current scaling and all of fp8_amax: the per-block maxima into `partial` (the
+// format is a template argument the amax-only pass does not use).
+template <typename T, int kVec>
+void launch_amax_pass(const T* x, int64_t n, unsigned blocks, uint32_t* partial,
+                      cudaStream_t stream) {
+  quantize_pass_kernel<T, kE4M3, kVec, true, false><<<blocks, kThreads, 0, stream>>>(
+      x, nullptr, n, nullptr, partial);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 template <typename T, int kVec>
 void quantize_typed(const Fp8QuantizeArgs& a, cudaStream_t stream) {
   const int64_t units = std::max<int64_t>(a.n / kVec, 1);
-  const auto amax_blocks = static_cast<unsigned>(
-      std::clamp<int64_t>((units + kThreads - 1) / kThreads, 1, kAmaxBlocks));
+  const unsigned amax_blocks = amax_grid<kVec>(a.n);
   const Workspace ws(static_cast<int64_t>(amax_blocks) * sizeof(uint32_t) + sizeof(float));
   uint32_t* partial = static_cast<uint32_t*>(ws.get());
   float* scale_ws = reinterpret_cast<float*>(partial + amax_blocks);
@@ -149,9 +167,7 @@ void quantize_typed(const Fp8QuantizeArgs& a, cudaStream_t stream) {
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
     }
-    quantize_pass_kernel<T, F, kVec, true, false><<<amax_blocks, kThreads, 0, stream>>>(
-        x, nullptr, a.n, nullptr, partial);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_amax_pass<T, kVec>(x, a.n, amax_blocks, partial, stream);
     quantize_finish_kernel<T><<<1, kThreads, 0, stream>>>(
         partial, amax_blocks, nullptr, fp8_max, a.force_pow_2_scales, a.amax_epsilon, a.amax,
         a.scale_inv, scale_ws);
@@ -173,6 +189,43 @@ void fp8_quantize_cuda(const Fp8QuantizeArgs& a) {
       quantize_typed<T, 1>(a, stream);
     }
   });
+}
+
+// fp8_quantize's amax alone: the same pass and finish kernel, so the same bits.
+template <typename T, int kVec>
+void amax_typed(const Fp8AmaxArgs& a, cudaStream_t stream) {
+  const unsigned blocks = amax_grid<kVec>(a.n);
+  const Workspace ws(static_cast<int64_t>(blocks) * sizeof(uint32_t));
+  uint32_t* partial = static_cast<uint32_t*>(ws.get());
+  launch_amax_pass<T, kVec>(static_cast<const T*>(a.x), a.n, blocks, partial, stream);
+  quantize_finish_kernel<T><<<1, kThreads, 0, stream>>>(partial, blocks, nullptr, 0.0f, false,
+                                                        0.0f, a.amax, nullptr, nullptr);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void fp8_amax_cuda(const Fp8AmaxArgs& a) {
+  const auto stream = current_stream();
+  TE_DISPATCH_QUANT_INPUT(a.dtype, "fp8_amax", [&] {
+    using T = scalar_t;
+    if (aligned(a.x, 16)) {
+      amax_typed<T, kVec<T>>(a, stream);
+    } else {
+      amax_typed<T, 1>(a, stream);
+    }
+  });
+}
+
+// One thread: the scale from the amax in device memory.
+__global__ void current_scale_kernel(const float* __restrict__ amax, float fp8_max, bool pow2,
+                                     float epsilon, float* __restrict__ scale) {
+  *scale = fp8::compute_scale(*amax, fp8_max, pow2, epsilon);
+}
+
+void fp8_current_scale_cuda(const Fp8CurrentScaleArgs& a) {
+  current_scale_kernel<<<1, 1, 0, current_stream()>>>(a.amax, fp8::max_norm(a.fp8_dtype),
+                                                     a.force_pow_2_scales, a.amax_epsilon,
+                                                     a.scale);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // out[i] = OutT(fp8_to_float(data[i]) * s(i)), the product in fp32; the 256 decoded values
@@ -324,6 +377,8 @@ void delayed_scaling_update_cuda(const DelayedScalingUpdateArgs& a) {
 
 TE_REGISTER_KERNEL(delayed_scaling_update_stub, CUDA, delayed_scaling_update_cuda);
 TE_REGISTER_KERNEL(fp8_quantize_stub, CUDA, fp8_quantize_cuda);
+TE_REGISTER_KERNEL(fp8_amax_stub, CUDA, fp8_amax_cuda);
+TE_REGISTER_KERNEL(fp8_current_scale_stub, CUDA, fp8_current_scale_cuda);
 TE_REGISTER_KERNEL(fp8_dequantize_stub, CUDA, fp8_dequantize_cuda);
 TE_REGISTER_KERNEL(mxfp8_quantize_stub, CUDA, mxfp8_quantize_cuda);
 
