@@ -3,100 +3,18 @@ and backward on each rank equal a single-process autograd computation of the sam
 concatenations, fp32 and bf16; a one-rank group is the identity; a dim 0 that does not divide
 by the group size raises an error naming the op and the sizes.
 
-The harness spawns the ranks with torch.multiprocessing (spawn), on a free port chosen here,
-under a bounded time; each rank reports its result or its traceback on a queue, and the first
-failure (or the deadline) terminates the other ranks and fails the test: never a hang."""
+The ranks run under tests/dist_harness.py (spawned, free port, bounded time, fail fast)."""
 
 from __future__ import annotations
 
-import datetime
-import queue
-import socket
 import time
-import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import transformer_engine_cpp as te
-
-WORLD = 2
-DEADLINE_S = 90.0  # the whole spawn, start-up (imports) included
-COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=30)
-
-
-# ---- harness ------------------------------------------------------------------------------------
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_main(rank, world, port, body, results):
-    try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=COLLECTIVE_TIMEOUT)
-        try:
-            out = body(rank, world)
-        finally:
-            dist.destroy_process_group()
-        results.put((rank, "ok", out))
-    except BaseException:  # pylint: disable=broad-except
-        results.put((rank, "error", traceback.format_exc()))
-
-
-def run_ranks(body, world: int = WORLD, deadline_s: float = DEADLINE_S) -> list:
-    """``body(rank, world)`` on ``world`` spawned ranks; its return values in rank order.
-    Raises AssertionError with every reported traceback as soon as a rank fails, exits without
-    reporting, or the deadline passes; the remaining ranks are terminated."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, body, results), daemon=True)
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    outs, errors = {}, []
-    end = time.monotonic() + deadline_s
-    try:
-        while len(outs) < world and not errors:
-            try:
-                rank, status, payload = results.get(timeout=0.2)
-            except queue.Empty:
-                if time.monotonic() > end:
-                    errors.append(f"deadline of {deadline_s:.0f} s passed; ranks done: "
-                                  f"{sorted(outs)}")
-                for r, p in enumerate(procs):
-                    if r not in outs and not p.is_alive() and results.empty():
-                        errors.append(f"rank {r} exited (code {p.exitcode}) without a result")
-                continue
-            if status == "ok":
-                outs[rank] = payload
-            else:
-                errors.append(f"rank {rank} raised:\n{payload}")
-        # a failed rank's peers may report theirs at once: collect them for the message
-        while errors:
-            try:
-                rank, status, payload = results.get(timeout=0.5)
-            except queue.Empty:
-                break
-            if status != "ok":
-                errors.append(f"rank {rank} raised:\n{payload}")
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    if errors:
-        raise AssertionError("\n".join(errors))
-    return [outs[r] for r in range(world)]
+from dist_harness import run_ranks
 
 
 # ---- rank bodies (module level: spawn pickles them by name) -------------------------------------
