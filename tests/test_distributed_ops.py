@@ -1,6 +1,7 @@
 """The communication ops (AllGather, ReduceScatter, AllReduce) on 2 CPU ranks with gloo: forward
 and backward on each rank equal a single-process autograd computation of the same sums and
-concatenations, fp32 and bf16; a one-rank group is the identity; a dim 0 that does not divide
+concatenations, fp32 and bf16, and compiled (fullgraph) equal to eager; a one-rank group is the
+identity; a dim 0 that does not divide
 by the group size raises an error naming the op and the sizes.
 
 The ranks run under tests/dist_harness.py (spawned, free port, bounded time, fail fast)."""
@@ -103,6 +104,22 @@ def _check_sequential(rank, world, dtype):
     torch.testing.assert_close(x.grad, ref_shards[rank].grad.to(dtype), **_tol(dtype))
 
 
+def _check_compiled(rank, world, dtype):
+    """The three ops under torch.compile(fullgraph=True) (functional collectives: no graph
+    break), forward and backward equal to eager exactly."""
+    n, k = 4, 3
+    seq = te.ops.Sequential(te.ops.AllGather(), te.ops.ConstantScale(2.0), te.ops.AllReduce(),
+                            te.ops.ReduceScatter())
+    results = []
+    for model in (seq, torch.compile(seq, backend="aot_eager", fullgraph=True)):
+        x = _data(100 + rank, n, k, dtype=dtype).requires_grad_()
+        y = model(x)
+        y.backward(_data(110 + rank, n, k, dtype=dtype))
+        results.append((y.detach(), x.grad))
+    for eager, compiled in zip(*results):
+        torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+
+
 def _body_correctness(rank, world):
     singles = [dist.new_group([r]) for r in range(world)]  # every rank creates every group
     done = []
@@ -113,6 +130,8 @@ def _body_correctness(rank, world):
             done.append(f"{check.__name__}[{dtype}]")
         _check_sequential(rank, world, dtype)
         done.append(f"sequential[{dtype}]")
+        _check_compiled(rank, world, dtype)
+        done.append(f"compiled[{dtype}]")
     return done
 
 
@@ -142,7 +161,7 @@ def _body_rank1_fails(rank, world):
 
 def test_communication_ops_match_single_process():
     done = run_ranks(_body_correctness)
-    assert done[0] == done[1] and len(done[0]) == 8
+    assert done[0] == done[1] and len(done[0]) == 10
 
 
 def test_indivisible_dim0_names_the_op_and_sizes():
