@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from ... import _comm
 from ...quantization.tensor import QuantizedTensorStorage
-from ..op import BasicOperation
+from ..op import BasicOperation, OperationContext
 
 
 def plain(tensor) -> torch.Tensor:
@@ -48,3 +48,31 @@ class CommunicationOperation(BasicOperation):
     def process_group_size(self) -> int:
         """The number of ranks of the op's process group."""
         return self._resolved()[1]
+
+    def op_forward(
+        self,
+        ctx: OperationContext,
+        input_: torch.Tensor,
+        *,
+        prev_op_grad_output_quantizer=None,
+        next_op_input_quantizer=None,
+        **kwargs,
+    ) -> torch.Tensor:
+        group, size = self._resolved()
+        if size == 1:
+            return input_
+        return _comm.wait(self._forward_collective(plain(input_), group, size))
+
+    def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
+        group, size = self._resolved()
+        if size == 1:
+            return grad_output, ()
+        return _comm.wait(self._backward_collective(plain(grad_output), group, size)), ()
+
+    def _forward_collective(self, x: torch.Tensor, group, size: int) -> torch.Tensor:
+        """The forward collective of ``x`` over a group of ``size`` > 1 ranks."""
+        raise NotImplementedError
+
+    def _backward_collective(self, dy: torch.Tensor, group, size: int) -> torch.Tensor:
+        """The backward collective (the forward one's dual) of ``dy``."""
+        raise NotImplementedError

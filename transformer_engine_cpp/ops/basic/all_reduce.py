@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from ... import _comm
 from ..op import OperationContext
-from ._comm import CommunicationOperation, plain
+from ._comm import CommunicationOperation
 
 
 class AllReduce(CommunicationOperation):
@@ -26,19 +26,8 @@ class AllReduce(CommunicationOperation):
         super().__init__(process_group)
         self._reduce_in_backward = bool(reduce_in_backward)
 
-    def op_forward(
-        self,
-        ctx: OperationContext,
-        input_: torch.Tensor,
-        *,
-        prev_op_grad_output_quantizer=None,
-        next_op_input_quantizer=None,
-        **kwargs,
-    ) -> torch.Tensor:
-        group, size = self._resolved()
-        if size == 1:
-            return input_
-        return _comm.wait(_comm.all_reduce(plain(input_), group))
+    def _forward_collective(self, x, group, size):
+        return _comm.all_reduce(x, group)
 
     def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
         return grad_output, ()

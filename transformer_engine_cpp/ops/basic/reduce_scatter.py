@@ -3,11 +3,8 @@ parallelism)."""
 
 from __future__ import annotations
 
-import torch
-
 from ... import _comm
-from ..op import OperationContext
-from ._comm import CommunicationOperation, plain
+from ._comm import CommunicationOperation
 
 
 class ReduceScatter(CommunicationOperation):
@@ -17,24 +14,8 @@ class ReduceScatter(CommunicationOperation):
     TransformerEngine). Backward is the dual all-gather of dy. With one rank both passes are the
     identity. A quantized input is reduced dequantized."""
 
-    def op_forward(
-        self,
-        ctx: OperationContext,
-        input_: torch.Tensor,
-        *,
-        prev_op_grad_output_quantizer=None,
-        next_op_input_quantizer=None,
-        **kwargs,
-    ) -> torch.Tensor:
-        group, size = self._resolved()
-        if size == 1:
-            return input_
-        return _comm.wait(_comm.reduce_scatter(plain(input_), group, size, who="ReduceScatter",
-                                               what="input"))
+    def _forward_collective(self, x, group, size):
+        return _comm.reduce_scatter(x, group, size, who="ReduceScatter", what="input")
 
-    def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
-        group, size = self._resolved()
-        if size == 1:
-            return grad_output, ()
-        return _comm.wait(_comm.all_gather(plain(grad_output), group, size,
-                                           who="ReduceScatter", what="output gradient")), ()
+    def _backward_collective(self, dy, group, size):
+        return _comm.all_gather(dy, group, size, who="ReduceScatter", what="output gradient")
