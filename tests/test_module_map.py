@@ -11,7 +11,6 @@ import transformer_engine_cpp.ops as ops
 
 # TransformerEngine's module (relative to ``ops``) -> the public names it defines.
 # Not implemented yet, so not listed:
-#   basic.grouped_linear: GroupedLinear (issue 15)
 #   basic.adaptive_layer_norm: AdaptiveLayerNorm (issue 15)
 TRANSFORMER_ENGINE_MODULES = {
     "basic.activation": ("GELU", "GEGLU", "GLU", "QGELU", "QGEGLU", "ReLU", "ReGLU", "SReLU",
@@ -23,6 +22,7 @@ TRANSFORMER_ENGINE_MODULES = {
     "basic.bias": ("Bias",),
     "basic.constant_scale": ("ConstantScale",),
     "basic.dropout": ("Dropout",),
+    "basic.grouped_linear": ("GroupedLinear",),
     "basic.identity": ("Identity",),
     "basic.l2normalization": ("L2Normalization",),
     "basic.layer_norm": ("LayerNorm",),

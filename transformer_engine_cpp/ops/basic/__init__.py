@@ -22,6 +22,7 @@ from .basic_linear import BasicLinear
 from .bias import Bias
 from .constant_scale import ConstantScale
 from .dropout import Dropout
+from .grouped_linear import GroupedLinear
 from .identity import Identity
 from .l2normalization import L2Normalization
 from .layer_norm import LayerNorm
@@ -41,10 +42,10 @@ from .swiglu import (
 
 __all__ = [
     "AddExtraInput", "AllGather", "AllReduce", "BasicLinear", "Bias", "ClampedSwiGLU",
-    "ConstantScale", "Dropout", "GEGLU", "GELU", "GLU", "Identity", "L2Normalization", "LayerNorm",
-    "MakeExtraOutput", "QGEGLU", "QGELU", "Quantize", "ReduceScatter", "ReGLU", "ReLU", "Reshape",
-    "RMSNorm", "ScaledClampedQGeGLU", "ScaledSiTUGLU", "ScaledSReLU", "ScaledSwiGLU", "SiLU",
-    "SiTUGLU", "SReGLU", "SReLU", "SwiGLU",
+    "ConstantScale", "Dropout", "GEGLU", "GELU", "GLU", "GroupedLinear", "Identity",
+    "L2Normalization", "LayerNorm", "MakeExtraOutput", "QGEGLU", "QGELU", "Quantize",
+    "ReduceScatter", "ReGLU", "ReLU", "Reshape", "RMSNorm", "ScaledClampedQGeGLU", "ScaledSiTUGLU",
+    "ScaledSReLU", "ScaledSwiGLU", "SiLU", "SiTUGLU", "SReGLU", "SReLU", "SwiGLU",
 ]
 
 

@@ -1,0 +1,374 @@
+"""GroupedLinear: one linear transform per group of consecutive input rows (mixture of experts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import warnings
+from typing import Callable, Optional
+
+import torch
+
+from .._common import (autocast_dtype, canonicalize_device, canonicalize_dtype, check_numel,
+                       check_size, init_parameter, materialize_device)
+from .. import _quantized
+from ..op import BasicOperation, OperationContext
+
+_GROUPED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+# the custom ops' OpOverloads (resolved on first use)
+_OPS = {}
+
+
+def _op(name: str):
+    op = _OPS.get(name)
+    if op is None:
+        op = _OPS[name] = getattr(torch.ops.te_cpp, name).default
+    return op
+
+
+@dataclasses.dataclass
+class GroupedLinearContext(OperationContext):
+    """What GroupedLinear's backward reads besides its saved tensors."""
+
+    #: the GEMMs' dtype (the autocast dtype, else the weights')
+    dtype: Optional[torch.dtype] = None
+    #: the input's dtype and shape (dx's)
+    input_dtype: Optional[torch.dtype] = None
+    input_shape: tuple = ()
+    #: which gradients backward computes
+    weight_requires_grad: bool = False
+    bias_requires_grad: bool = False
+    scales_requires_grad: bool = False
+
+
+class WeightGradStore:
+    """``delay_wgrad_compute``: the backward pass stores what the weight-gradient GEMMs need
+    (TransformerEngine's store of the same name); :meth:`GroupedLinear.backward_dw` pops it and
+    computes them."""
+
+    def __init__(self, delay_wgrad_compute: bool) -> None:
+        self._delay = bool(delay_wgrad_compute)
+        self._queue: list = []
+
+    def delay_wgrad_compute(self) -> bool:
+        return self._delay
+
+    def put(self, item) -> None:
+        self._queue.append(item)
+
+    def pop(self):
+        return self._queue.pop(0)
+
+    def empty(self) -> bool:
+        return not self._queue
+
+
+def _single_param_flags(single_grouped_weight: bool, single_grouped_bias: bool):
+    """TransformerEngine gates the single grouped parameters behind an environment variable and
+    turns them off with a warning when it is not set."""
+    if not (single_grouped_weight or single_grouped_bias):
+        return False, False
+    if os.environ.get("NVTE_GROUPED_LINEAR_SINGLE_PARAM", "0") in ("", "0"):
+        warnings.warn("GroupedLinear: single_grouped_weight / single_grouped_bias need "
+                      "NVTE_GROUPED_LINEAR_SINGLE_PARAM=1 (as in TransformerEngine); using one "
+                      "parameter per group")
+        return False, False
+    raise NotImplementedError("GroupedLinear: single_grouped_weight / single_grouped_bias "
+                              "(one GroupedTensor parameter) are not supported; use one "
+                              "parameter per group (weight0, ..., bias0, ...)")
+
+
+class GroupedLinear(BasicOperation):
+    """``num_groups`` linear transforms over consecutive row blocks of the input: the input's
+    rows (all dims but the last, flattened) are split along dim 0 by the split sizes, the extra
+    input (an integer tensor of ``num_groups`` sizes summing to the rows); group i computes
+    ``y_i = x_i W_i^T + b_i`` and the results are concatenated, as a ``torch.nn.Linear`` per
+    split would. With ``scale_bias`` a second extra input, the per-row scales ``s`` (shape
+    ``[rows]``, e.g. the router's probabilities), multiplies the bias: ``x_i W_i^T + s * b_i``,
+    and gets its gradient.
+
+    The forward, dgrad, wgrad and bias-gradient passes are one custom op call each for all
+    groups (``te_cpp.grouped_linear_fwd`` / ``_dgrad`` / ``_wgrad``, ``grouped_bias_bwd``),
+    whose output shapes do not depend on the split values, so torch.compile traces them with
+    no data-dependent shape.
+
+    Args:
+        num_groups, in_features, out_features: the weights are ``weight0`` ...
+            ``weight{num_groups-1}``, each ``(out_features, in_features)`` (Kaiming-uniform,
+            as torch.nn.Linear), and the biases ``bias0`` ... (zeros): TransformerEngine's
+            parameter names, so its checkpoints load.
+        bias: whether there are biases.
+        device, dtype: of the parameters (fp32, fp16, bf16 or fp64).
+        rng_state_tracker_function: returns a context manager forking the RNG for the weight
+            initialisation.
+        accumulate_into_main_grad: add each dW into ``weight{i}.main_grad`` (eager only).
+        single_grouped_weight, single_grouped_bias: as TransformerEngine, off (with a warning)
+            unless ``NVTE_GROUPED_LINEAR_SINGLE_PARAM`` is set; not supported when it is.
+        delay_wgrad_compute: backward skips the weight gradients and stores their inputs;
+            :meth:`backward_dw` computes them later (eager only).
+        scale_bias: the bias is scaled per row by the second extra input.
+    """
+
+    accepts_forward_kwargs = False
+    context_type = GroupedLinearContext
+    num_extra_inputs = 1
+
+    def __init__(
+        self,
+        num_groups: int,
+        in_features: int,
+        out_features: int,
+        *,
+        bias: bool = True,
+        device: Optional[torch.device | str] = None,
+        dtype: Optional[torch.dtype] = None,
+        rng_state_tracker_function: Optional[Callable] = None,
+        accumulate_into_main_grad: bool = False,
+        single_grouped_weight: bool = False,
+        single_grouped_bias: bool = False,
+        delay_wgrad_compute: bool = False,
+        scale_bias: bool = False,
+    ) -> None:
+        name = "GroupedLinear"
+        for arg, value in (("bias", bias), ("accumulate_into_main_grad",
+                                            accumulate_into_main_grad),
+                           ("delay_wgrad_compute", delay_wgrad_compute),
+                           ("scale_bias", scale_bias)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name}: {arg} must be a bool, got {value!r}")
+        self._scale_bias = scale_bias and bias
+        if self._scale_bias:  # before BasicOperation sizes the extra-input channels
+            self.num_extra_inputs = 2
+        super().__init__()
+        self.num_groups = check_size(name, "num_groups", num_groups)
+        self.in_features = check_size(name, "in_features", in_features)
+        self.out_features = check_size(name, "out_features", out_features)
+        self.single_grouped_weight, self.single_grouped_bias = _single_param_flags(
+            single_grouped_weight, single_grouped_bias)
+        self.use_bias = bias
+        self._accumulate_into_main_grad = accumulate_into_main_grad
+        self.wgrad_store = WeightGradStore(delay_wgrad_compute)
+        self._rng_state_tracker_function = rng_state_tracker_function
+        self.device = canonicalize_device(device)
+        dtype = canonicalize_dtype(dtype)
+        if dtype not in _GROUPED_DTYPES:
+            raise ValueError(f"{name}: unsupported dtype {dtype} (expected float32, float16, "
+                             "bfloat16 or float64)")
+        check_numel(name, "weights", (self.num_groups, self.out_features, self.in_features),
+                    dtype)
+        for i in range(self.num_groups):
+            self.register_parameter(f"weight{i}", torch.nn.Parameter(torch.empty(
+                self.out_features, self.in_features, device="meta", dtype=dtype)))
+        for i in range(self.num_groups):
+            b = (torch.nn.Parameter(torch.empty(self.out_features, device="meta", dtype=dtype))
+                 if bias else None)
+            self.register_parameter(f"bias{i}", b)
+        if delay_wgrad_compute:  # the weights' gradients come from backward_dw, not backward
+            for w in self.weights():
+                w.skip_backward_post_hook = True
+        if self.device.type != "meta":
+            self.reset_parameters()
+
+    # ---- parameters ----------------------------------------------------------------------------
+
+    def weights(self) -> list[torch.nn.Parameter]:
+        return [self._parameters[f"weight{i}"] for i in range(self.num_groups)]
+
+    def biases(self) -> list[torch.nn.Parameter]:
+        return ([self._parameters[f"bias{i}"] for i in range(self.num_groups)]
+                if self.use_bias else [])
+
+    @property
+    def has_bias(self) -> bool:
+        return self.use_bias
+
+    def reset_parameters(self) -> None:
+        """Kaiming-uniform weights (each group's, as torch.nn.Linear) and zero biases;
+        materialises meta parameters."""
+        self.device = materialize_device(self.device)
+
+        def fill(w):
+            torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+
+        for i in range(self.num_groups):
+            if self._rng_state_tracker_function is not None:
+                with self._rng_state_tracker_function().fork():
+                    init_parameter(self, f"weight{i}", fill, self.device)
+            else:
+                init_parameter(self, f"weight{i}", fill, self.device)
+            if self.use_bias:
+                init_parameter(self, f"bias{i}", torch.nn.init.zeros_, self.device)
+        if self.wgrad_store.delay_wgrad_compute():
+            for w in self.weights():
+                w.skip_backward_post_hook = True
+
+    pre_fuser_forward = BasicOperation.materialize_meta_parameters
+
+    def num_quantizers(self, mode: str) -> int:
+        """TransformerEngine's: per group an input and a weight quantizer forward, a
+        grad_output quantizer backward."""
+        return 2 * self.num_groups if mode == "forward" else self.num_groups
+
+    def compile_unsupported_reason(self) -> Optional[str]:
+        if self._accumulate_into_main_grad:
+            return ("accumulate_into_main_grad adds into weight.main_grad in place, a mutation "
+                    "of a tensor outside the compiled graph")
+        if self.wgrad_store.delay_wgrad_compute():
+            return ("delay_wgrad_compute keeps the weight-gradient inputs in the op's store, "
+                    "outside the compiled graph")
+        return super().compile_unsupported_reason()
+
+    # ---- compute -------------------------------------------------------------------------------
+
+    def op_forward(self, *args, **kwargs):
+        raise RuntimeError("GroupedLinear runs through fuser_forward")
+
+    def op_backward(self, *args, **kwargs):
+        raise RuntimeError("GroupedLinear runs through fuser_backward")
+
+    def _split_sizes(self, split_sizes) -> torch.Tensor:
+        if not isinstance(split_sizes, torch.Tensor):
+            raise TypeError(f"GroupedLinear: the split sizes (extra input 0) must be a tensor, "
+                            f"got {type(split_sizes).__name__}")
+        if split_sizes.is_floating_point() or split_sizes.is_complex() \
+                or split_sizes.dtype == torch.bool:
+            raise TypeError(f"GroupedLinear: the split sizes must be an integer tensor, got "
+                            f"{split_sizes.dtype}")
+        if split_sizes.numel() != self.num_groups:
+            raise ValueError(f"GroupedLinear: expected {self.num_groups} split sizes, got shape "
+                             f"{list(split_sizes.shape)}")
+        return split_sizes.reshape(self.num_groups).to(torch.int64)
+
+    def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs, basic_op_kwargs,
+                      **unused):
+        ctx = basic_op_ctxs[0]
+        extra = basic_op_extra_inputs[0]
+        if self._quantizers is not None:
+            raise NotImplementedError("GroupedLinear: quantized compute (te.autocast with a "
+                                      "recipe) is not implemented yet")
+        split_sizes = self._split_sizes(extra[0])
+        scales = extra[1] if self._scale_bias else None
+        x = _quantized.as_high_precision(input_)
+        if not x.is_floating_point():
+            raise TypeError(f"GroupedLinear: input must be floating point, got {x.dtype}")
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
+            raise ValueError(f"GroupedLinear: input's last dimension (shape {list(x.shape)}) "
+                             f"must equal in_features={self.in_features}")
+        weights = self.weights()
+        dtype = autocast_dtype(x, weights[0].dtype)
+        ctx.dtype, ctx.input_dtype, ctx.input_shape = dtype, x.dtype, tuple(x.shape)
+        x2 = x.reshape(-1, self.in_features)
+        if x2.dtype != dtype:
+            x2 = x2.to(dtype)
+        ws = [w if w.dtype == dtype else w.to(dtype) for w in weights]
+        bs = [b if b.dtype == dtype else b.to(dtype) for b in self.biases()]
+        if scales is not None:
+            if scales.shape != (x2.shape[0],):
+                raise ValueError(f"GroupedLinear: the bias scales (extra input 1) must have "
+                                 f"shape [{x2.shape[0]}] (one per input row), got "
+                                 f"{list(scales.shape)}")
+        y = _op("grouped_linear_fwd")(x2, split_sizes, ws, bs, scales)
+        if ctx.requires_grad:
+            ctx.weight_requires_grad = any(w.requires_grad for w in weights)
+            ctx.bias_requires_grad = self.use_bias and any(b.requires_grad
+                                                           for b in self.biases())
+            ctx.scales_requires_grad = bool(scales is not None and ctx.extra_inputs_requires_grad
+                                            and ctx.extra_inputs_requires_grad[1])
+            need_bias_pass = ctx.bias_requires_grad or ctx.scales_requires_grad
+            ctx.save_for_backward(
+                split_sizes,
+                x2 if ctx.weight_requires_grad else None,
+                scales if need_bias_pass else None,
+                *(ws if ctx.input_requires_grad else [None] * self.num_groups),
+                *(bs if ctx.scales_requires_grad else []))
+        return y.reshape(*x.shape[:-1], self.out_features), [()]
+
+    def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
+        ctx = basic_op_ctxs[0]
+        g = self.num_groups
+        saved = ctx.saved_tensors
+        split_sizes, x2, scales = saved[:3]
+        ws = saved[3:3 + g]
+        bs = list(saved[3 + g:])
+        dy = _quantized.as_high_precision(grad_output).reshape(-1, self.out_features)
+        if dy.dtype != ctx.dtype:
+            dy = dy.to(ctx.dtype)
+        dx = None
+        if ctx.input_requires_grad:
+            dx = _op("grouped_linear_dgrad")(dy, split_sizes, list(ws))
+            dx = dx.reshape(ctx.input_shape)
+            if dx.dtype != ctx.input_dtype:
+                dx = dx.to(ctx.input_dtype)
+        dws = [None] * g
+        if ctx.weight_requires_grad:
+            if self.wgrad_store.delay_wgrad_compute():
+                self.wgrad_store.put((dy, x2, split_sizes))
+            else:
+                dws = self._finish_wgrads(_op("grouped_linear_wgrad")(dy, x2, split_sizes))
+        dbs, dscales = [None] * g if self.use_bias else [], None
+        if ctx.bias_requires_grad or ctx.scales_requires_grad:
+            bias_dtype = self._parameters["bias0"].dtype
+            db_list, ds = _op("grouped_bias_bwd")(dy, split_sizes, bs, scales, bias_dtype)
+            if ctx.bias_requires_grad:
+                dbs = [db if b.requires_grad else None for b, db in zip(self.biases(), db_list)]
+            if ctx.scales_requires_grad:
+                dscales = ds
+        param_grads = [*dws, *dbs]
+        extra_grads = (None, dscales) if self._scale_bias else (None,)
+        return dx, [param_grads], [extra_grads]
+
+    def _finish_wgrads(self, dws) -> list:
+        """Each dW as its weight's gradient: added into ``weight{i}.main_grad`` with
+        accumulate_into_main_grad, else in the weight's dtype."""
+        out = []
+        for w, dw in zip(self.weights(), dws):
+            if not w.requires_grad:
+                out.append(None)
+            elif self._accumulate_into_main_grad:
+                out.append(_accumulate_main_grad(w, dw))
+            else:
+                out.append(dw if dw.dtype == w.dtype else dw.to(w.dtype))
+        return out
+
+    def need_backward_dw(self) -> bool:
+        """Whether :meth:`backward_dw` must run to finish the weight gradients."""
+        return self.wgrad_store.delay_wgrad_compute()
+
+    def backward_dw(self) -> None:
+        """``delay_wgrad_compute``: the weight gradients of the oldest stored backward pass,
+        written to ``weight{i}.grad`` (or added into ``main_grad``)."""
+        if not self.need_backward_dw() or self.wgrad_store.empty():
+            return
+        dy, x2, split_sizes = self.wgrad_store.pop()
+        dws = self._finish_wgrads(_op("grouped_linear_wgrad")(dy, x2, split_sizes))
+        for w, dw in zip(self.weights(), dws):
+            if dw is not None and not self._accumulate_into_main_grad:
+                w.grad = dw
+
+    def extra_repr(self) -> str:
+        text = (f"num_groups={self.num_groups}, in_features={self.in_features}, "
+                f"out_features={self.out_features}, bias={self.use_bias}")
+        if self._scale_bias:
+            text += ", scale_bias=True"
+        return text
+
+
+def _accumulate_main_grad(weight: torch.nn.Parameter, dw: torch.Tensor):
+    """Megatron's convention, as BasicLinear's: dW into ``weight.main_grad`` (overwritten with
+    ``weight.overwrite_main_grad``); a dummy zero grad for a parameter that tracks
+    ``grad_added_to_main_grad``, else none."""
+    main_grad = getattr(weight, "main_grad", None)
+    if main_grad is None:
+        raise RuntimeError("GroupedLinear: accumulate_into_main_grad=True needs "
+                           "weight{i}.main_grad on every weight (allocate it before backward)")
+    if getattr(weight, "overwrite_main_grad", False):
+        main_grad.copy_(dw)
+    else:
+        main_grad.add_(dw.to(main_grad.dtype))
+    if hasattr(weight, "grad_added_to_main_grad"):
+        weight.grad_added_to_main_grad = True
+        return torch.zeros_like(weight)
+    return None
