@@ -262,3 +262,78 @@ def test_moe_block_trains_like_plain_pytorch():
                 loss_ours = loss.detach()
             else:
                 torch.testing.assert_close(loss_ours, loss.detach(), **tols(torch.float64))
+
+
+# ---- the fused grouped MLP -------------------------------------------------------------------
+
+def _mlp(act, experts=4, hidden=16, ffn=32, dtype=torch.float32):
+    fc1_out = 2 * ffn if act.gated else ffn
+    return te.ops.Sequential(te.ops.GroupedLinear(experts, hidden, fc1_out, dtype=dtype), act,
+                             te.ops.GroupedLinear(experts, ffn, hidden, dtype=dtype))
+
+
+def _mlp_step(model, splits, seed=0, hidden=16):
+    g = torch.Generator().manual_seed(seed)
+    total = sum(splits)
+    x = torch.randn(total, hidden, generator=g, requires_grad=True)
+    probs = torch.rand(total, generator=g, requires_grad=True)
+    split_t = torch.tensor(splits)
+    y = model(x, split_t, probs, split_t)
+    y.backward(torch.randn(y.shape, generator=g))
+    return [y.detach(), x.grad, probs.grad, *[p.grad for p in model.parameters()]]
+
+
+@pytest.mark.parametrize("act_cls", [te.ops.ScaledSwiGLU, te.ops.ScaledClampedQGeGLU,
+                                     te.ops.ScaledSReLU])
+def test_grouped_mlp_is_one_fused_op_equal_to_the_unfused_ops(act_cls, fusion_registry):
+    splits = [5, 0, 1, 6]
+    fused = _mlp(act_cls())
+    plan, = fused.fusion_plan(torch.randn(12, 16), torch.tensor(splits), torch.rand(12),
+                              torch.tensor(splits), requires_grad=True)
+    assert [type(op).__name__ for op, _ in plan.forward_ops] == ["GroupedMLP"]
+    assert [type(op).__name__ for op, _ in plan.backward_ops] == ["GroupedMLP"]
+    unfused = _mlp(act_cls())
+    unfused.load_state_dict(fused.state_dict())
+    te.ops.fuser.OperationFuser.extension_forward_backward_fusion_functions = ()
+    te.ops.fuser.OperationFuser._fusion_registry_version += 1
+    plain = _mlp_step(unfused, splits)
+    plan, = unfused.fusion_plan(torch.randn(12, 16), torch.tensor(splits), torch.rand(12),
+                                torch.tensor(splits), requires_grad=True)
+    assert [type(op).__name__ for op, _ in plan.forward_ops] == [
+        "GroupedLinear", act_cls.__name__, "GroupedLinear"]
+    from transformer_engine_cpp.ops.fused import fuse_grouped_mlp
+    te.ops.fuser.OperationFuser.extension_forward_backward_fusion_functions = (fuse_grouped_mlp,)
+    te.ops.fuser.OperationFuser._fusion_registry_version += 1
+    for a, b in zip(_mlp_step(fused, splits), plain):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_grouped_mlp_recomputes_the_activation():
+    splits = [3, 4, 0, 5]
+    recompute = _mlp(te.ops.ScaledSReLU(activation_recompute_in_mlp=True))
+    keep = _mlp(te.ops.ScaledSReLU())
+    keep.load_state_dict(recompute.state_dict())
+    for a, b in zip(_mlp_step(recompute, splits), _mlp_step(keep, splits)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # unfused (a lone scaled activation), recomputation is refused
+    with pytest.raises(RuntimeError, match="needs the fused grouped MLP path"):
+        te.ops.Sequential(te.ops.ScaledSReLU(activation_recompute_in_mlp=True))(
+            torch.randn(4, 8), torch.rand(4))
+
+
+def test_grouped_mlp_compiled_equals_eager_with_the_fusion_kept():
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+    splits = [2, 6, 0, 4]
+    eager = _mlp(te.ops.ScaledSwiGLU())
+    comp = _mlp(te.ops.ScaledSwiGLU())
+    comp.load_state_dict(eager.state_dict())
+    backend = AotEagerAndRecordGraphs()
+    compiled = torch.compile(comp, backend=backend, fullgraph=True)
+    for a, b in zip(_mlp_step(compiled, splits), _mlp_step(eager, splits)):
+        torch.testing.assert_close(a, b, **COMPILED_VS_EAGER)
+    fw = "\n".join(g.code for g in backend.fw_graphs)
+    bw = "\n".join(g.code for g in backend.bw_graphs)
+    assert fw.count("te_cpp.grouped_linear_fwd.default(") == 2
+    assert fw.count("te_cpp.scaled_swiglu_fwd.default(") == 1
+    assert bw.count("te_cpp.grouped_linear_dgrad.default(") == 2
+    assert bw.count("te_cpp.scaled_swiglu_bwd.default(") == 1

@@ -51,6 +51,7 @@ TRANSFORMER_ENGINE_MODULES = {
 OUR_MODULES = {
     "fused.backward_linear_bias": ("BackwardLinearBias",),
     "fused.forward_bias_activation": ("ForwardBiasActivation",),
+    "fused.grouped_mlp": ("GroupedMLP",),
 }
 
 CASES = [(path, name) for table in (TRANSFORMER_ENGINE_MODULES, OUR_MODULES)

@@ -38,6 +38,7 @@ class OperationFuser:
     backward_fusion_functions: list[FusionFunction] = []
     # Our extensions (ops/fused/__init__.py), applied after every registered function, so that
     # registered ones see the ops TransformerEngine would show them.
+    extension_forward_backward_fusion_functions: tuple = ()
     extension_forward_fusion_functions: tuple = ()
     extension_backward_fusion_functions: tuple = ()
     # Bumped by every registration: part of the plan key, so existing fusers re-plan.
@@ -117,7 +118,8 @@ class OperationFuser:
                 op.pre_first_fuser_forward()
             self._first_fuse_done = True
         cls = OperationFuser
-        fusions = (tuple(cls.forward_backward_fusion_functions),
+        fusions = ((*cls.forward_backward_fusion_functions,
+                    *cls.extension_forward_backward_fusion_functions),
                    (*cls.forward_fusion_functions, *cls.extension_forward_fusion_functions),
                    (*cls.backward_fusion_functions, *cls.extension_backward_fusion_functions))
         return build_plan(self._basic_ops, self._routing, recipe, first, fusions)

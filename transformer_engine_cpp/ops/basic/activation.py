@@ -328,8 +328,8 @@ class _ScaledActivation(BasicOperation):
         name = self.__class__.__name__
         if self.activation_recompute_in_mlp:
             raise RuntimeError(
-                f"{name}(activation_recompute_in_mlp=True) needs the fused grouped MLP path, "
-                "which is not available"
+                f"{name}(activation_recompute_in_mlp=True) needs the fused grouped MLP path "
+                "(GroupedMLP: between two GroupedLinear ops whose features match)"
             )
         scales = basic_op_extra_inputs[0][0]
         ctx = basic_op_ctxs[0]

@@ -18,15 +18,7 @@ from ..op import BasicOperation, OperationContext
 
 _GROUPED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
-# the custom ops' OpOverloads (resolved on first use)
-_OPS = {}
-
-
-def _op(name: str):
-    op = _OPS.get(name)
-    if op is None:
-        op = _OPS[name] = getattr(torch.ops.te_cpp, name).default
-    return op
+_ops = torch.ops.te_cpp
 
 
 @dataclasses.dataclass
@@ -270,7 +262,7 @@ class GroupedLinear(BasicOperation):
                 raise ValueError(f"GroupedLinear: the bias scales (extra input 1) must have "
                                  f"shape [{x2.shape[0]}] (one per input row), got "
                                  f"{list(scales.shape)}")
-        y = _op("grouped_linear_fwd")(x2, split_sizes, ws, bs, scales)
+        y = _ops.grouped_linear_fwd.default(x2, split_sizes, ws, bs, scales)
         if ctx.requires_grad:
             ctx.weight_requires_grad = any(w.requires_grad for w in weights)
             ctx.bias_requires_grad = self.use_bias and any(b.requires_grad
@@ -298,7 +290,7 @@ class GroupedLinear(BasicOperation):
             dy = dy.to(ctx.dtype)
         dx = None
         if ctx.input_requires_grad:
-            dx = _op("grouped_linear_dgrad")(dy, split_sizes, list(ws))
+            dx = _ops.grouped_linear_dgrad.default(dy, split_sizes, list(ws))
             dx = dx.reshape(ctx.input_shape)
             if dx.dtype != ctx.input_dtype:
                 dx = dx.to(ctx.input_dtype)
@@ -307,11 +299,11 @@ class GroupedLinear(BasicOperation):
             if self.wgrad_store.delay_wgrad_compute():
                 self.wgrad_store.put((dy, x2, split_sizes))
             else:
-                dws = self._finish_wgrads(_op("grouped_linear_wgrad")(dy, x2, split_sizes))
+                dws = self._finish_wgrads(_ops.grouped_linear_wgrad.default(dy, x2, split_sizes))
         dbs, dscales = [None] * g if self.use_bias else [], None
         if ctx.bias_requires_grad or ctx.scales_requires_grad:
             bias_dtype = self._parameters["bias0"].dtype
-            db_list, ds = _op("grouped_bias_bwd")(dy, split_sizes, bs, scales, bias_dtype)
+            db_list, ds = _ops.grouped_bias_bwd.default(dy, split_sizes, bs, scales, bias_dtype)
             if ctx.bias_requires_grad:
                 dbs = [db if b.requires_grad else None for b, db in zip(self.biases(), db_list)]
             if ctx.scales_requires_grad:
@@ -343,7 +335,7 @@ class GroupedLinear(BasicOperation):
         if not self.need_backward_dw() or self.wgrad_store.empty():
             return
         dy, x2, split_sizes = self.wgrad_store.pop()
-        dws = self._finish_wgrads(_op("grouped_linear_wgrad")(dy, x2, split_sizes))
+        dws = self._finish_wgrads(_ops.grouped_linear_wgrad.default(dy, x2, split_sizes))
         for w, dw in zip(self.weights(), dws):
             if dw is not None and not self._accumulate_into_main_grad:
                 w.grad = dw

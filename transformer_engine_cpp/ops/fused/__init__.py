@@ -4,8 +4,8 @@ Two phases, so that a user's fusion function sees the ops TransformerEngine woul
 
 * the fusions TransformerEngine has, with its conditions, registered in its order (earlier
   registrations match first); fusion functions registered later by users run after them;
-* our extensions (no TransformerEngine counterpart, or wider conditions: activations in the
-  linear epilogue, Bias+activation, the functional residual adds, BackwardActivationBias
+* our extensions (no TransformerEngine counterpart, or wider conditions: the grouped MLP on
+  every device, activations in the linear epilogue, Bias+activation, the functional residual adds, BackwardActivationBias
   without a recipe, BackwardLinearBias), which the fuser applies after every registered one.
 """
 
@@ -30,6 +30,7 @@ from .forward_linear_bias_add import (ForwardLinearBiasAdd, extend_forward_linea
                                       fuse_forward_linear_bias_add)
 from .forward_linear_scale_add import (ForwardLinearScaleAdd, extend_forward_linear_scale_add,
                                        fuse_forward_linear_scale_add)
+from .grouped_mlp import GroupedMLP, fuse_grouped_mlp
 
 register_forward_fusion(fuse_forward_linear_bias_add)
 register_forward_fusion(fuse_forward_linear_bias_activation)
@@ -43,6 +44,7 @@ register_backward_fusion(fuse_backward_add_rmsnorm)
 # registered ones), the linear ones before Bias+activation (so [BasicLinear, Bias, act] stays
 # one GEMM with its epilogue), BackwardLinearBias last (a Bias claimed by an activation, or a
 # linear by an add, stays there).
+OperationFuser.extension_forward_backward_fusion_functions = (fuse_grouped_mlp,)
 OperationFuser.extension_forward_fusion_functions = (
     extend_forward_linear_bias_add,
     extend_forward_linear_bias_activation,
@@ -59,6 +61,6 @@ __all__ = [
     "BackwardActivationBias", "BackwardAddRMSNorm", "BackwardLinearAdd", "BackwardLinearBias",
     "BackwardLinearScale",
     "ForwardBiasActivation",
-    "ForwardLinearBiasActivation", "ForwardLinearBiasAdd", "ForwardLinearScaleAdd",
+    "ForwardLinearBiasActivation", "ForwardLinearBiasAdd", "ForwardLinearScaleAdd", "GroupedMLP",
     "register_backward_fusion", "register_forward_backward_fusion", "register_forward_fusion",
 ]
