@@ -131,6 +131,26 @@ TORCH_LIBRARY(te_cpp, m) {
   define(m, "fp8_gemm(Tensor a, Tensor a_scale_inv, ScalarType a_fp8_dtype, Tensor b, "
             "Tensor b_scale_inv, ScalarType b_fp8_dtype, ScalarType out_dtype) -> Tensor");
 
+  // ---- GroupedLinear: one weight per group of consecutive rows (TransformerEngine's
+  // GroupedLinear). x [T, in] (callers flatten the leading dims); split_sizes int64 [G], G >= 1,
+  // on any device, values >= 0 summing to T: group g owns the next split_sizes[g] rows. The
+  // output shapes depend on the argument shapes only, so the ops trace without data-dependent
+  // shapes; the real kernels read split_sizes on the host (a device tensor is copied: one
+  // synchronisation per call, so these ops cannot be captured in a CUDA graph). --------------
+  // y_t = x_t W_g^T + s_t b_g (s_t = 1 without bias_scales [T], float32 or x's dtype; biases
+  // empty: no bias; bias_scales need biases).
+  define(m, "grouped_linear_fwd(Tensor x, Tensor split_sizes, Tensor[] weights, Tensor[] biases, "
+            "Tensor? bias_scales) -> Tensor");
+  // dx [T, in] = dy_g W_g per group.
+  define(m, "grouped_linear_dgrad(Tensor dy, Tensor split_sizes, Tensor[] weights) -> Tensor");
+  // dW_g [out, in] = dy_g^T x_g per group (zeros for an empty group).
+  define(m, "grouped_linear_wgrad(Tensor dy, Tensor x, Tensor split_sizes) -> Tensor[]");
+  // dbias_g = sum over the rows t of group g of s_t dy_t, in bias_dtype (zeros for an empty
+  // group); with bias_scales, dscales_t = dy_t . b_g in bias_scales's dtype, else an empty [0]
+  // tensor (fixed arity). biases are read for dscales only (may be empty without scales).
+  define(m, "grouped_bias_bwd(Tensor dy, Tensor split_sizes, Tensor[] biases, "
+            "Tensor? bias_scales, ScalarType bias_dtype) -> (Tensor[], Tensor)");
+
   // ---- L2Normalization: y = x * rsqrt(sum(x^2 over the last dim) + eps) --------------------
   // The forward also returns rsqrt_norm (shape x.shape[:-1], fp32; fp64 for fp64 inputs),
   // which the backward takes with the forward's input.

@@ -1,0 +1,423 @@
+// Checks, allocation, Meta kernels and front end of the grouped family (GroupedLinear).
+#include "ops/grouped.h"
+
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <string>
+
+namespace te_cpp {
+
+namespace {
+
+std::string indexed(const char* name, size_t i) {
+  return std::string(name) + "[" + std::to_string(i) + "]";
+}
+
+// The tensors of a list argument share the reference's dtype and device, have `dim` dims, and
+// (when `sizes` is given) those sizes.
+void check_list(const char* op, const char* list_name, at::TensorList list, const char* ref_name,
+                const Tensor& ref, int64_t dim) {
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string name = indexed(list_name, i);
+    const Tensor& t = list[i];
+    check_float(op, name.c_str(), t);
+    check_same_device(op, name.c_str(), t, ref_name, ref);
+    check_same_dtype(op, name.c_str(), t, ref_name, ref);
+    TE_CHECK(t.dim() == dim, op, name, " must be ", dim, "-D, got shape ", shape_str(t));
+    TE_CHECK(t.sym_sizes() == list[0].sym_sizes(), op, "all ", list_name,
+             " must have the same shape, got ", shape_str(list[0]), " and ", shape_str(t),
+             " (", name, ")");
+  }
+}
+
+void check_2d(const char* op, const char* name, const Tensor& t, const char* dims) {
+  TE_CHECK(t.dim() == 2, op, name, " must be 2-D ", dims,
+           " (flatten the leading dims), got shape ", shape_str(t));
+}
+
+void check_count(const char* op, const char* list_name, size_t count, int64_t groups) {
+  TE_CHECK(static_cast<int64_t>(count) == groups, op, "got ", count, " ", list_name,
+           " for ", groups, " groups (split_sizes has ", groups, " entries)");
+}
+
+// bias_scales: [T], float32 or the data's dtype, on its device, and only with biases.
+void check_scales(const char* op, const std::optional<Tensor>& scales, const Tensor& data,
+                  const char* data_name, at::TensorList biases) {
+  if (!scales.has_value()) return;
+  TE_CHECK(!biases.empty(), op, "bias_scales given without biases");
+  const Tensor& s = *scales;
+  TE_CHECK(s.scalar_type() == at::kFloat || s.scalar_type() == data.scalar_type(), op,
+           "bias_scales must be float32 or ", data_name, "'s dtype ", data.scalar_type(),
+           ", got ", s.scalar_type());
+  check_same_device(op, "bias_scales", s, data_name, data);
+  TE_CHECK(s.dim() == 1 && s.sym_size(0) == data.sym_size(0), op, "bias_scales shape ",
+           shape_str(s), " must be [tokens] for ", data_name, " shape ", shape_str(data));
+}
+
+void check_biases(const char* op, at::TensorList biases, int64_t groups, const Tensor& data,
+                  const char* data_name, const c10::SymInt& features) {
+  if (biases.empty()) return;
+  check_count(op, "biases", biases.size(), groups);
+  check_list(op, "biases", biases, data_name, data, 1);
+  TE_CHECK(biases[0].sym_size(0) == features, op, "biases must have shape [out_features] = [",
+           features, "], got ", shape_str(biases[0]));
+}
+
+}  // namespace
+
+int64_t GroupedLinear::num_groups(const char* op, const Tensor& split_sizes) {
+  TE_CHECK(split_sizes.defined(), op, "split_sizes is undefined");
+  TE_CHECK(split_sizes.scalar_type() == at::kLong, op, "split_sizes must be int64, got ",
+           split_sizes.scalar_type());
+  TE_CHECK(split_sizes.dim() == 1, op, "split_sizes must be 1-D [num_groups], got shape ",
+           shape_str(split_sizes));
+  const int64_t groups = split_sizes.sym_size(0).guard_int(__FILE__, __LINE__);
+  TE_CHECK(groups >= 1, op, "split_sizes must have at least one group, got shape ",
+           shape_str(split_sizes));
+  return groups;
+}
+
+std::vector<int64_t> GroupedLinear::row_offsets(const char* op, const Tensor& split_sizes,
+                                                int64_t rows, const char* rows_name) {
+  const Tensor s = split_sizes.to(at::kCPU).contiguous();  // a device tensor: one sync
+  const int64_t* p = s.const_data_ptr<int64_t>();
+  std::vector<int64_t> offsets(static_cast<size_t>(s.numel() + 1), 0);
+  for (int64_t g = 0; g < s.numel(); ++g) {
+    TE_CHECK(p[g] >= 0, op, "split_sizes[", g, "] is ", p[g], "; split sizes must be >= 0");
+    offsets[g + 1] = offsets[g] + p[g];
+  }
+  TE_CHECK(offsets.back() == rows, op, "split_sizes sum to ", offsets.back(), " but ",
+           rows_name, " has ", rows, " rows");
+  return offsets;
+}
+
+void GroupedLinear::check_fwd(const char* op, const Tensor& x, const Tensor& split_sizes,
+                              at::TensorList weights, at::TensorList biases,
+                              const std::optional<Tensor>& bias_scales) {
+  check_float(op, "input", x);
+  check_2d(op, "input", x, "[tokens, in_features]");
+  const int64_t groups = num_groups(op, split_sizes);
+  check_count(op, "weights", weights.size(), groups);
+  check_list(op, "weights", weights, "input", x, 2);
+  TE_CHECK(x.sym_size(1) == weights[0].sym_size(1), op, "input's last dimension (shape ",
+           shape_str(x), ") must equal in_features of the weights (shape ",
+           shape_str(weights[0]), ")");
+  check_biases(op, biases, groups, x, "input", weights[0].sym_size(0));
+  check_scales(op, bias_scales, x, "input", biases);
+}
+
+Tensor GroupedLinear::allocate_fwd(const Tensor& x, at::TensorList weights) {
+  return at::empty_symint({x.sym_size(0), weights[0].sym_size(0)}, x.options());
+}
+
+void GroupedLinear::check_dgrad(const char* op, const Tensor& dy, const Tensor& split_sizes,
+                                at::TensorList weights) {
+  check_float(op, "grad_output", dy);
+  check_2d(op, "grad_output", dy, "[tokens, out_features]");
+  const int64_t groups = num_groups(op, split_sizes);
+  check_count(op, "weights", weights.size(), groups);
+  check_list(op, "weights", weights, "grad_output", dy, 2);
+  TE_CHECK(dy.sym_size(1) == weights[0].sym_size(0), op, "grad_output's last dimension (shape ",
+           shape_str(dy), ") must equal out_features of the weights (shape ",
+           shape_str(weights[0]), ")");
+}
+
+Tensor GroupedLinear::allocate_dgrad(const Tensor& dy, at::TensorList weights) {
+  return at::empty_symint({dy.sym_size(0), weights[0].sym_size(1)}, dy.options());
+}
+
+void GroupedLinear::check_wgrad(const char* op, const Tensor& dy, const Tensor& x,
+                                const Tensor& split_sizes) {
+  check_float(op, "grad_output", dy);
+  check_float(op, "input", x);
+  check_same_device(op, "grad_output", dy, "input", x);
+  check_same_dtype(op, "grad_output", dy, "input", x);
+  check_2d(op, "grad_output", dy, "[tokens, out_features]");
+  check_2d(op, "input", x, "[tokens, in_features]");
+  TE_CHECK(dy.sym_size(0) == x.sym_size(0), op, "grad_output (shape ", shape_str(dy),
+           ") and input (shape ", shape_str(x), ") must have the same number of rows");
+  num_groups(op, split_sizes);
+}
+
+std::vector<Tensor> GroupedLinear::allocate_wgrad(const Tensor& dy, const Tensor& x,
+                                                  const Tensor& split_sizes) {
+  const int64_t groups = split_sizes.sym_size(0).guard_int(__FILE__, __LINE__);
+  std::vector<Tensor> out;
+  out.reserve(static_cast<size_t>(groups));
+  for (int64_t g = 0; g < groups; ++g) {
+    out.push_back(at::empty_symint({dy.sym_size(1), x.sym_size(1)}, dy.options()));
+  }
+  return out;
+}
+
+void GroupedLinear::check_bias_bwd(const char* op, const Tensor& dy, const Tensor& split_sizes,
+                                   at::TensorList biases,
+                                   const std::optional<Tensor>& bias_scales,
+                                   at::ScalarType bias_dtype) {
+  check_float(op, "grad_output", dy);
+  check_2d(op, "grad_output", dy, "[tokens, out_features]");
+  const int64_t groups = num_groups(op, split_sizes);
+  check_biases(op, biases, groups, dy, "grad_output", dy.sym_size(1));
+  check_scales(op, bias_scales, dy, "grad_output", biases);
+  TE_CHECK(is_supported_float(bias_dtype), op,
+           "bias dtype must be float32, float64, bfloat16 or float16, got ", bias_dtype);
+}
+
+std::tuple<std::vector<Tensor>, Tensor> GroupedLinear::allocate_bias_bwd(
+    const Tensor& dy, const Tensor& split_sizes, const std::optional<Tensor>& bias_scales,
+    at::ScalarType bias_dtype) {
+  const int64_t groups = split_sizes.sym_size(0).guard_int(__FILE__, __LINE__);
+  std::vector<Tensor> dbias;
+  dbias.reserve(static_cast<size_t>(groups));
+  for (int64_t g = 0; g < groups; ++g) {
+    dbias.push_back(at::empty_symint({dy.sym_size(1)}, dy.options().dtype(bias_dtype)));
+  }
+  Tensor dscales = bias_scales.has_value()
+                       ? at::empty_symint({dy.sym_size(0)}, bias_scales->options())
+                       : at::empty({0}, dy.options());
+  return {std::move(dbias), std::move(dscales)};
+}
+
+TE_DEFINE_STUB(grouped_gemm_stub, void(c10::ArrayRef<GemmArgs>));
+TE_DEFINE_STUB(grouped_scaled_bias_stub, void(const GroupedScaledBiasArgs&));
+TE_DEFINE_STUB(grouped_bias_bwd_stub, void(const GroupedBiasBwdArgs&));
+
+namespace {
+
+// ---- front end (the CPU and CUDA dispatch keys) ----
+
+using BelowAutograd = at::AutoDispatchBelowADInplaceOrView;
+
+// Element `index` of a contiguous buffer t (index counted in t's elements).
+const void* at_elem(const Tensor& t, int64_t index) {
+  return static_cast<const char*>(t.const_data_ptr()) + index * t.element_size();
+}
+void* at_elem_mut(const Tensor& t, int64_t index) {
+  return static_cast<char*>(t.mutable_data_ptr()) + index * t.element_size();
+}
+
+// A weight W [out, in] as a GEMM operand: row-major (rows ld apart), column-major (W^T
+// row-major, columns ld apart), or else a contiguous copy.
+struct Weight {
+  Tensor keep;  // alive until the GEMMs have run
+  const void* ptr;
+  bool col_major;
+  int64_t ld;
+};
+
+Weight weight_operand(const Tensor& w) {
+  const int64_t r = w.size(0), c = w.size(1), sr = w.stride(0), sc = w.stride(1);
+  if (sc == 1 && (sr >= c || r <= 1)) {
+    return Weight{w, w.const_data_ptr(), false, std::max<int64_t>({sr, c, 1})};
+  }
+  if (sr == 1 && (sc >= r || c <= 1)) {
+    return Weight{w, w.const_data_ptr(), true, std::max<int64_t>({sc, r, 1})};
+  }
+  const Tensor copy = w.contiguous();
+  return Weight{copy, copy.const_data_ptr(), false, std::max<int64_t>(c, 1)};
+}
+
+GemmArgs plain_gemm(at::ScalarType dtype, int64_t m, int64_t n, int64_t k) {
+  GemmArgs g{};
+  g.dtype = dtype;
+  g.m = m, g.n = n, g.k = k;
+  g.ldc = n, g.ldd = n;
+  g.alpha = 1.0, g.beta = 0.0;
+  return g;
+}
+
+Tensor grouped_linear_fwd(const Tensor& x_in, const Tensor& split_sizes,
+                          at::TensorList weights, at::TensorList biases,
+                          const std::optional<Tensor>& bias_scales) {
+  BelowAutograd below_autograd;
+  const char* op = "grouped_linear_fwd";
+  GroupedLinear::check_fwd(op, x_in, split_sizes, weights, biases, bias_scales);
+  const auto guard = device_guard(x_in);
+  Tensor y = GroupedLinear::allocate_fwd(x_in, weights);
+  const std::vector<int64_t> off =
+      GroupedLinear::row_offsets(op, split_sizes, x_in.size(0), "input");
+  if (y.numel() == 0) return y;
+  const Tensor x = x_in.contiguous();
+  const int64_t groups = static_cast<int64_t>(weights.size());
+  const int64_t n = y.size(1), k = x.size(1);
+  const bool scaled = bias_scales.has_value();  // (checked: only with biases)
+  std::vector<Tensor> keep;
+  std::vector<const void*> bias_ptrs;
+  for (const Tensor& b : biases) {
+    keep.push_back(b.contiguous());
+    bias_ptrs.push_back(keep.back().const_data_ptr());
+  }
+  std::vector<GemmArgs> gemms;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t rows = off[g + 1] - off[g];
+    if (rows == 0) continue;
+    const Weight w = weight_operand(weights[g]);
+    keep.push_back(w.keep);
+    GemmArgs a = plain_gemm(x.scalar_type(), rows, n, k);
+    a.a = at_elem(x, off[g] * k), a.trans_a = false, a.lda = std::max<int64_t>(k, 1);
+    a.b = w.ptr, a.trans_b = !w.col_major, a.ldb = w.ld;  // op(B) = W^T
+    a.d = at_elem_mut(y, off[g] * n);
+    if (!biases.empty() && !scaled) {
+      a.epilogue = GemmEpilogue::kBias;
+      a.bias = bias_ptrs[g];
+    }
+    gemms.push_back(a);
+  }
+  const c10::DeviceType dev = x.device().type();
+  grouped_gemm_stub(dev, c10::ArrayRef<GemmArgs>(gemms));
+  if (scaled) {
+    const Tensor s = bias_scales->contiguous();
+    grouped_scaled_bias_stub(dev, GroupedScaledBiasArgs{x.scalar_type(), s.scalar_type(), n, off,
+                                                        bias_ptrs, s.const_data_ptr(),
+                                                        y.mutable_data_ptr()});
+  }
+  return y;
+}
+
+Tensor grouped_linear_dgrad(const Tensor& dy_in, const Tensor& split_sizes,
+                            at::TensorList weights) {
+  BelowAutograd below_autograd;
+  const char* op = "grouped_linear_dgrad";
+  GroupedLinear::check_dgrad(op, dy_in, split_sizes, weights);
+  const auto guard = device_guard(dy_in);
+  Tensor dx = GroupedLinear::allocate_dgrad(dy_in, weights);
+  const std::vector<int64_t> off =
+      GroupedLinear::row_offsets(op, split_sizes, dy_in.size(0), "grad_output");
+  if (dx.numel() == 0) return dx;
+  const Tensor dy = dy_in.contiguous();
+  const int64_t groups = static_cast<int64_t>(weights.size());
+  const int64_t n = dx.size(1), k = dy.size(1);
+  std::vector<Tensor> keep;
+  std::vector<GemmArgs> gemms;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t rows = off[g + 1] - off[g];
+    if (rows == 0) continue;
+    const Weight w = weight_operand(weights[g]);
+    keep.push_back(w.keep);
+    GemmArgs a = plain_gemm(dy.scalar_type(), rows, n, k);
+    a.a = at_elem(dy, off[g] * k), a.trans_a = false, a.lda = std::max<int64_t>(k, 1);
+    a.b = w.ptr, a.trans_b = w.col_major, a.ldb = w.ld;  // op(B) = W
+    a.d = at_elem_mut(dx, off[g] * n);
+    gemms.push_back(a);
+  }
+  grouped_gemm_stub(dy.device().type(), c10::ArrayRef<GemmArgs>(gemms));
+  return dx;
+}
+
+std::vector<Tensor> grouped_linear_wgrad(const Tensor& dy_in, const Tensor& x_in,
+                                         const Tensor& split_sizes) {
+  BelowAutograd below_autograd;
+  const char* op = "grouped_linear_wgrad";
+  GroupedLinear::check_wgrad(op, dy_in, x_in, split_sizes);
+  const auto guard = device_guard(dy_in);
+  std::vector<Tensor> dw = GroupedLinear::allocate_wgrad(dy_in, x_in, split_sizes);
+  const std::vector<int64_t> off =
+      GroupedLinear::row_offsets(op, split_sizes, dy_in.size(0), "grad_output");
+  if (dw[0].numel() == 0) return dw;
+  const Tensor dy = dy_in.contiguous(), x = x_in.contiguous();
+  const int64_t m = dy.size(1), n = x.size(1);
+  // every group, the empty ones too: a GEMM with k = 0 writes the zeros of their dW
+  std::vector<GemmArgs> gemms;
+  for (size_t g = 0; g < dw.size(); ++g) {
+    const int64_t rows = off[g + 1] - off[g];
+    GemmArgs a = plain_gemm(dy.scalar_type(), m, n, rows);
+    a.a = at_elem(dy, off[g] * m), a.trans_a = true, a.lda = m;  // op(A) = dy_g^T
+    a.b = at_elem(x, off[g] * n), a.trans_b = false, a.ldb = n;
+    a.d = dw[g].mutable_data_ptr();
+    gemms.push_back(a);
+  }
+  grouped_gemm_stub(dy.device().type(), c10::ArrayRef<GemmArgs>(gemms));
+  return dw;
+}
+
+std::tuple<std::vector<Tensor>, Tensor> grouped_bias_bwd(const Tensor& dy_in,
+                                                         const Tensor& split_sizes,
+                                                         at::TensorList biases,
+                                                         const std::optional<Tensor>& scales_in,
+                                                         at::ScalarType bias_dtype) {
+  BelowAutograd below_autograd;
+  const char* op = "grouped_bias_bwd";
+  GroupedLinear::check_bias_bwd(op, dy_in, split_sizes, biases, scales_in, bias_dtype);
+  const auto guard = device_guard(dy_in);
+  auto [dbias, dscales] =
+      GroupedLinear::allocate_bias_bwd(dy_in, split_sizes, scales_in, bias_dtype);
+  const std::vector<int64_t> off =
+      GroupedLinear::row_offsets(op, split_sizes, dy_in.size(0), "grad_output");
+  const int64_t features = dy_in.size(1);
+  if (features == 0) {
+    if (scales_in.has_value()) dscales.zero_();  // dots over no features
+    return {std::move(dbias), std::move(dscales)};
+  }
+  const Tensor dy = dy_in.contiguous();
+  std::vector<Tensor> keep;
+  std::vector<const void*> bias_ptrs;
+  std::vector<void*> dbias_ptrs;
+  for (const Tensor& d : dbias) dbias_ptrs.push_back(d.mutable_data_ptr());
+  Tensor scales;
+  if (scales_in.has_value()) {
+    scales = scales_in->contiguous();
+    for (const Tensor& b : biases) {
+      keep.push_back(b.contiguous());
+      bias_ptrs.push_back(keep.back().const_data_ptr());
+    }
+  }
+  const bool scaled = scales.defined();
+  grouped_bias_bwd_stub(
+      dy.device().type(),
+      GroupedBiasBwdArgs{dy.scalar_type(), bias_dtype,
+                         scaled ? scales.scalar_type() : dy.scalar_type(), features, off,
+                         dy.const_data_ptr(), scaled ? scales.const_data_ptr() : nullptr,
+                         dbias_ptrs, bias_ptrs, scaled ? dscales.mutable_data_ptr() : nullptr});
+  return {std::move(dbias), std::move(dscales)};
+}
+
+void register_front_ends(torch::Library& m) {
+  m.impl("grouped_linear_fwd", grouped_linear_fwd);
+  m.impl("grouped_linear_dgrad", grouped_linear_dgrad);
+  m.impl("grouped_linear_wgrad", grouped_linear_wgrad);
+  m.impl("grouped_bias_bwd", grouped_bias_bwd);
+}
+
+// ---- Meta kernels: checks and shapes only (the split values are never read) ----
+
+Tensor grouped_linear_fwd_meta(const Tensor& x, const Tensor& split_sizes,
+                               at::TensorList weights, at::TensorList biases,
+                               const std::optional<Tensor>& bias_scales) {
+  GroupedLinear::check_fwd("grouped_linear_fwd", x, split_sizes, weights, biases, bias_scales);
+  return GroupedLinear::allocate_fwd(x, weights);
+}
+
+Tensor grouped_linear_dgrad_meta(const Tensor& dy, const Tensor& split_sizes,
+                                 at::TensorList weights) {
+  GroupedLinear::check_dgrad("grouped_linear_dgrad", dy, split_sizes, weights);
+  return GroupedLinear::allocate_dgrad(dy, weights);
+}
+
+std::vector<Tensor> grouped_linear_wgrad_meta(const Tensor& dy, const Tensor& x,
+                                              const Tensor& split_sizes) {
+  GroupedLinear::check_wgrad("grouped_linear_wgrad", dy, x, split_sizes);
+  return GroupedLinear::allocate_wgrad(dy, x, split_sizes);
+}
+
+std::tuple<std::vector<Tensor>, Tensor> grouped_bias_bwd_meta(
+    const Tensor& dy, const Tensor& split_sizes, at::TensorList biases,
+    const std::optional<Tensor>& bias_scales, at::ScalarType bias_dtype) {
+  GroupedLinear::check_bias_bwd("grouped_bias_bwd", dy, split_sizes, biases, bias_scales,
+                                bias_dtype);
+  return GroupedLinear::allocate_bias_bwd(dy, split_sizes, bias_scales, bias_dtype);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(te_cpp, Meta, m) {
+  m.impl("grouped_linear_fwd", grouped_linear_fwd_meta);
+  m.impl("grouped_linear_dgrad", grouped_linear_dgrad_meta);
+  m.impl("grouped_linear_wgrad", grouped_linear_wgrad_meta);
+  m.impl("grouped_bias_bwd", grouped_bias_bwd_meta);
+}
+
+TE_REGISTER_FRONT_ENDS(register_front_ends)
+
+}  // namespace te_cpp
