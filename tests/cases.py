@@ -797,9 +797,35 @@ def _samples_fp8_current_scale(dtype):
     return out
 
 
+def _samples_grouped(dtype):
+    """The grouped family (GroupedLinear; numerics in tests/test_grouped_ops.py): uneven splits
+    with an empty and a one-row group, all rows in one group, one group, and no rows; with and
+    without biases and bias scales (float32 and the compute dtype)."""
+    out = []
+    in_f, out_f = 6, 5
+    for splits in ([3, 0, 1, 4], [0, 7, 0], [5], [0, 0]):
+        groups, rows = len(splits), sum(splits)
+        split_sizes = torch.tensor(splits, dtype=torch.int64)
+        x = _rand(rows, in_f, dtype=dtype)
+        dy = _rand(rows, out_f, dtype=dtype)
+        weights = [_rand(out_f, in_f, dtype=dtype) for _ in range(groups)]
+        biases = [_rand(out_f, dtype=dtype) for _ in range(groups)]
+        for scales in (torch.rand(rows) + 0.5, (torch.rand(rows) + 0.5).to(dtype)):
+            out.append((te_ops.grouped_linear_fwd, (x, split_sizes, weights, biases, scales)))
+            out.append((te_ops.grouped_bias_bwd, (dy, split_sizes, biases, scales, dtype)))
+        out.append((te_ops.grouped_linear_fwd, (x, split_sizes, weights, biases, None)))
+        out.append((te_ops.grouped_linear_fwd, (x, split_sizes, weights, [], None)))
+        out.append((te_ops.grouped_linear_dgrad, (dy, split_sizes, weights)))
+        out.append((te_ops.grouped_linear_wgrad, (dy, x, split_sizes)))
+        out.append((te_ops.grouped_bias_bwd, (dy, split_sizes, [], None, torch.float32)))
+        out.append((te_ops.grouped_bias_bwd, (dy, split_sizes, biases, None, dtype)))
+    return _with_non_contiguous(out)
+
+
 STANDALONE_OPCHECK_SAMPLES = {"quantize": _samples_quantize, "fp8_gemm": _samples_fp8_gemm,
                               "fp8_amax": _samples_fp8_amax,
-                              "fp8_current_scale": _samples_fp8_current_scale}
+                              "fp8_current_scale": _samples_fp8_current_scale,
+                              "grouped": _samples_grouped}
 
 #: Custom ops whose tensor arguments always have exactly one element, so no zero-size and no
 #: non-contiguous sample of them exists (a tensor of one element is contiguous whatever its
