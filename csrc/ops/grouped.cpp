@@ -239,26 +239,32 @@ Tensor grouped_linear_fwd(const Tensor& x_in, const Tensor& split_sizes,
   const std::vector<int64_t> off =
       GroupedLinear::row_offsets(op, split_sizes, x_in.size(0), "input");
   if (y.numel() == 0) return y;
-  const Tensor x = x_in.contiguous();
+  const bool scaled = bias_scales.has_value();  // (checked: only with biases)
+  // With scales in bf16 / fp16, s_t b_g is added to an fp32 GEMM output (the operands'
+  // values exactly, fp32 accumulation as the reduced-precision GEMM) and y rounded once; the
+  // GEMM's own rounding before the add would cost up to an ulp of x W^T where the two cancel.
+  const at::ScalarType dtype = x_in.scalar_type();
+  const bool widen = scaled && (dtype == at::kBFloat16 || dtype == at::kHalf);
+  const Tensor x = widen ? x_in.to(at::kFloat).contiguous() : x_in.contiguous();
+  Tensor out = widen ? at::empty(y.sizes(), y.options().dtype(at::kFloat)) : y;
   const int64_t groups = static_cast<int64_t>(weights.size());
   const int64_t n = y.size(1), k = x.size(1);
-  const bool scaled = bias_scales.has_value();  // (checked: only with biases)
   std::vector<Tensor> keep;
   std::vector<const void*> bias_ptrs;
   for (const Tensor& b : biases) {
-    keep.push_back(b.contiguous());
+    keep.push_back(widen ? b.to(at::kFloat).contiguous() : b.contiguous());
     bias_ptrs.push_back(keep.back().const_data_ptr());
   }
   std::vector<GemmArgs> gemms;
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t rows = off[g + 1] - off[g];
     if (rows == 0) continue;
-    const Weight w = weight_operand(weights[g]);
+    const Weight w = weight_operand(widen ? weights[g].to(at::kFloat) : weights[g]);
     keep.push_back(w.keep);
     GemmArgs a = plain_gemm(x.scalar_type(), rows, n, k);
     a.a = at_elem(x, off[g] * k), a.trans_a = false, a.lda = std::max<int64_t>(k, 1);
     a.b = w.ptr, a.trans_b = !w.col_major, a.ldb = w.ld;  // op(B) = W^T
-    a.d = at_elem_mut(y, off[g] * n);
+    a.d = at_elem_mut(out, off[g] * n);
     if (!biases.empty() && !scaled) {
       a.epilogue = GemmEpilogue::kBias;
       a.bias = bias_ptrs[g];
@@ -268,10 +274,11 @@ Tensor grouped_linear_fwd(const Tensor& x_in, const Tensor& split_sizes,
   const c10::DeviceType dev = x.device().type();
   grouped_gemm_stub(dev, c10::ArrayRef<GemmArgs>(gemms));
   if (scaled) {
-    const Tensor s = bias_scales->contiguous();
+    const Tensor s = widen ? bias_scales->to(at::kFloat).contiguous() : bias_scales->contiguous();
     grouped_scaled_bias_stub(dev, GroupedScaledBiasArgs{x.scalar_type(), s.scalar_type(), n, off,
                                                         bias_ptrs, s.const_data_ptr(),
-                                                        y.mutable_data_ptr()});
+                                                        out.mutable_data_ptr()});
+    if (widen) y.copy_(out);
   }
   return y;
 }
