@@ -90,4 +90,17 @@ struct GroupedLinear {
                                           int64_t rows, const char* rows_name);
 };
 
+// The backends' dispatch on the bias scales' type: calls f with a null S* for S = float or
+// the data type T (the only two the checks let through).
+template <typename T, typename F>
+void with_scale_type(at::ScalarType scale_dtype, const F& f) {
+  if (scale_dtype == at::kFloat) {
+    f(static_cast<float*>(nullptr));
+  } else {
+    TORCH_INTERNAL_ASSERT(scale_dtype == c10::CppTypeToScalarType<T>::value,
+                          "grouped: bias_scales dtype ", scale_dtype);
+    f(static_cast<T*>(nullptr));
+  }
+}
+
 }  // namespace te_cpp

@@ -151,3 +151,22 @@ def _check_in_place(op: str, in_place) -> bool:
     if not isinstance(in_place, bool):
         raise TypeError(f"{op}: in_place must be a bool, got {type(in_place).__name__}")
     return in_place
+
+
+def accumulate_main_grad(weight: torch.nn.Parameter, dw: torch.Tensor, who: str, name: str):
+    """``accumulate_into_main_grad``: dW added into ``weight.main_grad`` (which the caller
+    allocates; copied instead when ``weight.overwrite_main_grad``). Returns the gradient autograd
+    gets: TransformerEngine's (Megatron's) convention, a dummy zero grad for a parameter that
+    tracks ``grad_added_to_main_grad`` (the flag set), else None."""
+    main_grad = getattr(weight, "main_grad", None)
+    if main_grad is None:
+        raise RuntimeError(f"{who}: accumulate_into_main_grad=True needs {name}.main_grad "
+                           "(allocate it before the backward pass)")
+    if getattr(weight, "overwrite_main_grad", False):
+        main_grad.copy_(dw)
+    else:
+        main_grad.add_(dw.to(main_grad.dtype))
+    if hasattr(weight, "grad_added_to_main_grad"):
+        weight.grad_added_to_main_grad = True
+        return torch.zeros_like(weight)
+    return None

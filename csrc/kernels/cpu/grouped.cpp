@@ -39,18 +39,6 @@ void grouped_gemm_cpu(c10::ArrayRef<GemmArgs> gemms) {
   for (const GemmArgs& g : gemms) gemm_stub(c10::DeviceType::CPU, g);
 }
 
-// Calls f with a null S* for the scales' type S: float, or the data type T.
-template <typename T, typename F>
-void with_scale_type(at::ScalarType scale_dtype, const F& f) {
-  if (scale_dtype == at::kFloat) {
-    f(static_cast<float*>(nullptr));
-  } else {
-    TORCH_INTERNAL_ASSERT(scale_dtype == c10::CppTypeToScalarType<T>::value,
-                          "grouped: bias_scales dtype ", scale_dtype);
-    f(static_cast<T*>(nullptr));
-  }
-}
-
 // The group of row r: offsets[g] <= r < offsets[g + 1] (the last such g: empty groups share
 // their offset with the next one).
 int64_t group_of(c10::ArrayRef<int64_t> offsets, int64_t r) {

@@ -19,18 +19,6 @@ void grouped_gemm_cuda(c10::ArrayRef<GemmArgs> gemms) {
   for (const GemmArgs& g : gemms) gemm_stub(c10::DeviceType::CUDA, g);
 }
 
-// Calls f with a null S* for the scales' type S: float, or the data type T.
-template <typename T, typename F>
-void with_scale_type(at::ScalarType scale_dtype, const F& f) {
-  if (scale_dtype == at::kFloat) {
-    f(static_cast<float*>(nullptr));
-  } else {
-    TORCH_INTERNAL_ASSERT(scale_dtype == c10::CppTypeToScalarType<T>::value,
-                          "grouped: bias_scales dtype ", scale_dtype);
-    f(static_cast<T*>(nullptr));
-  }
-}
-
 // y[r, j] += s[r] * bias[j] over the rows x n elements of a group (y and s at its first row).
 // In place: each element is read and written by one thread.
 template <typename T, typename S>

@@ -8,8 +8,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .._common import (autocast_dtype, canonicalize_device, canonicalize_dtype, check_numel,
-                       check_size, compute_dtype, init_parameter, materialize_device)
+from .._common import (accumulate_main_grad, autocast_dtype, canonicalize_device,
+                       canonicalize_dtype, check_numel, check_size, compute_dtype, init_parameter,
+                       materialize_device)
 from ... import _comm
 from ...quantization import FP8GlobalStateManager, RecipeState
 from ...quantization.quantizer import Float8CurrentScalingQuantizer, Float8Quantizer
@@ -586,21 +587,7 @@ class BasicLinear(BasicOperation):
         return _comm.wait(dx), (self._finish_wgrad(dw),)
 
     def _accumulate_main_grad(self, dw: torch.Tensor):
-        weight = self.weight
-        main_grad = getattr(weight, "main_grad", None)
-        if main_grad is None:
-            raise RuntimeError("BasicLinear: accumulate_into_main_grad=True needs "
-                               "weight.main_grad (allocate it before the backward pass)")
-        if getattr(weight, "overwrite_main_grad", False):
-            main_grad.copy_(dw)
-        else:
-            main_grad.add_(dw.to(main_grad.dtype))
-        # TransformerEngine's (Megatron's) convention: a parameter that tracks
-        # grad_added_to_main_grad gets the flag set and a dummy zero .grad; any other gets none
-        if hasattr(weight, "grad_added_to_main_grad"):
-            weight.grad_added_to_main_grad = True
-            return torch.zeros_like(weight)
-        return None
+        return accumulate_main_grad(self.weight, dw, "BasicLinear", "weight")
 
     def extra_repr(self) -> str:
         text = f"in_features={self.in_features}, out_features={self.out_features}"

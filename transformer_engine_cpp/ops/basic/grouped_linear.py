@@ -11,8 +11,9 @@ from typing import Callable, Optional
 
 import torch
 
-from .._common import (autocast_dtype, canonicalize_device, canonicalize_dtype, check_numel,
-                       check_size, init_parameter, materialize_device)
+from .._common import (accumulate_main_grad, autocast_dtype, canonicalize_device,
+                       canonicalize_dtype, check_numel, check_size, init_parameter,
+                       materialize_device)
 from .. import _quantized
 from ..op import BasicOperation, OperationContext
 
@@ -316,11 +317,11 @@ class GroupedLinear(BasicOperation):
         """Each dW as its weight's gradient: added into ``weight{i}.main_grad`` with
         accumulate_into_main_grad, else in the weight's dtype."""
         out = []
-        for w, dw in zip(self.weights(), dws):
+        for i, (w, dw) in enumerate(zip(self.weights(), dws)):
             if not w.requires_grad:
                 out.append(None)
             elif self._accumulate_into_main_grad:
-                out.append(_accumulate_main_grad(w, dw))
+                out.append(accumulate_main_grad(w, dw, "GroupedLinear", f"weight{i}"))
             else:
                 out.append(dw if dw.dtype == w.dtype else dw.to(w.dtype))
         return out
@@ -347,20 +348,3 @@ class GroupedLinear(BasicOperation):
             text += ", scale_bias=True"
         return text
 
-
-def _accumulate_main_grad(weight: torch.nn.Parameter, dw: torch.Tensor):
-    """Megatron's convention, as BasicLinear's: dW into ``weight.main_grad`` (overwritten with
-    ``weight.overwrite_main_grad``); a dummy zero grad for a parameter that tracks
-    ``grad_added_to_main_grad``, else none."""
-    main_grad = getattr(weight, "main_grad", None)
-    if main_grad is None:
-        raise RuntimeError("GroupedLinear: accumulate_into_main_grad=True needs "
-                           "weight{i}.main_grad on every weight (allocate it before backward)")
-    if getattr(weight, "overwrite_main_grad", False):
-        main_grad.copy_(dw)
-    else:
-        main_grad.add_(dw.to(main_grad.dtype))
-    if hasattr(weight, "grad_added_to_main_grad"):
-        weight.grad_added_to_main_grad = True
-        return torch.zeros_like(weight)
-    return None
