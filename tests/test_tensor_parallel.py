@@ -619,7 +619,120 @@ def _special_realistic_size(rank, world):
     torch.testing.assert_close(_gather(tp[1].weight.grad, 1), ref[1].weight.grad, **FP32)
 
 
+def _special_edge_inputs(rank, world):
+    """Per mode: a non-contiguous local input (a transposed view) gives the contiguous one's
+    results; under inference_mode the output equals the grad-mode one bitwise; zero tokens give
+    empty outputs and input grads and zero weight grads."""
+    for mode, sp in MODES:
+        ref, tp, x, xl, dy, dyl = _tp_pair(rank, world, mode, sp)
+        xnc = xl.t().contiguous().t().requires_grad_()
+        assert not xnc.is_contiguous()
+        y_ref, y = ref(x.requires_grad_()), tp(xnc)
+        y_ref.backward(dy)
+        y.backward(dyl)
+        torch.testing.assert_close(_full_y(y.detach(), mode, sp), y_ref.detach(), **FP32)
+        torch.testing.assert_close(_full_dx(xnc.grad, mode, sp), x.grad, **FP32)
+        torch.testing.assert_close(_full_dw(tp.weight.grad, mode), ref.weight.grad, **FP32)
+        with torch.inference_mode():
+            y_inf = tp(xl.detach())
+        torch.testing.assert_close(y_inf, y.detach(), rtol=0, atol=0)
+        tp.weight.grad = None
+        x0 = xl[:0].detach().requires_grad_()
+        y0 = tp(x0)
+        y0.backward(torch.ones_like(y0))
+        assert y0.shape[0] == 0 and x0.grad.shape == x0.shape, f"{mode} sp={sp}"
+        assert torch.count_nonzero(tp.weight.grad) == 0, f"{mode} sp={sp}"
+
+
+def _special_fp16(rank, world):
+    """fp16, column mode without sequence parallelism (no fp16 partial sums are reduced): y and
+    dW against a float64 reference within the fp16 tolerance."""
+    ref, tp, x, xl, dy, dyl = _tp_pair(rank, world, "column", False, dtype=torch.float16)
+    xr = x.double().requires_grad_()
+    wr = ref.weight.detach().double().requires_grad_()
+    y_ref = xr @ wr.t()
+    y_ref.backward(dy.double())
+    xl.requires_grad_()
+    y = tp(xl)
+    y.backward(dyl)
+    fp16 = TOLERANCES[torch.float16]
+    torch.testing.assert_close(_full_y(y.detach(), "column", False).double(), y_ref.detach(),
+                               **fp16)
+    torch.testing.assert_close(_full_dw(tp.weight.grad, "column").double(), wr.grad, **fp16)
+
+
+def _special_bias_only_training(rank, world):
+    """Linear with a frozen weight and a trained bias, per mode: the bias gradient (row mode:
+    each rank's full-size bias gets the full db) and dx equal the single process's."""
+    for mode, sp in MODES:
+        g = dist.group.WORLD
+        ref = te.ops.Linear(IN_FEATURES, OUT_FEATURES)
+        tp = te.ops.Linear(IN_FEATURES, OUT_FEATURES, tensor_parallel_mode=mode,
+                           tensor_parallel_group=g, sequence_parallel=sp)
+        w, b = _rand(2, OUT_FEATURES, IN_FEATURES, dtype=torch.float32), _rand(
+            4, OUT_FEATURES, dtype=torch.float32)
+        col = mode == "column"
+        with torch.no_grad():
+            ref.weight.copy_(w)
+            ref.bias.copy_(b)
+            tp.weight.copy_(_shard(w, 0 if col else 1, rank, world))
+            tp.bias.copy_(_shard(b, 0, rank, world) if col else b / world)
+        for op in (ref, tp):
+            op.weight.requires_grad_(False)
+        x, dy = _rand(1, TOKENS, IN_FEATURES, dtype=torch.float32), _rand(
+            3, TOKENS, OUT_FEATURES, dtype=torch.float32)
+        if col:
+            xl = _shard(x, 0, rank, world) if sp else x.clone()
+            dyl = _shard(dy, 1, rank, world)
+        else:
+            xl = _shard(x, 1, rank, world)
+            dyl = _shard(dy, 0, rank, world) if sp else dy.clone()
+        xr, xl = x.requires_grad_(), xl.requires_grad_()
+        ref(xr).backward(dy)
+        tp(xl).backward(dyl)
+        assert tp.weight.grad is None
+        db = _gather(tp.bias.grad, 0) if col else tp.bias.grad
+        torch.testing.assert_close(db, ref.bias.grad, **FP32)
+        torch.testing.assert_close(_full_dx(xl.grad, mode, sp), xr.grad, **FP32)
+
+
+def _special_in_place_residual(rank, world):
+    """The Megatron block with an in-place residual (MakeExtraOutput / AddExtraInput with
+    in_place=True) beside the linears that save their inputs: output and input gradient equal
+    the single process's."""
+    def block(parallel):
+        kw1 = dict(tensor_parallel_mode="column", sequence_parallel=True) if parallel else {}
+        kw2 = dict(tensor_parallel_mode="row", sequence_parallel=True) if parallel else {}
+        return te.ops.Sequential(
+            te.ops.MakeExtraOutput(in_place=True).set_extra_output_channel(
+                0, "residual", output_to_caller=False),
+            te.ops.LayerNorm(H),
+            te.ops.Linear(H, F, **kw1), te.ops.GELU(), te.ops.Linear(F, H, **kw2),
+            te.ops.AddExtraInput(in_place=True).set_extra_input_channel(0, "residual"))
+    T, H, F = TOKENS, IN_FEATURES, 2 * IN_FEATURES
+    x, dy = _rand(5, T, H, dtype=torch.float32), _rand(6, T, H, dtype=torch.float32)
+    ref, tp = block(False), block(True)
+    with torch.no_grad():
+        ref[2].bias.copy_(_rand(7, F, dtype=torch.float32))
+        ref[4].bias.copy_(_rand(8, H, dtype=torch.float32))
+        tp[2].weight.copy_(_shard(ref[2].weight, 0, rank, world))
+        tp[2].bias.copy_(_shard(ref[2].bias, 0, rank, world))
+        tp[4].weight.copy_(_shard(ref[4].weight, 1, rank, world))
+        tp[4].bias.copy_(ref[4].bias / world)
+    xr, xl = x.clone().requires_grad_(), _shard(x, 0, rank, world).requires_grad_()
+    y_ref, y = ref(xr), tp(xl)
+    y_ref.backward(dy)
+    y.backward(_shard(dy, 0, rank, world))
+    torch.testing.assert_close(_gather(y.detach(), 0), y_ref.detach(), **FP32)
+    torch.testing.assert_close(_gather(xl.grad, 0), xr.grad, **FP32)
+    torch.testing.assert_close(_gather(tp[2].weight.grad, 0), ref[2].weight.grad, **FP32)
+
+
 _SPECIAL = {
+    "edge_inputs": _special_edge_inputs,
+    "fp16_column": _special_fp16,
+    "bias_only_training": _special_bias_only_training,
+    "in_place_residual": _special_in_place_residual,
     "frozen_weight": _special_frozen_weight,
     "input_needs_no_grad": _special_input_needs_no_grad,
     "accumulate_into_main_grad": _special_main_grad,
