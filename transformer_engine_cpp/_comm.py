@@ -44,12 +44,6 @@ def group_size(who: str, group: Optional[dist.ProcessGroup]) -> int:
     return dist.get_world_size(group)
 
 
-def group_rank(who: str, group: Optional[dist.ProcessGroup]) -> int:
-    """This process's rank in ``group`` (the default group when None)."""
-    check_initialized(who)
-    return dist.get_rank(group)
-
-
 def wait(tensor):
     """The result of a collective: waits for an eager asynchronous one (a no-op when traced,
     where the graph carries the wait, and for any other tensor)."""
@@ -58,7 +52,7 @@ def wait(tensor):
     return tensor
 
 
-def all_gather(tensor: torch.Tensor, group: dist.ProcessGroup, size: int, *, who: str,
+def all_gather(tensor: torch.Tensor, group: dist.ProcessGroup, *, who: str,
                what: str) -> torch.Tensor:
     """Concatenation along dim 0 of every rank's ``tensor``, in rank order (asynchronous)."""
     if tensor.dim() == 0:

@@ -13,7 +13,7 @@ class AllGather(CommunicationOperation):
     rank both passes are the identity. A quantized input is gathered dequantized."""
 
     def _forward_collective(self, x, group, size):
-        return _comm.all_gather(x, group, size, who="AllGather", what="input")
+        return _comm.all_gather(x, group, who="AllGather", what="input")
 
     def _backward_collective(self, dy, group, size):
         return _comm.reduce_scatter(dy, group, size, who="AllGather", what="output gradient")

@@ -13,7 +13,7 @@ from .._common import (accumulate_main_grad, autocast_dtype, canonicalize_device
                        materialize_device)
 from ... import _comm
 from ...quantization import FP8GlobalStateManager, RecipeState
-from ...quantization.quantizer import Float8CurrentScalingQuantizer, Float8Quantizer
+from ...quantization.quantizer import Float8CurrentScalingQuantizer, _PerTensorQuantizer
 from ...quantization.tensor import (Float8Tensor, Float8TensorStorage, QuantizedTensor,
                                     QuantizedTensorStorage, as_storage)
 from .. import _quantized
@@ -235,8 +235,7 @@ class BasicLinear(BasicOperation):
         self._configure_amax_reduction()
         w = self._parameters.get("weight")
         q = self.get_quantizer("forward", 1)
-        if isinstance(w, Float8Tensor) and isinstance(q, (Float8Quantizer,
-                                                          Float8CurrentScalingQuantizer)):
+        if isinstance(w, Float8Tensor) and isinstance(q, _PerTensorQuantizer):
             w.update_quantizer(q)
 
     def compile_unsupported_reason(self) -> Optional[str]:
@@ -299,37 +298,35 @@ class BasicLinear(BasicOperation):
         dim-0 chunk, all-gathered; otherwise ``x``. (The fused forwards call it too.)"""
         if not self._gathers_input:
             return x
-        return _comm.wait(_comm.all_gather(x, self.tensor_parallel_group,
-                                           self.tensor_parallel_size,
-                                           who=type(self).__name__, what="input"))
+        return _comm.wait(self._start_gather(x, "input"))
 
     def reduce_output(self, y: torch.Tensor) -> torch.Tensor:
         """Row parallelism: the partial products summed over the ranks (all-reduce), or with
         sequence parallelism this rank's dim-0 chunk of the sum (reduce-scatter)."""
         if self.tensor_parallel_mode != "row":
             return y
-        group = self.tensor_parallel_group
-        if self.sequence_parallel:
-            return _comm.wait(_comm.reduce_scatter(y, group, self.tensor_parallel_size,
-                                                   who=type(self).__name__, what="output"))
-        return _comm.wait(_comm.all_reduce(y, group))
+        return _comm.wait(self._start_reduction(y, "output"))
 
     def _start_grad_input_reduction(self, dx: torch.Tensor):
-        """Column parallelism: dx summed over the ranks (all-reduce), or with sequence
-        parallelism this rank's dim-0 chunk of the sum (reduce-scatter); asynchronous, so the
-        wgrad GEMM overlaps it. The caller waits (``_comm.wait``)."""
+        """Column parallelism: dx summed over the ranks as ``reduce_output`` sums y;
+        asynchronous, so the wgrad GEMM overlaps it. The caller waits (``_comm.wait``)."""
         if self.tensor_parallel_mode != "column":
             return dx
+        return self._start_reduction(dx, "input gradient")
+
+    def _start_reduction(self, t: torch.Tensor, what: str):
+        """An asynchronous sum of ``t`` over the tensor-parallel group: this rank's dim-0 chunk
+        of it with sequence parallelism (reduce-scatter), else all of it (all-reduce)."""
         group = self.tensor_parallel_group
         if self.sequence_parallel:
-            return _comm.reduce_scatter(dx, group, self.tensor_parallel_size,
-                                        who=type(self).__name__, what="input gradient")
-        return _comm.all_reduce(dx, group)
+            return _comm.reduce_scatter(t, group, self.tensor_parallel_size,
+                                        who=type(self).__name__, what=what)
+        return _comm.all_reduce(t, group)
 
     def _start_gather(self, t: torch.Tensor, what: str):
         """An asynchronous all-gather of ``t`` over the tensor-parallel group."""
-        return _comm.all_gather(t, self.tensor_parallel_group, self.tensor_parallel_size,
-                                who=type(self).__name__, what=what)
+        return _comm.all_gather(t, self.tensor_parallel_group, who=type(self).__name__,
+                                what=what)
 
     def _gather_quantized(self, x, quantizer, what: str, *, rowwise: bool, columnwise: bool):
         """The all-gathered operand of a sequence-parallel GEMM, quantized, and the local
@@ -340,7 +337,7 @@ class BasicLinear(BasicOperation):
         quantization of the gathered tensor. Anything else (MXFP8, whose blocks follow the
         gathered layout, or an input another quantizer made) is gathered in high precision and
         quantized whole."""
-        per_tensor = isinstance(quantizer, (Float8CurrentScalingQuantizer, Float8Quantizer))
+        per_tensor = isinstance(quantizer, _PerTensorQuantizer)
         local = None
         if _quantized.is_storage(x):
             if per_tensor and isinstance(x, Float8TensorStorage) and x._quantizer is quantizer:
@@ -374,19 +371,17 @@ class BasicLinear(BasicOperation):
                 q.amax_reduction_group = self.tensor_parallel_group
 
     def get_input_quantizer(self):
-        # an operand gathered in high precision (see _gather_quantized) is not taken quantized
-        q = super().get_input_quantizer()
-        if self._gathers_input and not isinstance(q, (Float8CurrentScalingQuantizer,
-                                                      Float8Quantizer)):
-            return None
-        return q
+        return self._neighbour_quantizer(super().get_input_quantizer(), self._gathers_input)
 
     def get_grad_output_quantizer(self):
-        q = super().get_grad_output_quantizer()
-        if self._gathers_grad_output and not isinstance(q, (Float8CurrentScalingQuantizer,
-                                                            Float8Quantizer)):
-            return None
-        return q
+        return self._neighbour_quantizer(super().get_grad_output_quantizer(),
+                                         self._gathers_grad_output)
+
+    @staticmethod
+    def _neighbour_quantizer(q, gathered: bool):
+        """The quantizer a neighbour may emit with: none for an operand that is gathered in
+        high precision (not per-tensor FP8, see _gather_quantized)."""
+        return None if gathered and not isinstance(q, _PerTensorQuantizer) else q
 
     # ---- FP8 -----------------------------------------------------------------------------------
 

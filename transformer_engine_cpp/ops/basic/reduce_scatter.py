@@ -18,4 +18,4 @@ class ReduceScatter(CommunicationOperation):
         return _comm.reduce_scatter(x, group, size, who="ReduceScatter", what="input")
 
     def _backward_collective(self, dy, group, size):
-        return _comm.all_gather(dy, group, size, who="ReduceScatter", what="output gradient")
+        return _comm.all_gather(dy, group, who="ReduceScatter", what="output gradient")
