@@ -150,6 +150,25 @@ TORCH_LIBRARY(te_cpp, m) {
   // tensor (fixed arity). biases are read for dscales only (may be empty without scales).
   define(m, "grouped_bias_bwd(Tensor dy, Tensor split_sizes, Tensor[] biases, "
             "Tensor? bias_scales, ScalarType bias_dtype) -> (Tensor[], Tensor)");
+  // Per-group FP8 of x [T, K] (TransformerEngine's split-quantize for GroupedLinear's
+  // recipes): group g's rows are quantized with their own per-tensor scale, from their amax
+  // (current scaling, scales None: force_pow_2_scales and amax_epsilons[g] as fp8_quantize's)
+  // or scales[g] (delayed scaling, scales float32 [G]): data uint8 [T, K], scale_inv and amax
+  // float32 [G] (each group's fp8_quantize / fp8_quantize_scaled outputs). amax_epsilons has
+  // one entry per group (each group's quantizer's).
+  define(m, "grouped_fp8_quantize(Tensor x, Tensor split_sizes, Tensor? scales, "
+            "ScalarType fp8_dtype, bool force_pow_2_scales, float[] amax_epsilons) "
+            "-> (Tensor data, Tensor scale_inv, Tensor amax)");
+  // data [T, K] * scale_inv[g] over group g's rows, in dtype.
+  define(m, "grouped_fp8_dequantize(Tensor data, Tensor split_sizes, Tensor scale_inv, "
+            "ScalarType fp8_dtype, ScalarType dtype) -> Tensor");
+  // MXFP8 of x [T, K] per group: the rowwise copy (mxfp8_quantize of x) and the columnwise
+  // copy (mxfp8_quantize of x^T [K, T], blocks of 32 rows down the columns), each an empty
+  // [0] tensor when not asked for. The columnwise blocks must not straddle two groups, so it
+  // needs every split size to be a multiple of 32.
+  define(m, "grouped_mxfp8_quantize(Tensor x, Tensor split_sizes, ScalarType fp8_dtype, "
+            "bool rowwise, bool columnwise) -> (Tensor rowwise_data, Tensor rowwise_scale, "
+            "Tensor columnwise_data, Tensor columnwise_scale)");
 
   // ---- L2Normalization: y = x * rsqrt(sum(x^2 over the last dim) + eps) --------------------
   // The forward also returns rsqrt_norm (shape x.shape[:-1], fp32; fp64 for fp64 inputs),

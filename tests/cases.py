@@ -819,6 +819,29 @@ def _samples_grouped(dtype):
         out.append((te_ops.grouped_linear_wgrad, (dy, x, split_sizes)))
         out.append((te_ops.grouped_bias_bwd, (dy, split_sizes, [], None, torch.float32)))
         out.append((te_ops.grouped_bias_bwd, (dy, split_sizes, biases, None, dtype)))
+    # the per-group quantize ops (numerics in tests/test_grouped_fp8.py): current scaling with
+    # an epsilon per group, delayed scaling's given scales, both formats; MXFP8 with splits of
+    # 32 rows (the columnwise copy) and any split rowwise-only
+    for splits in ([3, 0, 1, 4], [0, 7, 0], [0, 0]):
+        groups, rows = len(splits), sum(splits)
+        split_sizes = torch.tensor(splits, dtype=torch.int64)
+        x = _rand(rows, 16, dtype=dtype)
+        for fmt in (torch.float8_e4m3fn, torch.float8_e5m2):
+            eps = [0.0] * groups
+            out.append((te_ops.grouped_fp8_quantize, (x, split_sizes, None, fmt, False, eps)))
+            out.append((te_ops.grouped_fp8_quantize,
+                        (x, split_sizes, torch.rand(groups) + 0.5, fmt, False, eps)))
+            data, scale_inv, _ = te_ops.grouped_fp8_quantize(x, split_sizes, None, fmt, True,
+                                                             [1e-3] * groups)
+            out.append((te_ops.grouped_fp8_dequantize, (data, split_sizes, scale_inv, fmt, dtype)))
+        out.append((te_ops.grouped_mxfp8_quantize,
+                    (_rand(rows, 32, dtype=dtype), split_sizes, torch.float8_e4m3fn, True, False)))
+    for splits in ([32, 0, 64], [0, 0]):
+        x = _rand(sum(splits), 64, dtype=dtype)
+        split_sizes = torch.tensor(splits, dtype=torch.int64)
+        for rowwise in (True, False):
+            out.append((te_ops.grouped_mxfp8_quantize,
+                        (x, split_sizes, torch.float8_e5m2, rowwise, True)))
     return _with_non_contiguous(out)
 
 

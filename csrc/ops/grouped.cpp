@@ -5,7 +5,10 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <string>
+
+#include "ops/quantize.h"
 
 namespace te_cpp {
 
@@ -178,6 +181,84 @@ std::tuple<std::vector<Tensor>, Tensor> GroupedLinear::allocate_bias_bwd(
                        ? at::empty_symint({dy.sym_size(0)}, bias_scales->options())
                        : at::empty({0}, dy.options());
   return {std::move(dbias), std::move(dscales)};
+}
+
+void GroupedQuantize::check_fp8(const char* op, const Tensor& x, const Tensor& split_sizes,
+                                const std::optional<Tensor>& scales, at::ScalarType fp8_dtype,
+                                c10::ArrayRef<double> amax_epsilons) {
+  check_float(op, "input", x);
+  check_2d(op, "input", x, "[tokens, features]");
+  const int64_t groups = GroupedLinear::num_groups(op, split_sizes);
+  check_fp8_dtype(op, fp8_dtype);
+  TE_CHECK_VALUE(static_cast<int64_t>(amax_epsilons.size()) == groups, op, "got ",
+                 amax_epsilons.size(), " amax_epsilons for ", groups, " groups");
+  for (size_t g = 0; g < amax_epsilons.size(); ++g) {
+    TE_CHECK_VALUE(std::isfinite(amax_epsilons[g]) && amax_epsilons[g] >= 0.0, op,
+                   "amax_epsilons[", g, "] must be >= 0 and finite, got ", amax_epsilons[g]);
+  }
+  if (!scales.has_value()) return;
+  TE_CHECK(scales->scalar_type() == at::kFloat, op, "scales must be float32, got ",
+           scales->scalar_type());
+  TE_CHECK(scales->dim() == 1 && scales->sym_size(0) == groups, op, "scales must have shape [",
+           groups, "] (one per group), got ", shape_str(*scales));
+  check_same_device(op, "input", x, "scales", *scales);
+}
+
+std::tuple<Tensor, Tensor, Tensor> GroupedQuantize::allocate_fp8(const Tensor& x,
+                                                                 const Tensor& split_sizes) {
+  const auto f32 = x.options().dtype(at::kFloat);
+  return {at::empty_symint(x.sym_sizes(), x.options().dtype(at::kByte)),
+          at::empty_symint({split_sizes.sym_size(0)}, f32),
+          at::empty_symint({split_sizes.sym_size(0)}, f32)};
+}
+
+void GroupedQuantize::check_fp8_dequantize(const char* op, const Tensor& data,
+                                           const Tensor& split_sizes, const Tensor& scale_inv,
+                                           at::ScalarType fp8_dtype, at::ScalarType dtype) {
+  TE_CHECK(data.defined() && data.scalar_type() == at::kByte, op,
+           "data must be uint8 (raw FP8 bytes), got ",
+           data.defined() ? c10::toString(data.scalar_type()) : "undefined");
+  check_2d(op, "data", data, "[tokens, features]");
+  const int64_t groups = GroupedLinear::num_groups(op, split_sizes);
+  TE_CHECK(scale_inv.defined() && scale_inv.scalar_type() == at::kFloat, op,
+           "scale_inv must be float32, got ",
+           scale_inv.defined() ? c10::toString(scale_inv.scalar_type()) : "undefined");
+  TE_CHECK(scale_inv.dim() == 1 && scale_inv.sym_size(0) == groups, op,
+           "scale_inv must have shape [", groups, "] (one per group), got ",
+           shape_str(scale_inv));
+  check_same_device(op, "data", data, "scale_inv", scale_inv);
+  check_fp8_dtype(op, fp8_dtype);
+  TE_CHECK_VALUE(is_supported_float(dtype), op,
+                 "dtype must be float32, float64, bfloat16 or float16, got ", dtype);
+}
+
+void GroupedQuantize::check_mxfp8(const char* op, const Tensor& x, const Tensor& split_sizes,
+                                  at::ScalarType fp8_dtype, bool rowwise, bool columnwise) {
+  check_float(op, "input", x);
+  check_2d(op, "input", x, "[tokens, features]");
+  GroupedLinear::num_groups(op, split_sizes);
+  check_fp8_dtype(op, fp8_dtype);
+  TE_CHECK_VALUE(rowwise || columnwise, op, "neither rowwise nor columnwise usage is set");
+  TE_CHECK(x.sym_size(1) % fp8::kMXFP8BlockSize == 0, op,
+           "MXFP8 needs the last dimension to be a multiple of 32 (one E8M0 scale per 32 "
+           "consecutive elements), got shape ", shape_str(x));
+  TE_CHECK(!columnwise || x.sym_size(0) % fp8::kMXFP8BlockSize == 0, op,
+           "MXFP8's columnwise copy needs the number of rows to be a multiple of 32, got shape ",
+           shape_str(x));
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> GroupedQuantize::allocate_mxfp8(const Tensor& x,
+                                                                           bool rowwise,
+                                                                           bool columnwise) {
+  const auto u8 = x.options().dtype(at::kByte);
+  const c10::SymInt& rows = x.sym_size(0);
+  const c10::SymInt& cols = x.sym_size(1);
+  const int64_t block = fp8::kMXFP8BlockSize;
+  const auto none = [&] { return at::empty({0}, u8); };  // distinct: outputs never alias
+  return {rowwise ? at::empty_symint({rows, cols}, u8) : none(),
+          rowwise ? at::empty_symint({rows, cols / block}, u8) : none(),
+          columnwise ? at::empty_symint({cols, rows}, u8) : none(),
+          columnwise ? at::empty_symint({cols, rows / block}, u8) : none()};
 }
 
 TE_DEFINE_STUB(grouped_gemm_stub, void(c10::ArrayRef<GemmArgs>));
@@ -380,7 +461,107 @@ std::tuple<std::vector<Tensor>, Tensor> grouped_bias_bwd(const Tensor& dy_in,
   return {std::move(dbias), std::move(dscales)};
 }
 
+// The quantize kernels read float32, bfloat16 and float16; float64 is rounded to float32
+// first (as the per-tensor ops do).
+Tensor quantize_input(const Tensor& x) {
+  return (x.scalar_type() == at::kDouble ? x.to(at::kFloat) : x).contiguous();
+}
+
+std::tuple<Tensor, Tensor, Tensor> grouped_fp8_quantize(const Tensor& x_in,
+                                                        const Tensor& split_sizes,
+                                                        const std::optional<Tensor>& scales_in,
+                                                        at::ScalarType fp8_dtype, bool pow2,
+                                                        at::ArrayRef<double> amax_epsilons) {
+  BelowAutograd below_autograd;
+  const char* op = "grouped_fp8_quantize";
+  GroupedQuantize::check_fp8(op, x_in, split_sizes, scales_in, fp8_dtype, amax_epsilons);
+  const auto guard = device_guard(x_in);
+  auto [data, scale_inv, amax] = GroupedQuantize::allocate_fp8(x_in, split_sizes);
+  const std::vector<int64_t> off =
+      GroupedLinear::row_offsets(op, split_sizes, x_in.size(0), "input");
+  const Tensor x = quantize_input(x_in);
+  const Tensor scales = scales_in.has_value() ? scales_in->contiguous() : Tensor();
+  const int64_t k = x.size(1);
+  // every group, the empty ones too: their amax is 0 and their scale that amax's
+  for (size_t g = 0; g + 1 < off.size(); ++g) {
+    const int64_t g64 = static_cast<int64_t>(g);
+    fp8_quantize_stub(
+        x.device().type(),
+        Fp8QuantizeArgs{x.scalar_type(), fp8_dtype, (off[g + 1] - off[g]) * k,
+                        at_elem(x, off[g] * k),
+                        scales.defined() ? scales.const_data_ptr<float>() + g64 : nullptr, pow2,
+                        static_cast<float>(amax_epsilons[g]),
+                        data.mutable_data_ptr<uint8_t>() + off[g] * k,
+                        scale_inv.mutable_data_ptr<float>() + g64,
+                        amax.mutable_data_ptr<float>() + g64});
+  }
+  return {data, scale_inv, amax};
+}
+
+Tensor grouped_fp8_dequantize(const Tensor& data_in, const Tensor& split_sizes,
+                              const Tensor& scale_inv_in, at::ScalarType fp8_dtype,
+                              at::ScalarType dtype) {
+  BelowAutograd below_autograd;
+  const char* op = "grouped_fp8_dequantize";
+  GroupedQuantize::check_fp8_dequantize(op, data_in, split_sizes, scale_inv_in, fp8_dtype,
+                                        dtype);
+  const auto guard = device_guard(data_in);
+  Tensor out = at::empty(data_in.sizes(), data_in.options().dtype(dtype));
+  const std::vector<int64_t> off =
+      GroupedLinear::row_offsets(op, split_sizes, data_in.size(0), "data");
+  const Tensor data = data_in.contiguous(), scale_inv = scale_inv_in.contiguous();
+  const int64_t k = data.size(1);
+  for (size_t g = 0; g + 1 < off.size(); ++g) {
+    const int64_t n = (off[g + 1] - off[g]) * k;
+    if (n == 0) continue;
+    fp8_dequantize_stub(data.device().type(),
+                        Fp8DequantizeArgs{fp8_dtype, dtype, n,
+                                          data.const_data_ptr<uint8_t>() + off[g] * k,
+                                          scale_inv.const_data_ptr<float>() + g, nullptr,
+                                          at_elem_mut(out, off[g] * k)});
+  }
+  return out;
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> grouped_mxfp8_quantize(const Tensor& x_in,
+                                                                  const Tensor& split_sizes,
+                                                                  at::ScalarType fp8_dtype,
+                                                                  bool rowwise, bool columnwise) {
+  BelowAutograd below_autograd;
+  const char* op = "grouped_mxfp8_quantize";
+  GroupedQuantize::check_mxfp8(op, x_in, split_sizes, fp8_dtype, rowwise, columnwise);
+  const auto guard = device_guard(x_in);
+  auto [row_data, row_scale, col_data, col_scale] =
+      GroupedQuantize::allocate_mxfp8(x_in, rowwise, columnwise);
+  const std::vector<int64_t> off =
+      GroupedLinear::row_offsets(op, split_sizes, x_in.size(0), "input");
+  if (columnwise) {
+    for (size_t g = 0; g + 1 < off.size(); ++g) {
+      const int64_t rows = off[g + 1] - off[g];
+      TE_CHECK_VALUE(rows % fp8::kMXFP8BlockSize == 0, op, "split_sizes[", g, "] is ", rows,
+                     "; MXFP8's columnwise copy (the operand of the weight-gradient GEMM) "
+                     "quantizes blocks of 32 rows, so every split size must be a multiple "
+                     "of 32 (pad each expert's tokens to a multiple of 32)");
+    }
+  }
+  const int64_t block = fp8::kMXFP8BlockSize;
+  const auto quantize = [&](const Tensor& src, Tensor& data, Tensor& scale) {
+    if (src.numel() == 0) return;
+    mxfp8_quantize_stub(src.device().type(),
+                        Mxfp8QuantizeArgs{src.scalar_type(), fp8_dtype, src.numel() / block,
+                                          src.const_data_ptr(), data.mutable_data_ptr<uint8_t>(),
+                                          scale.mutable_data_ptr<uint8_t>()});
+  };
+  const Tensor x = quantize_input(x_in);
+  if (rowwise) quantize(x, row_data, row_scale);
+  if (columnwise) quantize(x.t().contiguous(), col_data, col_scale);
+  return {row_data, row_scale, col_data, col_scale};
+}
+
 void register_front_ends(torch::Library& m) {
+  m.impl("grouped_fp8_quantize", grouped_fp8_quantize);
+  m.impl("grouped_fp8_dequantize", grouped_fp8_dequantize);
+  m.impl("grouped_mxfp8_quantize", grouped_mxfp8_quantize);
   m.impl("grouped_linear_fwd", grouped_linear_fwd);
   m.impl("grouped_linear_dgrad", grouped_linear_dgrad);
   m.impl("grouped_linear_wgrad", grouped_linear_wgrad);
@@ -416,9 +597,36 @@ std::tuple<std::vector<Tensor>, Tensor> grouped_bias_bwd_meta(
   return GroupedLinear::allocate_bias_bwd(dy, split_sizes, bias_scales, bias_dtype);
 }
 
+std::tuple<Tensor, Tensor, Tensor> grouped_fp8_quantize_meta(
+    const Tensor& x, const Tensor& split_sizes, const std::optional<Tensor>& scales,
+    at::ScalarType fp8_dtype, bool, at::ArrayRef<double> amax_epsilons) {
+  GroupedQuantize::check_fp8("grouped_fp8_quantize", x, split_sizes, scales, fp8_dtype,
+                             amax_epsilons);
+  return GroupedQuantize::allocate_fp8(x, split_sizes);
+}
+
+Tensor grouped_fp8_dequantize_meta(const Tensor& data, const Tensor& split_sizes,
+                                   const Tensor& scale_inv, at::ScalarType fp8_dtype,
+                                   at::ScalarType dtype) {
+  GroupedQuantize::check_fp8_dequantize("grouped_fp8_dequantize", data, split_sizes, scale_inv,
+                                        fp8_dtype, dtype);
+  return at::empty_symint(data.sym_sizes(), data.options().dtype(dtype));
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> grouped_mxfp8_quantize_meta(
+    const Tensor& x, const Tensor& split_sizes, at::ScalarType fp8_dtype, bool rowwise,
+    bool columnwise) {
+  GroupedQuantize::check_mxfp8("grouped_mxfp8_quantize", x, split_sizes, fp8_dtype, rowwise,
+                               columnwise);
+  return GroupedQuantize::allocate_mxfp8(x, rowwise, columnwise);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(te_cpp, Meta, m) {
+  m.impl("grouped_fp8_quantize", grouped_fp8_quantize_meta);
+  m.impl("grouped_fp8_dequantize", grouped_fp8_dequantize_meta);
+  m.impl("grouped_mxfp8_quantize", grouped_mxfp8_quantize_meta);
   m.impl("grouped_linear_fwd", grouped_linear_fwd_meta);
   m.impl("grouped_linear_dgrad", grouped_linear_dgrad_meta);
   m.impl("grouped_linear_wgrad", grouped_linear_wgrad_meta);

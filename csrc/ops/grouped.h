@@ -90,6 +90,24 @@ struct GroupedLinear {
                                           int64_t rows, const char* rows_name);
 };
 
+// Checks and allocation of the per-group quantize ops (GroupedLinear under a recipe): x
+// [T, K]; FP8 scale_inv / amax / scales float32 [G]; MXFP8 buffers as mxfp8_quantize's, the
+// columnwise ones of x^T [K, T].
+struct GroupedQuantize {
+  static void check_fp8(const char* op, const Tensor& x, const Tensor& split_sizes,
+                        const std::optional<Tensor>& scales, at::ScalarType fp8_dtype,
+                        c10::ArrayRef<double> amax_epsilons);
+  static std::tuple<Tensor, Tensor, Tensor> allocate_fp8(const Tensor& x,
+                                                         const Tensor& split_sizes);
+  static void check_fp8_dequantize(const char* op, const Tensor& data, const Tensor& split_sizes,
+                                   const Tensor& scale_inv, at::ScalarType fp8_dtype,
+                                   at::ScalarType dtype);
+  static void check_mxfp8(const char* op, const Tensor& x, const Tensor& split_sizes,
+                          at::ScalarType fp8_dtype, bool rowwise, bool columnwise);
+  static std::tuple<Tensor, Tensor, Tensor, Tensor> allocate_mxfp8(const Tensor& x, bool rowwise,
+                                                                   bool columnwise);
+};
+
 // The backends' dispatch on the bias scales' type: calls f with a null S* for S = float or
 // the data type T (the only two the checks let through).
 template <typename T, typename F>

@@ -14,6 +14,11 @@ import torch
 from .._common import (accumulate_main_grad, autocast_dtype, canonicalize_device,
                        canonicalize_dtype, check_numel, check_size, init_parameter,
                        materialize_device)
+from ...quantization import FP8GlobalStateManager, RecipeState
+from ...quantization.quantizer import (Float8CurrentScalingQuantizer, Float8Quantizer,
+                                       MXFP8Quantizer, _PerTensorQuantizer)
+from ...quantization.tensor import (Float8Tensor, MXFP8TensorStorage, QuantizedTensor,
+                                    QuantizedTensorStorage, as_storage)
 from .. import _quantized
 from ..op import BasicOperation, OperationContext
 
@@ -35,6 +40,77 @@ class GroupedLinearContext(OperationContext):
     weight_requires_grad: bool = False
     bias_requires_grad: bool = False
     scales_requires_grad: bool = False
+    #: the FP8 path ran: the input and weights are saved quantized (quantized_meta describes
+    #: them) and backward quantizes dy per group with grad_output_quantizers
+    with_quantized_compute: bool = False
+    quantized_meta: Optional[tuple] = None
+    grad_output_quantizers: Optional[list] = None
+
+
+class _SplitQuantized:
+    """A [T, K] operand quantized per group of rows (TransformerEngine's split-quantize):
+    per-tensor FP8 (one data buffer, a scale per group: ``grouped_fp8_quantize``) or MXFP8 (an
+    ``MXFP8TensorStorage`` whose blocks do not straddle groups: ``grouped_mxfp8_quantize``).
+    The GEMMs read its fp32 dequantization, the values an FP8 GEMM multiplies."""
+
+    def __init__(self, buffers: tuple, fp8_dtype: torch.dtype, nominal_dtype: torch.dtype,
+                 shape) -> None:
+        self.buffers = tuple(buffers)  # (data, scale_inv) or MXFP8's four (None where absent)
+        self.fp8_dtype, self.nominal_dtype, self.shape = fp8_dtype, nominal_dtype, tuple(shape)
+
+    @classmethod
+    def quantize(cls, x: torch.Tensor, split_sizes: torch.Tensor, quantizers: list, *,
+                 rowwise: bool, columnwise: bool) -> "_SplitQuantized":
+        q = quantizers[0]
+        if isinstance(q, MXFP8Quantizer):
+            rd, rs, cd, cs = _ops.grouped_mxfp8_quantize.default(x, split_sizes, q.dtype,
+                                                                 rowwise, columnwise)
+            buffers = (rd, rs, None, None) if not columnwise else (
+                (rd, rs, cd, cs) if rowwise else (None, None, cd, cs))
+            return cls(buffers, q.dtype, x.dtype, x.shape)
+        if isinstance(q, Float8CurrentScalingQuantizer):  # the recipe's power-of-2 flag
+            data, scale_inv, _ = _ops.grouped_fp8_quantize.default(
+                x, split_sizes, None, q.dtype, q.force_pow_2_scales,
+                [qg.amax_epsilon for qg in quantizers])
+        elif isinstance(q, Float8Quantizer):  # delayed scaling: each group's scale and amax
+            scales = torch.cat([qg.scale.reshape(1) for qg in quantizers])
+            data, scale_inv, amax = _ops.grouped_fp8_quantize.default(
+                x, split_sizes, scales, q.dtype, False, [0.0] * len(quantizers))
+            with torch.no_grad():
+                for g, qg in enumerate(quantizers):
+                    qg.amax.copy_(torch.maximum(qg.amax, amax[g].reshape(qg.amax.shape)))
+        else:
+            raise NotImplementedError(f"GroupedLinear: quantization with {type(q).__name__} is "
+                                      "not implemented (Float8CurrentScaling, DelayedScaling "
+                                      "and MXFP8BlockScaling are)")
+        return cls((data, scale_inv), q.dtype, x.dtype, x.shape)
+
+    def _mxfp8(self) -> MXFP8TensorStorage:
+        return MXFP8TensorStorage(*self.buffers, self.fp8_dtype, self.nominal_dtype, self.shape)
+
+    def rowwise(self, split_sizes: torch.Tensor) -> torch.Tensor:
+        """The fp32 values of the copy blocked along the rows' features (the GEMMs that reduce
+        over K)."""
+        if len(self.buffers) == 4:
+            return self._mxfp8().dequantize_rowwise(torch.float32)
+        data, scale_inv = self.buffers
+        return _ops.grouped_fp8_dequantize.default(data, split_sizes, scale_inv, self.fp8_dtype,
+                                                   torch.float32)
+
+    def columnwise(self, split_sizes: torch.Tensor) -> torch.Tensor:
+        """The fp32 values of the copy blocked down the columns (the GEMM that reduces over the
+        rows, wgrad); per-tensor FP8 has one copy for both."""
+        if len(self.buffers) == 4:
+            return self._mxfp8().dequantize_columnwise(torch.float32)
+        return self.rowwise(split_sizes)
+
+    def metadata(self) -> tuple:
+        return (len(self.buffers), self.fp8_dtype, self.nominal_dtype, self.shape)
+
+    @classmethod
+    def from_buffers(cls, buffers, metadata) -> "_SplitQuantized":
+        count, fp8_dtype, nominal_dtype, shape = metadata
+        return cls(tuple(buffers)[:count], fp8_dtype, nominal_dtype, shape)
 
 
 class WeightGradStore:
@@ -145,6 +221,9 @@ class GroupedLinear(BasicOperation):
         self._accumulate_into_main_grad = accumulate_into_main_grad
         self.wgrad_store = WeightGradStore(delay_wgrad_compute)
         self._rng_state_tracker_function = rng_state_tracker_function
+        # te.quantized_model_init: keep each weight as a Float8Tensor
+        self._with_quantized_weight = FP8GlobalStateManager.with_fp8_parameters()
+        self._init_recipe = FP8GlobalStateManager.get_fp8_model_init_recipe()
         self.device = canonicalize_device(device)
         dtype = canonicalize_dtype(dtype)
         if dtype not in _GROUPED_DTYPES:
@@ -186,6 +265,10 @@ class GroupedLinear(BasicOperation):
         def fill(w):
             torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5))
 
+        for i, w in enumerate(self.weights()):  # quantized weights re-initialise unquantized
+            if isinstance(w, QuantizedTensor):
+                self.register_parameter(f"weight{i}", torch.nn.Parameter(
+                    w.dequantize().detach(), requires_grad=w.requires_grad))
         for i in range(self.num_groups):
             if self._rng_state_tracker_function is not None:
                 with self._rng_state_tracker_function().fork():
@@ -194,9 +277,44 @@ class GroupedLinear(BasicOperation):
                 init_parameter(self, f"weight{i}", fill, self.device)
             if self.use_bias:
                 init_parameter(self, f"bias{i}", torch.nn.init.zeros_, self.device)
+        if self._with_quantized_weight:
+            self._quantize_weights()
         if self.wgrad_store.delay_wgrad_compute():
             for w in self.weights():
                 w.skip_backward_post_hook = True
+
+    def _quantize_weights(self) -> None:
+        """te.quantized_model_init: each weight Parameter becomes a Float8Tensor, quantized with
+        its own weight quantizer of the init recipe (as BasicLinear's weight)."""
+        recipe = FP8GlobalStateManager.get_fp8_model_init_recipe() or self._init_recipe
+        if recipe is None or not recipe.float8_per_tensor_scaling():
+            raise NotImplementedError(
+                "GroupedLinear: quantized weights (te.quantized_model_init) need a per-tensor "
+                f"FP8 recipe (Float8CurrentScaling or DelayedScaling), got "
+                f"{type(recipe).__name__}")
+        self._init_recipe = recipe
+        quantizers = RecipeState.create(recipe, mode="forward",
+                                        num_quantizers=2 * self.num_groups).make_quantizers()
+        for i, w in enumerate(self.weights()):
+            self.register_parameter(f"weight{i}", torch.nn.Parameter(
+                quantizers[2 * i + 1].quantize(w.detach()), requires_grad=w.requires_grad))
+
+    def reset_recipe_state(self, *, recipe) -> None:
+        """Quantized weights re-quantize their in-place updates with this op's weight
+        quantizers (as BasicLinear's)."""
+        super().reset_recipe_state(recipe=recipe)
+        for w, q in zip(self.weights(), self._group_quantizers("forward", 1, 2)):
+            if isinstance(w, Float8Tensor) and isinstance(q, _PerTensorQuantizer):
+                w.update_quantizer(q)
+
+    def get_input_quantizer(self):
+        """None: each group's rows are quantized with their own quantizer here, so the previous
+        op hands its output over in high precision."""
+        return None
+
+    def get_grad_output_quantizer(self):
+        """None: dy is quantized per group here (see get_input_quantizer)."""
+        return None
 
     pre_fuser_forward = BasicOperation.materialize_meta_parameters
 
@@ -239,9 +357,6 @@ class GroupedLinear(BasicOperation):
                       **unused):
         ctx = basic_op_ctxs[0]
         extra = basic_op_extra_inputs[0]
-        if self._quantizers is not None:
-            raise NotImplementedError("GroupedLinear: quantized compute (te.autocast with a "
-                                      "recipe) is not implemented yet")
         split_sizes = self._split_sizes(extra[0])
         scales = extra[1] if self._scale_bias else None
         x = _quantized.as_high_precision(input_)
@@ -256,51 +371,100 @@ class GroupedLinear(BasicOperation):
         x2 = x.reshape(-1, self.in_features)
         if x2.dtype != dtype:
             x2 = x2.to(dtype)
-        ws = [w if w.dtype == dtype else w.to(dtype) for w in weights]
         bs = [b if b.dtype == dtype else b.to(dtype) for b in self.biases()]
         if scales is not None:
             if scales.shape != (x2.shape[0],):
                 raise ValueError(f"GroupedLinear: the bias scales (extra input 1) must have "
                                  f"shape [{x2.shape[0]}] (one per input row), got "
                                  f"{list(scales.shape)}")
-        y = _ops.grouped_linear_fwd.default(x2, split_sizes, ws, bs, scales)
         if ctx.requires_grad:
             ctx.weight_requires_grad = any(w.requires_grad for w in weights)
             ctx.bias_requires_grad = self.use_bias and any(b.requires_grad
                                                            for b in self.biases())
             ctx.scales_requires_grad = bool(scales is not None and ctx.extra_inputs_requires_grad
                                             and ctx.extra_inputs_requires_grad[1])
-            need_bias_pass = ctx.bias_requires_grad or ctx.scales_requires_grad
-            ctx.save_for_backward(
-                split_sizes,
-                x2 if ctx.weight_requires_grad else None,
-                scales if need_bias_pass else None,
-                *(ws if ctx.input_requires_grad else [None] * self.num_groups),
-                *(bs if ctx.scales_requires_grad else []))
+        need_bias_pass = ctx.bias_requires_grad or ctx.scales_requires_grad
+        saved_scales = scales if need_bias_pass else None
+        saved_bs = bs if ctx.scales_requires_grad else []
+        if self._quantizers is not None:
+            y = self._quantized_forward(ctx, x2, split_sizes, bs, scales, saved_scales, saved_bs)
+        else:
+            ws = [self._weight_in(w, dtype) for w in weights]
+            y = _ops.grouped_linear_fwd.default(x2, split_sizes, ws, bs, scales)
+            if ctx.requires_grad:
+                ctx.save_for_backward(
+                    split_sizes, x2 if ctx.weight_requires_grad else None, saved_scales,
+                    *(ws if ctx.input_requires_grad else [None] * self.num_groups), *saved_bs)
         return y.reshape(*x.shape[:-1], self.out_features), [()]
+
+    @staticmethod
+    def _weight_in(w, dtype: torch.dtype) -> torch.Tensor:
+        """A weight for the high-precision GEMMs (a quantized weight dequantized)."""
+        if isinstance(w, QuantizedTensor):
+            return w.dequantize(dtype=dtype)
+        return w if w.dtype == dtype else w.to(dtype)
+
+    def _group_quantizers(self, mode: str, index: int, stride: int) -> list:
+        return [self.get_quantizer(mode, stride * g + index) for g in range(self.num_groups)]
+
+    def _quantized_forward(self, ctx: GroupedLinearContext, x2, split_sizes, bs, scales,
+                           saved_scales, saved_bs) -> torch.Tensor:
+        """The FP8 forward, emulated exactly as BasicLinear's: x quantized per group with the
+        group's input quantizer (TransformerEngine's quantizers 2g), each weight with its own
+        (2g + 1); the GEMMs multiply the fp32 dequantizations with fp32 accumulation, the bias
+        (scaled) added in fp32 and the result rounded once to the compute dtype. The saved
+        tensors are the quantized buffers."""
+        ctx.with_quantized_compute = True
+        ctx.grad_output_quantizers = self._group_quantizers("backward", 0, 1)
+        need_dgrad = ctx.requires_grad and ctx.input_requires_grad
+        xq = _SplitQuantized.quantize(x2, split_sizes, self._group_quantizers("forward", 0, 2),
+                                      rowwise=True, columnwise=ctx.weight_requires_grad)
+        wqs = []
+        for w, q in zip(self.weights(), self._group_quantizers("forward", 1, 2)):
+            if isinstance(w, Float8Tensor):  # te.quantized_model_init: its own buffers
+                wqs.append(as_storage(w))
+            else:
+                wq_in = w if w.dtype == ctx.dtype else w.to(ctx.dtype)
+                wqs.append(q.quantize_storage(wq_in, rowwise=True, columnwise=need_dgrad,
+                                              op="GroupedLinear"))
+        f32 = torch.float32
+        y = _ops.grouped_linear_fwd.default(
+            xq.rowwise(split_sizes), split_sizes, [wq.dequantize_rowwise(f32) for wq in wqs],
+            [b.to(f32) for b in bs], None if scales is None else scales.to(f32))
+        if ctx.requires_grad:
+            x_bufs = xq.buffers if ctx.weight_requires_grad else ()
+            w_bufs = [t for wq in wqs for t in wq.buffers()] if need_dgrad else []
+            ctx.save_for_backward(split_sizes, None, saved_scales, *saved_bs, *x_bufs, *w_bufs)
+            ctx.quantized_meta = (len(saved_bs), xq.metadata() if x_bufs else None,
+                                  [wq.metadata() for wq in wqs] if w_bufs else None)
+        return y if y.dtype == ctx.dtype else y.to(ctx.dtype)
 
     def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
         ctx = basic_op_ctxs[0]
         g = self.num_groups
         saved = ctx.saved_tensors
         split_sizes, x2, scales = saved[:3]
-        ws = saved[3:3 + g]
-        bs = list(saved[3 + g:])
         dy = _quantized.as_high_precision(grad_output).reshape(-1, self.out_features)
         if dy.dtype != ctx.dtype:
             dy = dy.to(ctx.dtype)
+        if ctx.with_quantized_compute:
+            bs, (dy_dgrad, ws), (dy_wgrad, x2) = self._quantized_operands(ctx, saved, dy)
+        else:
+            ws, bs = list(saved[3:3 + g]), list(saved[3 + g:])
+            dy_dgrad = dy_wgrad = dy
         dx = None
         if ctx.input_requires_grad:
-            dx = _ops.grouped_linear_dgrad.default(dy, split_sizes, list(ws))
+            dx = _ops.grouped_linear_dgrad.default(dy_dgrad, split_sizes, ws)
             dx = dx.reshape(ctx.input_shape)
             if dx.dtype != ctx.input_dtype:
                 dx = dx.to(ctx.input_dtype)
         dws = [None] * g
         if ctx.weight_requires_grad:
             if self.wgrad_store.delay_wgrad_compute():
-                self.wgrad_store.put((dy, x2, split_sizes))
+                self.wgrad_store.put((dy_wgrad, x2, split_sizes))
             else:
-                dws = self._finish_wgrads(_ops.grouped_linear_wgrad.default(dy, x2, split_sizes))
+                dws = self._finish_wgrads(_ops.grouped_linear_wgrad.default(dy_wgrad, x2,
+                                                                            split_sizes))
         dbs, dscales = [None] * g if self.use_bias else [], None
         if ctx.bias_requires_grad or ctx.scales_requires_grad:
             bias_dtype = self._parameters["bias0"].dtype
@@ -312,6 +476,32 @@ class GroupedLinear(BasicOperation):
         param_grads = [*dws, *dbs]
         extra_grads = (None, dscales) if self._scale_bias else (None,)
         return dx, [param_grads], [extra_grads]
+
+    def _quantized_operands(self, ctx: GroupedLinearContext, saved: tuple, dy: torch.Tensor):
+        """The FP8 backward's operands, fp32 dequantizations as the forward's: dy quantized per
+        group with the grad_output quantizers (the rowwise copy for dgrad, the columnwise one
+        for wgrad), the weights' columnwise copies and the input's columnwise copy. Returns
+        (biases, (dy, weights) for dgrad, (dy, x) for wgrad); dbias and dscales take the
+        high-precision dy, as in TransformerEngine."""
+        n_bs, x_meta, w_meta = ctx.quantized_meta
+        split_sizes = saved[0]
+        bs = list(saved[3:3 + n_bs])
+        rest = saved[3 + n_bs:]
+        dgrad = wgrad = (None, None)
+        if not (x_meta is not None or w_meta is not None):
+            return bs, dgrad, wgrad  # bias-only training: dy is not quantized
+        dyq = _SplitQuantized.quantize(dy, split_sizes, ctx.grad_output_quantizers,
+                                       rowwise=w_meta is not None, columnwise=x_meta is not None)
+        if x_meta is not None:
+            count = x_meta[0]
+            xq = _SplitQuantized.from_buffers(rest[:count], x_meta)
+            rest = rest[count:]
+            wgrad = (dyq.columnwise(split_sizes), xq.columnwise(split_sizes))
+        if w_meta is not None:
+            ws = [QuantizedTensorStorage.from_buffers(rest[4 * i:4 * i + 4], meta)
+                  .dequantize_columnwise(torch.float32) for i, meta in enumerate(w_meta)]
+            dgrad = (dyq.rowwise(split_sizes), ws)
+        return bs, dgrad, wgrad
 
     def _finish_wgrads(self, dws) -> list:
         """Each dW as its weight's gradient: added into ``weight{i}.main_grad`` with
