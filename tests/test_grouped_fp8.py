@@ -344,3 +344,25 @@ def test_fused_grouped_mlp_under_a_recipe_equals_the_unfused_ops(recipe_name):
         OperationFuser._fusion_registry_version += 1
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_realistic_step_under_current_scaling():
+    """8 experts, 4096 rows (uneven, one expert empty), 1024 -> 1024, bf16: forward, dgrad and
+    wgrad against the per-group float64 emulation."""
+    splits = [512, 1024, 0, 256, 768, 512, 640, 384]
+    torch.manual_seed(0)
+    op = te.ops.GroupedLinear(8, 1024, 1024, dtype=torch.bfloat16)
+    x = torch.randn(4096, 1024).to(torch.bfloat16).requires_grad_()
+    dy = (torch.randn(4096, 1024) * 0.03).to(torch.bfloat16)  # a gradient's magnitude
+    with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+        y = op(x, torch.tensor(splits))
+    y.backward(dy)
+    t = tols(torch.bfloat16)
+    fq = lambda fmt: (lambda v, _: fq_current(v, fmt))  # noqa: E731
+    xq, dyq = _per_group(x.detach(), splits, fq(E4M3)), _per_group(dy, splits, fq(E5M2))
+    for g, (r0, r1) in enumerate(_groups(splits)):
+        w = op.weights()[g]
+        wq = fq_current(w.detach(), E4M3)
+        torch.testing.assert_close(y[r0:r1].double(), xq[r0:r1] @ wq.t(), **t)
+        torch.testing.assert_close(x.grad[r0:r1].double(), dyq[r0:r1] @ wq, **t)
+        torch.testing.assert_close(w.grad.double(), dyq[r0:r1].t() @ xq[r0:r1], **t)
