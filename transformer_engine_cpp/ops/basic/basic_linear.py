@@ -23,6 +23,7 @@ _LINEAR_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 # the custom ops' OpOverloads (host cost: docs/architecture.md)
 _linear_fwd = torch.ops.te_cpp.linear_fwd.default
+_linear_fwd_add = torch.ops.te_cpp.linear_fwd_add.default
 _linear_dgrad = torch.ops.te_cpp.linear_dgrad.default
 _linear_dgrad_add = torch.ops.te_cpp.linear_dgrad_add.default
 _linear_wgrad = torch.ops.te_cpp.linear_wgrad.default
@@ -385,11 +386,18 @@ class BasicLinear(BasicOperation):
 
     # ---- FP8 -----------------------------------------------------------------------------------
 
-    def _quantized_forward(self, ctx: LinearContext, x: torch.Tensor, w: torch.Tensor):
+    def _quantized_forward(self, ctx: LinearContext, x: torch.Tensor, w: torch.Tensor, *,
+                           bias: Optional[torch.Tensor] = None,
+                           extra: Optional[torch.Tensor] = None, alpha: float = 1.0):
         """FP8 GEMM, emulated exactly: the quantized operands' dequantization multiplied with
         fp32 accumulation. The saved tensors are the quantized buffers (for dgrad the weight's
         columnwise copy, for wgrad the input's: with column-parallel sequence parallelism the
-        local chunk, gathered again in backward, unless it was gathered in high precision)."""
+        local chunk, gathered again in backward, unless it was gathered in high precision).
+
+        The forward fusions pass the GEMM's epilogue: ``bias`` (added in fp32 before the one
+        rounding to the compute dtype, as an FP8 GEMM's bias epilogue), and ``extra`` and
+        ``alpha`` (``extra + alpha * x W^T + bias`` accumulated in fp32, returned in fp32 for
+        the caller to round into the residual's dtype or buffer)."""
         ctx.with_quantized_compute = True
         ctx.input_quantizer = self.get_quantizer("forward", 0)
         ctx.weight_quantizer = self.get_quantizer("forward", 1)
@@ -415,17 +423,25 @@ class BasicLinear(BasicOperation):
         else:
             wq = ctx.weight_quantizer.quantize_storage(w, columnwise=need_dgrad,
                                                        op=type(self).__name__)
-        if _fp8_gemm_fits(xq, wq, ctx.dtype):
+        epilogue = bias is not None or extra is not None or alpha != 1.0
+        if not epilogue and _fp8_gemm_fits(xq, wq, ctx.dtype):
             # the FP8 GEMM itself (CPU: the same emulation as below, bit for bit)
             y = _fp8_gemm(xq._data, xq._scale_inv, xq._fp8_dtype, wq._data, wq._scale_inv,
                           wq._fp8_dtype, ctx.dtype)
         else:
-            y = _linear_fwd(xq.dequantize_rowwise(), wq.dequantize_rowwise())
+            b32 = None if bias is None else bias.to(torch.float32)
+            if extra is None:
+                y = _linear_fwd(xq.dequantize_rowwise(), wq.dequantize_rowwise(), b32)
+            else:
+                y = _linear_fwd_add(xq.dequantize_rowwise(), wq.dequantize_rowwise(), b32,
+                                    extra.to(torch.float32), alpha)
         if ctx.requires_grad:
             saved_x = x_saved.buffers() if ctx.weight_requires_grad else (None,) * 4
             saved_w = wq.buffers() if need_dgrad else (None,) * 4
             ctx.save_for_backward(*saved_x, *saved_w)
             ctx.quantized_meta = (x_saved.metadata(), wq.metadata())
+        if extra is not None:
+            return y
         return self.reduce_output(y if y.dtype == ctx.dtype else y.to(ctx.dtype))
 
     def op_backward(self, ctx: LinearContext, grad_output: torch.Tensor):

@@ -7,8 +7,9 @@ import torch
 from ..basic import BasicLinear, Bias
 
 # The forward fusions leave the basic ops' contexts exactly as their unfused forwards would, so
-# the backward runs unfused or through the backward fusions. Under a quantization recipe they do
-# not apply (BasicLinear's FP8 path runs unfused).
+# the backward runs unfused or through the backward fusions. Under a quantization recipe
+# TransformerEngine's fusions apply (BasicLinear's FP8 GEMM with the fusion's epilogue:
+# quantized_linear); our extensions do not.
 
 
 def _linear_prologue(ops, basic_op_ctxs, input_, has_bias: bool):
@@ -22,6 +23,22 @@ def _linear_prologue(ops, basic_op_ctxs, input_, has_bias: bool):
     b = ops[1].gemm_bias(basic_op_ctxs[1], linear_ctx.dtype) if has_bias else None
     linear.save_ctx(linear_ctx, x, w)
     return (linear.gather_input(x) if linear._gathers_input else x), w, b
+
+
+def quantized_linear(ops, basic_op_ctxs, input_, has_bias: bool, *, extra=None,
+                     alpha: float = 1.0):
+    """The linear forward fusions under a recipe: the linear's FP8 GEMM with the fusion's
+    epilogue (``BasicLinear._quantized_forward``: the bias, the second op, and the residual
+    ``extra`` scaled by ``alpha`` added in fp32 before the one rounding), its context as the
+    unfused BasicLinear leaves it. The bias' backward hands dx to the linear quantized with the
+    linear's grad-output quantizer, as after the unfused Bias (TransformerEngine's)."""
+    linear, linear_ctx = ops[0], basic_op_ctxs[0]
+    x, w = linear.prepare(linear_ctx, input_)
+    b = None
+    if has_bias:
+        b = ops[1].gemm_bias(basic_op_ctxs[1], linear_ctx.dtype)
+        basic_op_ctxs[1].grad_input_quantizer = linear.get_grad_output_quantizer()
+    return linear._quantized_forward(linear_ctx, x, w, bias=b, extra=extra, alpha=alpha)
 
 
 def bias_fuses(linear: BasicLinear, bias) -> bool:
@@ -61,11 +78,11 @@ def backward_linear_ok(op) -> bool:
     return type(op) is BasicLinear and op.tensor_parallel_mode != "column"
 
 
-def _unquantized_add_fusion(fuse, in_place: bool, name: str, doc: str):
-    """A fusion function applying ``fuse(ops, in_place)`` when no recipe is active (quantized
-    GEMMs run through BasicLinear's FP8 path, unfused)."""
+def add_fusion(fuse, in_place: bool, name: str, doc: str):
+    """A fusion function applying ``fuse(ops, in_place)``: TransformerEngine's (in place) under
+    any recipe or none, our extension (the functional add) without a recipe only."""
     def fusion(ops: list, *, recipe=None) -> list:
-        return ops if recipe is not None else fuse(ops, in_place)
+        return ops if recipe is not None and not in_place else fuse(ops, in_place)
 
     fusion.__name__ = fusion.__qualname__ = name
     fusion.__doc__ = doc

@@ -8,7 +8,8 @@ import torch
 
 from ..basic import ACTIVATIONS, BasicLinear, Bias
 from ..op import FusedOperation
-from ._linear import _linear_ok, _linear_prologue, bias_fuses, gemm_bias_at
+from ._linear import (_linear_ok, _linear_prologue, bias_fuses, gemm_bias_at,
+                      quantized_linear)
 from ._window import fuse_windows
 
 # the custom ops' OpOverloads (host cost: docs/architecture.md)
@@ -46,6 +47,9 @@ class ForwardLinearBiasActivation(FusedOperation):
                       prev_op_grad_output_quantizer=None, next_op_input_quantizer=None,
                       basic_op_kwargs):
         ops = self._ops
+        if ops[0]._quantizers is not None:  # TransformerEngine's fusion: an FP8 GEMM + bias
+            return (quantized_linear(ops, basic_op_ctxs, input_, self._has_bias),
+                    [()] * len(ops))
         x, w, b = _linear_prologue(ops, basic_op_ctxs, input_, self._has_bias)
         if self._activation is None:
             return _linear_fwd(x, w, b), [()] * len(ops)
@@ -65,9 +69,8 @@ def _linear_bias_only(op) -> Optional[tuple]:
 
 def fuse_forward_linear_bias_activation(ops: list, *, recipe=None) -> list:
     """``[BasicLinear, Bias]`` with an fp16/bf16 weight, as TransformerEngine (which fuses no
-    activation into the GEMM), where the GEMM can add the bias (``bias_fuses``)."""
-    if recipe is not None:  # quantized GEMMs run through BasicLinear's FP8 path, unfused
-        return ops
+    activation into the GEMM), where the GEMM can add the bias (``bias_fuses``); under any
+    recipe or none."""
 
     def match(ops, i):
         if (i + 1 < len(ops) and _linear_ok(ops[i]) and type(ops[i + 1]) is Bias
@@ -87,7 +90,7 @@ def extend_forward_linear_bias_activation(ops: list, *, recipe=None) -> list:
     """The extension: ``[BasicLinear, Bias?, act?]`` in any float dtype, with the activations
     of EPILOGUE_ACTIVATIONS in the epilogue; a ``[BasicLinear, Bias]`` already fused without
     activation takes the activation after it. A Bias the GEMM cannot add (``bias_fuses``)
-    stays out, and so does the activation after it."""
+    stays out, and so does the activation after it. Not under a recipe."""
     if recipe is not None:
         return ops
 

@@ -9,7 +9,8 @@ import torch
 from .._common import is_compiling, shares_storage
 from ..basic import AddExtraInput, BasicLinear, Bias, ConstantScale
 from ..op import FusedOperation
-from ._linear import _linear_ok, _linear_prologue, _unquantized_add_fusion, gemm_bias_at
+from ._linear import (_linear_ok, _linear_prologue, add_fusion, gemm_bias_at,
+                      quantized_linear)
 from ._window import fuse_windows
 from .forward_linear_bias_activation import _linear_bias_only
 
@@ -37,9 +38,21 @@ class ForwardLinearBiasAdd(FusedOperation):
         if self._in_place and not is_compiling() and shares_storage(input_, extra):
             # the GEMM must not read (nor the linear save) the buffer it accumulates into
             input_ = input_.clone()
-        x, w, b = _linear_prologue(self._ops, basic_op_ctxs, input_, self._has_bias)
         # the scale is read per call (a ConstantScale's value may change after planning)
         alpha = self._ops[-2].scale if self._has_scale else 1.0
+        if self._ops[0]._quantizers is not None:  # an FP8 GEMM accumulating in fp32
+            out = quantized_linear(self._ops, basic_op_ctxs, input_, self._has_bias,
+                                   extra=extra, alpha=alpha)
+            if self._in_place and not is_compiling():
+                buffer = extra.detach()
+                buffer.copy_(out)
+                torch.autograd.graph.increment_version(buffer)
+                return buffer, [()] * len(self._ops)
+            dtype = basic_op_ctxs[0].dtype
+            out_dtype = (extra.dtype if self._in_place
+                         else torch.promote_types(dtype, extra.dtype))
+            return out.to(out_dtype), [()] * len(self._ops)
+        x, w, b = _linear_prologue(self._ops, basic_op_ctxs, input_, self._has_bias)
         if self._in_place and not is_compiling():
             buffer = extra.detach()
             torch.ops.te_cpp.linear_fwd_add_inplace.default(buffer, x, w, b, alpha)
@@ -78,9 +91,9 @@ def _fuse_linear_bias_add(ops: list, in_place: bool) -> list:
     return fuse_windows(ops, match)
 
 
-fuse_forward_linear_bias_add = _unquantized_add_fusion(
+fuse_forward_linear_bias_add = add_fusion(
     _fuse_linear_bias_add, True, "fuse_forward_linear_bias_add",
     "``[BasicLinear, Bias?, AddExtraInput(in_place=True)]``, as TransformerEngine.")
-extend_forward_linear_bias_add = _unquantized_add_fusion(
+extend_forward_linear_bias_add = add_fusion(
     _fuse_linear_bias_add, False, "extend_forward_linear_bias_add",
     "The same with the functional add (an extension).")

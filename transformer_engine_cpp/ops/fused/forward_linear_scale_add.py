@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..basic import AddExtraInput, BasicLinear, ConstantScale
-from ._linear import _linear_ok, _unquantized_add_fusion
+from ._linear import _linear_ok, add_fusion
 from ._window import fuse_windows
 from .forward_linear_bias_add import ForwardLinearBiasAdd
 
@@ -29,9 +29,9 @@ def _fuse_linear_scale_add(ops: list, in_place: bool) -> list:
     return fuse_windows(ops, match)
 
 
-fuse_forward_linear_scale_add = _unquantized_add_fusion(
+fuse_forward_linear_scale_add = add_fusion(
     _fuse_linear_scale_add, True, "fuse_forward_linear_scale_add",
     "``[BasicLinear, ConstantScale, AddExtraInput(in_place=True)]``, as TransformerEngine.")
-extend_forward_linear_scale_add = _unquantized_add_fusion(
+extend_forward_linear_scale_add = add_fusion(
     _fuse_linear_scale_add, False, "extend_forward_linear_scale_add",
     "The same with the functional add (an extension).")
