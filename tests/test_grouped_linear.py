@@ -337,3 +337,156 @@ def test_grouped_mlp_compiled_equals_eager_with_the_fusion_kept():
     assert fw.count("te_cpp.scaled_swiglu_fwd.default(") == 1
     assert bw.count("te_cpp.grouped_linear_dgrad.default(") == 2
     assert bw.count("te_cpp.scaled_swiglu_bwd.default(") == 1
+
+
+# ---- the top-2 MoE block compiled -----------------------------------------------------------
+
+MOE_EXPERTS, MOE_TOKENS, MOE_HIDDEN, MOE_FFN, MOE_K = 4, 24, 8, 16, 2
+MOE_ACTS = ["gelu", "scaled_swiglu", "scaled_srelu_recompute"]
+
+
+def _expert_counts(flat_e):
+    """Tokens per expert, shape [experts]. Not torch.bincount: under torch.compile its output
+    length is an unbacked size (only known to be >= minlength), on which GroupedLinear's
+    split-count check cannot guard (fullgraph fails); scatter_add_ into zeros gives the same
+    counts with a static shape."""
+    return torch.zeros(MOE_EXPERTS, dtype=torch.int64).scatter_add_(0, flat_e,
+                                                                    torch.ones_like(flat_e))
+
+
+def _moe_block(act):
+    """A float64 router and expert MLP: GroupedLinear -> act -> GroupedLinear. With a scaled
+    activation the router probabilities scale the activation (the fused GroupedMLP); with GELU
+    they scale the MLP's output."""
+    e, h, f = MOE_EXPERTS, MOE_HIDDEN, MOE_FFN
+    router = torch.nn.Linear(h, e, dtype=torch.float64)
+    op = {"gelu": te.ops.GELU, "scaled_swiglu": te.ops.ScaledSwiGLU,
+          "scaled_srelu_recompute": lambda: te.ops.ScaledSReLU(activation_recompute_in_mlp=True)
+          }[act]()
+    fc1_out = 2 * f if act == "scaled_swiglu" else f
+    mlp = te.ops.Sequential(te.ops.GroupedLinear(e, h, fc1_out, dtype=torch.float64), op,
+                            te.ops.GroupedLinear(e, f, h, dtype=torch.float64))
+    with torch.no_grad():  # non-zero biases, so that their use is checked
+        for p in mlp.parameters():
+            if p.dim() == 1:
+                p.uniform_(-0.5, 0.5)
+    return router, mlp
+
+
+def _moe_loss(router, mlp, act, x, target):
+    """Top-2 routing: softmax router, tokens permuted to their experts with argsort, the expert
+    MLP, un-permuted with index_copy and summed with the router probabilities; MSE loss."""
+    k = MOE_K
+    probs = torch.softmax(router(x), dim=-1)
+    top_p, top_e = probs.topk(k, dim=-1)
+    flat_e = top_e.reshape(-1)
+    order = torch.argsort(flat_e, stable=True)
+    counts = _expert_counts(flat_e)
+    p = top_p.reshape(-1)[order]
+    xs = x.repeat_interleave(k, dim=0)[order]
+    if act == "gelu":
+        ys = mlp(xs, counts, counts) * p[:, None]
+    else:
+        ys = mlp(xs, counts, p, counts)
+    out = torch.zeros_like(ys).index_copy(0, order, ys).reshape(-1, k, ys.shape[-1]).sum(1)
+    return torch.nn.functional.mse_loss(out, target)
+
+
+def _plain_moe_loss(router, w1, b1, w2, b2, act, x, target):
+    """The same block in plain PyTorch: torch.bincount and a loop over the experts."""
+    k = MOE_K
+    probs = torch.softmax(router(x), dim=-1)
+    top_p, top_e = probs.topk(k, dim=-1)
+    flat_e = top_e.reshape(-1)
+    order = torch.argsort(flat_e, stable=True)
+    counts = torch.bincount(flat_e, minlength=MOE_EXPERTS)
+    p = top_p.reshape(-1)[order]
+    xs = x.repeat_interleave(k, dim=0)[order]
+    outs, r = [], 0
+    for e, n in enumerate(counts.tolist()):
+        h = torch.nn.functional.linear(xs[r:r + n], w1[e], b1[e])
+        if act == "gelu":
+            a = torch.nn.functional.gelu(h, approximate="tanh")
+        elif act == "scaled_swiglu":
+            a1, a2 = h.chunk(2, dim=-1)
+            a = p[r:r + n, None] * torch.nn.functional.silu(a1) * a2
+        else:
+            a = p[r:r + n, None] * torch.relu(h) ** 2
+        y = torch.nn.functional.linear(a, w2[e], b2[e])
+        outs.append(y * p[r:r + n, None] if act == "gelu" else y)
+        r += n
+    ys = torch.cat(outs)
+    out = torch.zeros_like(ys).index_copy(0, order, ys).reshape(-1, k, ys.shape[-1]).sum(1)
+    return torch.nn.functional.mse_loss(out, target)
+
+
+@pytest.mark.parametrize("act", MOE_ACTS)
+def test_moe_block_compiled_trains_like_eager_and_plain_pytorch(act):
+    """The whole top-2 MoE step (router, permutation, GroupedLinear MLP, un-permutation,
+    weighted sum, loss) under torch.compile(fullgraph=True), trained 3 SGD steps in float64:
+    equal to eager exactly and to a plain-PyTorch MoE within the float64 tolerance, in one
+    graph for every step's split values, with each GroupedLinear's custom ops in it (and, with
+    activation recomputation, the fused GroupedMLP's recomputed activation in backward)."""
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+    torch.manual_seed(0)
+    router, mlp = _moe_block(act)
+    router_c, mlp_c = _moe_block(act)
+    router_c.load_state_dict(router.state_dict())
+    mlp_c.load_state_dict(mlp.state_dict())
+    router_p = torch.nn.Linear(MOE_HIDDEN, MOE_EXPERTS, dtype=torch.float64)
+    router_p.load_state_dict(router.state_dict())
+    fc1, fc2 = mlp[0], mlp[2]
+    plain_w = [[t.detach().clone().requires_grad_() for t in ts]
+               for ts in (fc1.weights(), fc1.biases(), fc2.weights(), fc2.biases())]
+    backend = AotEagerAndRecordGraphs()
+    compiled = torch.compile(lambda x, t: _moe_loss(router_c, mlp_c, act, x, t),
+                             backend=backend, fullgraph=True)
+    runs = {
+        "eager": ([*router.parameters(), *mlp.parameters()],
+                  lambda x, t: _moe_loss(router, mlp, act, x, t)),
+        "compiled": ([*router_c.parameters(), *mlp_c.parameters()], compiled),
+        "plain": ([*router_p.parameters(), *(t for ts in plain_w for t in ts)],
+                  lambda x, t: _plain_moe_loss(router_p, *plain_w, act, x, t)),
+    }
+    opts = {name: torch.optim.SGD(params, lr=0.5) for name, (params, _) in runs.items()}
+    splits_seen = set()
+    for _ in range(3):  # a new batch each step: other split values
+        x0 = torch.randn(MOE_TOKENS, MOE_HIDDEN, dtype=torch.float64)
+        target = torch.randn(MOE_TOKENS, MOE_HIDDEN, dtype=torch.float64)
+        with torch.no_grad():
+            top_e = router(x0).topk(MOE_K, dim=-1).indices.reshape(-1)
+            splits_seen.add(tuple(_expert_counts(top_e).tolist()))
+        got = {}
+        for name, (params, fn) in runs.items():
+            opts[name].zero_grad()
+            x = x0.clone().requires_grad_()
+            loss = fn(x, target)
+            loss.backward()
+            got[name] = [loss.detach(), x.grad, *[p.grad.clone() for p in params]]
+            opts[name].step()
+        for c, e in zip(got["compiled"], got["eager"]):
+            torch.testing.assert_close(c, e, **COMPILED_VS_EAGER)
+        for e, p in zip(got["eager"], got["plain"]):
+            torch.testing.assert_close(e, p, **tols(torch.float64))
+    assert len(splits_seen) == 3
+    assert len(backend.graphs) == 1  # new split values, no recompilation
+    fw = "\n".join(g.code for g in backend.fw_graphs)
+    bw = "\n".join(g.code for g in backend.bw_graphs)
+    assert fw.count("te_cpp.grouped_linear_fwd.default(") == 2
+    assert bw.count("te_cpp.grouped_linear_dgrad.default(") == 2
+    assert bw.count("te_cpp.grouped_linear_wgrad.default(") == 2
+    if act != "gelu":
+        stem = "scaled_swiglu" if act == "scaled_swiglu" else "scaled_srelu"
+        plan, = mlp_c.fusion_plan(x0, torch.tensor([MOE_TOKENS * MOE_K, 0, 0, 0]),
+                                  torch.rand(MOE_TOKENS * MOE_K, dtype=torch.float64),
+                                  torch.tensor([MOE_TOKENS * MOE_K, 0, 0, 0]),
+                                  requires_grad=True)
+        assert [type(op).__name__ for op, _ in plan.forward_ops] == ["GroupedMLP"]
+        assert fw.count(f"te_cpp.{stem}_fwd.default(") == 1
+        assert bw.count(f"te_cpp.{stem}_bwd.default(") == 1
+        # Only the fused GroupedMLP recomputes the activation (for fc2's wgrad): the traced
+        # backward has it. (AOTAutograd's CSE then merges it with the forward's call, so the
+        # partitioned backward graph reads the saved activation instead.)
+        bwd_body = "\n".join(m.code for name, m in backend.graphs[0].named_modules()
+                             if name.startswith("bwd_body"))
+        assert bwd_body.count(f"te_cpp.{stem}_fwd(") == (act == "scaled_srelu_recompute")
