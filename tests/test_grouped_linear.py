@@ -490,3 +490,168 @@ def test_moe_block_compiled_trains_like_eager_and_plain_pytorch(act):
         bwd_body = "\n".join(m.code for name, m in backend.graphs[0].named_modules()
                              if name.startswith("bwd_body"))
         assert bwd_body.count(f"te_cpp.{stem}_fwd(") == (act == "scaled_srelu_recompute")
+
+
+# ---- the paths easy to forget ---------------------------------------------------------------
+
+def _check_against_reference(op, x, splits, y, dy, *, scales=None, dtype=torch.float32):
+    """y and every gradient of one GroupedLinear call against the float64 reference."""
+    xr = x.detach().double().requires_grad_()
+    sr = scales.detach().double().requires_grad_() if scales is not None else None
+    wr = [w.detach().double().requires_grad_() for w in op.weights()]
+    br = [b.detach().double().requires_grad_() for b in op.biases()]
+    yr = _reference(xr.reshape(-1, xr.shape[-1]), splits, wr, br, sr)
+    yr.backward(dy.double().reshape(yr.shape))
+    t = tols(dtype)
+    torch.testing.assert_close(y.detach().double().reshape(yr.shape), yr, **t)
+    torch.testing.assert_close(x.grad.double(), xr.grad, **t)
+    for got, ref in zip([*op.weights(), *op.biases()], [*wr, *br]):
+        torch.testing.assert_close(got.grad.double(), ref.grad, **t)
+    if scales is not None:
+        torch.testing.assert_close(scales.grad.double(), sr.grad, **t)
+
+
+@pytest.mark.parametrize("scale_bias", [False, True])
+def test_inference_mode_forward(scale_bias):
+    """Under torch.inference_mode the output equals the grad-mode one bitwise (and so the
+    float64 reference) and is an inference tensor without autograd history."""
+    splits = SPLITS["empty_groups"]
+    op = _model(splits, torch.float32, scale_bias=scale_bias)
+    model = te.ops.Sequential(op)
+    x, scales, dy, y = _run(op, splits, torch.float32, scale_bias=scale_bias, model=model)
+    _check_against_reference(op, x, splits, y, dy, scales=scales)
+    extra = (torch.tensor(splits),) + ((scales.detach(),) if scale_bias else ())
+    with torch.inference_mode():
+        y_inf = model(x.detach(), *extra)
+    assert y_inf.is_inference() and not y_inf.requires_grad
+    torch.testing.assert_close(y_inf, y.detach(), rtol=0, atol=0)
+
+
+def test_in_place_residual_around_grouped_linear():
+    """y = x + GroupedLinear(x) with in-place residual ops (MakeExtraOutput / AddExtraInput
+    with in_place=True): the in-place add writes into the input GroupedLinear saved for its
+    weight gradients, which must still be the reference's."""
+    splits = SPLITS["uneven"]
+    op = te.ops.GroupedLinear(len(splits), IN, IN, dtype=torch.float32)
+    with torch.no_grad():
+        for b in op.biases():
+            b.uniform_(-1, 1)
+    model = te.ops.Sequential(
+        te.ops.MakeExtraOutput(in_place=True).set_extra_output_channel(
+            0, "res", output_to_caller=False),
+        op,
+        te.ops.AddExtraInput(in_place=True).set_extra_input_channel(0, "res"))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(sum(splits), IN, generator=g).requires_grad_()
+    dy = torch.randn(sum(splits), IN, generator=g)
+    xr = x.detach().double().requires_grad_()
+    y = model(x, torch.tensor(splits))
+    y.backward(dy)
+    wr = [w.detach().double().requires_grad_() for w in op.weights()]
+    br = [b.detach().double().requires_grad_() for b in op.biases()]
+    yr = _reference(xr, splits, wr, br, None) + xr
+    yr.backward(dy.double())
+    t = tols(torch.float32)
+    torch.testing.assert_close(y.detach().double(), yr, **t)
+    torch.testing.assert_close(x.grad.double(), xr.grad, **t)
+    for got, ref in zip([*op.weights(), *op.biases()], [*wr, *br]):
+        torch.testing.assert_close(got.grad.double(), ref.grad, **t)
+
+
+@pytest.mark.parametrize("x_grad", [False, True])
+def test_input_modified_in_place_after_forward_is_refused(x_grad):
+    """The input GroupedLinear saved for its weight gradients, modified in place before
+    backward: autograd's version check refuses the backward instead of a wrong dW."""
+    splits = SPLITS["uneven"]
+    op = _model(splits, torch.float32)
+    leaf = torch.randn(sum(splits), IN, requires_grad=x_grad)
+    x = leaf * 1 if x_grad else leaf  # a leaf that requires grad cannot be modified in place
+    y = te.ops.Sequential(op)(x, torch.tensor(splits))
+    x.add_(1)
+    with pytest.raises(RuntimeError, match="modified (by an )?inplace"):
+        y.backward(torch.ones_like(y))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("layout", ["transposed", "permuted_3d"])
+def test_non_contiguous_input_split_sizes_and_scales(layout, dtype):
+    """A transposed-view input (and a permuted 3-D one), split sizes and bias scales taken
+    with a stride of 2: the reference's results, dx with the input's shape."""
+    splits = SPLITS["uneven"]
+    total = sum(splits)
+    op = _model(splits, dtype, scale_bias=True)
+    g = torch.Generator().manual_seed(0)
+    if layout == "transposed":
+        x = torch.randn(IN, total, generator=g).to(dtype).t()
+    else:
+        x = torch.randn(total // 4, 4, IN, generator=g).to(dtype).transpose(0, 1)
+    x.requires_grad_()
+    scales = torch.rand(total, 2, generator=g).to(dtype)[:, 0].requires_grad_()
+    split_t = torch.tensor([[n, 99] for n in splits])[:, 0]
+    assert not (x.is_contiguous() or scales.is_contiguous() or split_t.is_contiguous())
+    dy = torch.randn(*x.shape[:-1], OUT, generator=g).to(dtype)
+    y = te.ops.Sequential(op)(x, split_t, scales)
+    y.backward(dy)
+    assert y.shape == (*x.shape[:-1], OUT) and x.grad.shape == x.shape
+    # the reference splits the rows in the order the op sees them (x's logical row order)
+    _check_against_reference(op, x, splits, y, dy, scales=scales, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_realistic_size_matches_float64(dtype):
+    """8 groups, 4096 rows, 1024 -> 1024, uneven splits with an empty and a one-row group.
+    Elementwise tolerances do not hold for the near-zero elements of long reductions (dW sums
+    up to 1200 rows; its largest elements are ~150), so each tensor is compared with the
+    dtype's relative tolerance times its largest magnitude (plain PyTorch in the same dtype
+    is as far from float64). The empty group's gradients are exactly zero."""
+    splits = [700, 0, 512, 1, 1200, 383, 900, 400]
+    torch.manual_seed(0)
+    op = te.ops.GroupedLinear(8, 1024, 1024, dtype=dtype)
+    with torch.no_grad():
+        for b in op.biases():
+            b.uniform_(-1, 1)
+    x = torch.randn(4096, 1024).to(dtype).requires_grad_()
+    dy = torch.randn(4096, 1024).to(dtype)
+    y = te.ops.Sequential(op)(x, torch.tensor(splits))
+    y.backward(dy)
+    xr = x.detach().double().requires_grad_()
+    wr = [w.detach().double().requires_grad_() for w in op.weights()]
+    br = [b.detach().double().requires_grad_() for b in op.biases()]
+    yr = _reference(xr, splits, wr, br, None)
+    yr.backward(dy.double())
+    rtol = tols(dtype)["rtol"]
+    pairs = [(y.detach(), yr), (x.grad, xr.grad),
+             *[(w.grad, r.grad) for w, r in zip([*op.weights(), *op.biases()], [*wr, *br])]]
+    for got, ref in pairs:
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.double(), ref, rtol=0,
+                                   atol=rtol * max(ref.abs().max().item(), 1.0))
+    assert torch.count_nonzero(op.weights()[1].grad) == 0
+    assert torch.count_nonzero(op.biases()[1].grad) == 0
+
+
+@pytest.mark.parametrize("form", ["int32", "int16", "uint8", "2d"])
+def test_split_sizes_other_integer_dtypes_and_2d(form):
+    """Split sizes as int32 / int16 / uint8 (TransformerEngine reads them with tolist, any
+    integer dtype) or as a [1, num_groups] tensor (accepted here, numel checked): the same
+    results as int64 split sizes, bitwise."""
+    splits = SPLITS["empty_groups"]
+    split_t = {"int32": torch.tensor(splits, dtype=torch.int32),
+               "int16": torch.tensor(splits, dtype=torch.int16),
+               "uint8": torch.tensor(splits, dtype=torch.uint8),
+               "2d": torch.tensor([splits])}[form]
+    op = _model(splits, torch.float32)
+    ref = _model(splits, torch.float32)
+    ref.load_state_dict(op.state_dict())
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(sum(splits), IN, generator=g)
+    dy = torch.randn(sum(splits), OUT, generator=g)
+    outs, xs = [], []
+    for m, s in ((op, split_t), (ref, torch.tensor(splits))):
+        xs.append(x.clone().requires_grad_())
+        y = te.ops.Sequential(m)(xs[-1], s)
+        y.backward(dy)
+        outs.append([y.detach(), xs[-1].grad, *[p.grad for p in m.parameters()]])
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    _check_against_reference(op, xs[0], splits, outs[0][0], dy)
