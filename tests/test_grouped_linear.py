@@ -655,3 +655,21 @@ def test_split_sizes_other_integer_dtypes_and_2d(form):
     for a, b in zip(*outs):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     _check_against_reference(op, xs[0], splits, outs[0][0], dy)
+
+
+def test_bincount_split_sizes_compile_fullgraph():
+    """Split sizes from torch.bincount(..., minlength=num_groups), the usual way to count an
+    MoE's tokens per expert, under torch.compile(fullgraph=True): bincount's output length is
+    an unbacked size there (only known to be >= minlength), so GroupedLinear's split-count
+    check must be one the compiler can assume (a runtime check), not a Python branch on it."""
+    splits = SPLITS["empty_groups"]
+    op = _model(splits, torch.float32)
+    model = te.ops.Sequential(op)
+    experts = torch.repeat_interleave(torch.arange(len(splits)), torch.tensor(splits))
+
+    def fn(x, e):
+        return model(x, torch.bincount(e, minlength=len(splits)))
+
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    x = torch.randn(sum(splits), IN)
+    torch.testing.assert_close(compiled(x, experts), fn(x, experts), **COMPILED_VS_EAGER)
