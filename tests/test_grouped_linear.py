@@ -330,3 +330,339 @@ def test_grouped_mlp_compiled_equals_eager_with_the_fusion_kept():
     assert fw.count("te_cpp.scaled_swiglu_fwd.default(") == 1
     assert bw.count("te_cpp.grouped_linear_dgrad.default(") == 2
     assert bw.count("te_cpp.scaled_swiglu_bwd.default(") == 1
+
+
+# ---- the top-2 MoE block compiled -----------------------------------------------------------
+
+MOE_EXPERTS, MOE_TOKENS, MOE_HIDDEN, MOE_FFN, MOE_K = 4, 24, 8, 16, 2
+MOE_ACTS = ["gelu", "scaled_swiglu", "scaled_srelu_recompute"]
+
+
+def _expert_counts(flat_e):
+    """Tokens per expert, shape [experts]. Not torch.bincount: under torch.compile its output
+    length is an unbacked size (only known to be >= minlength), on which GroupedLinear's
+    split-count check cannot guard (fullgraph fails); scatter_add_ into zeros gives the same
+    counts with a static shape."""
+    return torch.zeros(MOE_EXPERTS, dtype=torch.int64).scatter_add_(0, flat_e,
+                                                                    torch.ones_like(flat_e))
+
+
+def _moe_block(act):
+    """A float64 router and expert MLP: GroupedLinear -> act -> GroupedLinear. With a scaled
+    activation the router probabilities scale the activation (the fused GroupedMLP); with GELU
+    they scale the MLP's output."""
+    e, h, f = MOE_EXPERTS, MOE_HIDDEN, MOE_FFN
+    router = torch.nn.Linear(h, e, dtype=torch.float64)
+    op = {"gelu": te.ops.GELU, "scaled_swiglu": te.ops.ScaledSwiGLU,
+          "scaled_srelu_recompute": lambda: te.ops.ScaledSReLU(activation_recompute_in_mlp=True)
+          }[act]()
+    fc1_out = 2 * f if act == "scaled_swiglu" else f
+    mlp = te.ops.Sequential(te.ops.GroupedLinear(e, h, fc1_out, dtype=torch.float64), op,
+                            te.ops.GroupedLinear(e, f, h, dtype=torch.float64))
+    with torch.no_grad():  # non-zero biases, so that their use is checked
+        for p in mlp.parameters():
+            if p.dim() == 1:
+                p.uniform_(-0.5, 0.5)
+    return router, mlp
+
+
+def _moe_loss(router, mlp, act, x, target):
+    """Top-2 routing: softmax router, tokens permuted to their experts with argsort, the expert
+    MLP, un-permuted with index_copy and summed with the router probabilities; MSE loss."""
+    k = MOE_K
+    probs = torch.softmax(router(x), dim=-1)
+    top_p, top_e = probs.topk(k, dim=-1)
+    flat_e = top_e.reshape(-1)
+    order = torch.argsort(flat_e, stable=True)
+    counts = _expert_counts(flat_e)
+    p = top_p.reshape(-1)[order]
+    xs = x.repeat_interleave(k, dim=0)[order]
+    if act == "gelu":
+        ys = mlp(xs, counts, counts) * p[:, None]
+    else:
+        ys = mlp(xs, counts, p, counts)
+    out = torch.zeros_like(ys).index_copy(0, order, ys).reshape(-1, k, ys.shape[-1]).sum(1)
+    return torch.nn.functional.mse_loss(out, target)
+
+
+def _plain_moe_loss(router, w1, b1, w2, b2, act, x, target):
+    """The same block in plain PyTorch: torch.bincount and a loop over the experts."""
+    k = MOE_K
+    probs = torch.softmax(router(x), dim=-1)
+    top_p, top_e = probs.topk(k, dim=-1)
+    flat_e = top_e.reshape(-1)
+    order = torch.argsort(flat_e, stable=True)
+    counts = torch.bincount(flat_e, minlength=MOE_EXPERTS)
+    p = top_p.reshape(-1)[order]
+    xs = x.repeat_interleave(k, dim=0)[order]
+    outs, r = [], 0
+    for e, n in enumerate(counts.tolist()):
+        h = torch.nn.functional.linear(xs[r:r + n], w1[e], b1[e])
+        if act == "gelu":
+            a = torch.nn.functional.gelu(h, approximate="tanh")
+        elif act == "scaled_swiglu":
+            a1, a2 = h.chunk(2, dim=-1)
+            a = p[r:r + n, None] * torch.nn.functional.silu(a1) * a2
+        else:
+            a = p[r:r + n, None] * torch.relu(h) ** 2
+        y = torch.nn.functional.linear(a, w2[e], b2[e])
+        outs.append(y * p[r:r + n, None] if act == "gelu" else y)
+        r += n
+    ys = torch.cat(outs)
+    out = torch.zeros_like(ys).index_copy(0, order, ys).reshape(-1, k, ys.shape[-1]).sum(1)
+    return torch.nn.functional.mse_loss(out, target)
+
+
+@pytest.mark.parametrize("act", MOE_ACTS)
+def test_moe_block_compiled_trains_like_eager_and_plain_pytorch(act):
+    """The whole top-2 MoE step (router, permutation, GroupedLinear MLP, un-permutation,
+    weighted sum, loss) under torch.compile(fullgraph=True), trained 3 SGD steps in float64:
+    equal to eager exactly and to a plain-PyTorch MoE within the float64 tolerance, in one
+    graph for every step's split values, with each GroupedLinear's custom ops in it (and, with
+    activation recomputation, the fused GroupedMLP's recomputed activation in backward)."""
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+    torch.manual_seed(0)
+    router, mlp = _moe_block(act)
+    router_c, mlp_c = _moe_block(act)
+    router_c.load_state_dict(router.state_dict())
+    mlp_c.load_state_dict(mlp.state_dict())
+    router_p = torch.nn.Linear(MOE_HIDDEN, MOE_EXPERTS, dtype=torch.float64)
+    router_p.load_state_dict(router.state_dict())
+    fc1, fc2 = mlp[0], mlp[2]
+    plain_w = [[t.detach().clone().requires_grad_() for t in ts]
+               for ts in (fc1.weights(), fc1.biases(), fc2.weights(), fc2.biases())]
+    backend = AotEagerAndRecordGraphs()
+    compiled = torch.compile(lambda x, t: _moe_loss(router_c, mlp_c, act, x, t),
+                             backend=backend, fullgraph=True)
+    runs = {
+        "eager": ([*router.parameters(), *mlp.parameters()],
+                  lambda x, t: _moe_loss(router, mlp, act, x, t)),
+        "compiled": ([*router_c.parameters(), *mlp_c.parameters()], compiled),
+        "plain": ([*router_p.parameters(), *(t for ts in plain_w for t in ts)],
+                  lambda x, t: _plain_moe_loss(router_p, *plain_w, act, x, t)),
+    }
+    opts = {name: torch.optim.SGD(params, lr=0.5) for name, (params, _) in runs.items()}
+    splits_seen = set()
+    for _ in range(3):  # a new batch each step: other split values
+        x0 = torch.randn(MOE_TOKENS, MOE_HIDDEN, dtype=torch.float64)
+        target = torch.randn(MOE_TOKENS, MOE_HIDDEN, dtype=torch.float64)
+        with torch.no_grad():
+            top_e = router(x0).topk(MOE_K, dim=-1).indices.reshape(-1)
+            splits_seen.add(tuple(_expert_counts(top_e).tolist()))
+        got = {}
+        for name, (params, fn) in runs.items():
+            opts[name].zero_grad()
+            x = x0.clone().requires_grad_()
+            loss = fn(x, target)
+            loss.backward()
+            got[name] = [loss.detach(), x.grad, *[p.grad.clone() for p in params]]
+            opts[name].step()
+        for c, e in zip(got["compiled"], got["eager"]):
+            torch.testing.assert_close(c, e, **COMPILED_VS_EAGER)
+        for e, p in zip(got["eager"], got["plain"]):
+            torch.testing.assert_close(e, p, **tols(torch.float64))
+    assert len(splits_seen) == 3
+    assert len(backend.graphs) == 1  # new split values, no recompilation
+    fw = "\n".join(g.code for g in backend.fw_graphs)
+    bw = "\n".join(g.code for g in backend.bw_graphs)
+    assert fw.count("te_cpp.grouped_linear_fwd.default(") == 2
+    assert bw.count("te_cpp.grouped_linear_dgrad.default(") == 2
+    assert bw.count("te_cpp.grouped_linear_wgrad.default(") == 2
+    if act != "gelu":
+        stem = "scaled_swiglu" if act == "scaled_swiglu" else "scaled_srelu"
+        plan, = mlp_c.fusion_plan(x0, torch.tensor([MOE_TOKENS * MOE_K, 0, 0, 0]),
+                                  torch.rand(MOE_TOKENS * MOE_K, dtype=torch.float64),
+                                  torch.tensor([MOE_TOKENS * MOE_K, 0, 0, 0]),
+                                  requires_grad=True)
+        assert [type(op).__name__ for op, _ in plan.forward_ops] == ["GroupedMLP"]
+        assert fw.count(f"te_cpp.{stem}_fwd.default(") == 1
+        assert bw.count(f"te_cpp.{stem}_bwd.default(") == 1
+        # Only the fused GroupedMLP recomputes the activation (for fc2's wgrad): the traced
+        # backward has it. (AOTAutograd's CSE then merges it with the forward's call, so the
+        # partitioned backward graph reads the saved activation instead.)
+        bwd_body = "\n".join(m.code for name, m in backend.graphs[0].named_modules()
+                             if name.startswith("bwd_body"))
+        assert bwd_body.count(f"te_cpp.{stem}_fwd(") == (act == "scaled_srelu_recompute")
+
+
+# ---- the paths easy to forget ---------------------------------------------------------------
+
+def _check_against_reference(op, x, splits, y, dy, *, scales=None, dtype=torch.float32):
+    """y and every gradient of one GroupedLinear call against the float64 reference."""
+    xr = x.detach().double().requires_grad_()
+    sr = scales.detach().double().requires_grad_() if scales is not None else None
+    wr = [w.detach().double().requires_grad_() for w in op.weights()]
+    br = [b.detach().double().requires_grad_() for b in op.biases()]
+    yr = _reference(xr.reshape(-1, xr.shape[-1]), splits, wr, br, sr)
+    yr.backward(dy.double().reshape(yr.shape))
+    t = tols(dtype)
+    torch.testing.assert_close(y.detach().double().reshape(yr.shape), yr, **t)
+    torch.testing.assert_close(x.grad.double(), xr.grad, **t)
+    for got, ref in zip([*op.weights(), *op.biases()], [*wr, *br]):
+        torch.testing.assert_close(got.grad.double(), ref.grad, **t)
+    if scales is not None:
+        torch.testing.assert_close(scales.grad.double(), sr.grad, **t)
+
+
+@pytest.mark.parametrize("scale_bias", [False, True])
+def test_inference_mode_forward(scale_bias):
+    """Under torch.inference_mode the output equals the grad-mode one bitwise (and so the
+    float64 reference) and is an inference tensor without autograd history."""
+    splits = SPLITS["empty_groups"]
+    op = _model(splits, torch.float32, scale_bias=scale_bias)
+    model = te.ops.Sequential(op)
+    x, scales, dy, y = _run(op, splits, torch.float32, scale_bias=scale_bias, model=model)
+    _check_against_reference(op, x, splits, y, dy, scales=scales)
+    extra = (torch.tensor(splits),) + ((scales.detach(),) if scale_bias else ())
+    with torch.inference_mode():
+        y_inf = model(x.detach(), *extra)
+    assert y_inf.is_inference() and not y_inf.requires_grad
+    torch.testing.assert_close(y_inf, y.detach(), rtol=0, atol=0)
+
+
+def test_in_place_residual_around_grouped_linear():
+    """y = x + GroupedLinear(x) with in-place residual ops (MakeExtraOutput / AddExtraInput
+    with in_place=True): the in-place add writes into the input GroupedLinear saved for its
+    weight gradients, which must still be the reference's."""
+    splits = SPLITS["uneven"]
+    op = te.ops.GroupedLinear(len(splits), IN, IN, dtype=torch.float32)
+    with torch.no_grad():
+        for b in op.biases():
+            b.uniform_(-1, 1)
+    model = te.ops.Sequential(
+        te.ops.MakeExtraOutput(in_place=True).set_extra_output_channel(
+            0, "res", output_to_caller=False),
+        op,
+        te.ops.AddExtraInput(in_place=True).set_extra_input_channel(0, "res"))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(sum(splits), IN, generator=g).requires_grad_()
+    dy = torch.randn(sum(splits), IN, generator=g)
+    xr = x.detach().double().requires_grad_()
+    y = model(x, torch.tensor(splits))
+    y.backward(dy)
+    wr = [w.detach().double().requires_grad_() for w in op.weights()]
+    br = [b.detach().double().requires_grad_() for b in op.biases()]
+    yr = _reference(xr, splits, wr, br, None) + xr
+    yr.backward(dy.double())
+    t = tols(torch.float32)
+    torch.testing.assert_close(y.detach().double(), yr, **t)
+    torch.testing.assert_close(x.grad.double(), xr.grad, **t)
+    for got, ref in zip([*op.weights(), *op.biases()], [*wr, *br]):
+        torch.testing.assert_close(got.grad.double(), ref.grad, **t)
+
+
+@pytest.mark.parametrize("x_grad", [False, True])
+def test_input_modified_in_place_after_forward_is_refused(x_grad):
+    """The input GroupedLinear saved for its weight gradients, modified in place before
+    backward: autograd's version check refuses the backward instead of a wrong dW."""
+    splits = SPLITS["uneven"]
+    op = _model(splits, torch.float32)
+    leaf = torch.randn(sum(splits), IN, requires_grad=x_grad)
+    x = leaf * 1 if x_grad else leaf  # a leaf that requires grad cannot be modified in place
+    y = te.ops.Sequential(op)(x, torch.tensor(splits))
+    x.add_(1)
+    with pytest.raises(RuntimeError, match="modified (by an )?inplace"):
+        y.backward(torch.ones_like(y))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("layout", ["transposed", "permuted_3d"])
+def test_non_contiguous_input_split_sizes_and_scales(layout, dtype):
+    """A transposed-view input (and a permuted 3-D one), split sizes and bias scales taken
+    with a stride of 2: the reference's results, dx with the input's shape."""
+    splits = SPLITS["uneven"]
+    total = sum(splits)
+    op = _model(splits, dtype, scale_bias=True)
+    g = torch.Generator().manual_seed(0)
+    if layout == "transposed":
+        x = torch.randn(IN, total, generator=g).to(dtype).t()
+    else:
+        x = torch.randn(total // 4, 4, IN, generator=g).to(dtype).transpose(0, 1)
+    x.requires_grad_()
+    scales = torch.rand(total, 2, generator=g).to(dtype)[:, 0].requires_grad_()
+    split_t = torch.tensor([[n, 99] for n in splits])[:, 0]
+    assert not (x.is_contiguous() or scales.is_contiguous() or split_t.is_contiguous())
+    dy = torch.randn(*x.shape[:-1], OUT, generator=g).to(dtype)
+    y = te.ops.Sequential(op)(x, split_t, scales)
+    y.backward(dy)
+    assert y.shape == (*x.shape[:-1], OUT) and x.grad.shape == x.shape
+    # the reference splits the rows in the order the op sees them (x's logical row order)
+    _check_against_reference(op, x, splits, y, dy, scales=scales, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_realistic_size_matches_float64(dtype):
+    """8 groups, 4096 rows, 1024 -> 1024, uneven splits with an empty and a one-row group.
+    Elementwise tolerances do not hold for the near-zero elements of long reductions (dW sums
+    up to 1200 rows; its largest elements are ~150), so each tensor is compared with the
+    dtype's relative tolerance times its largest magnitude (plain PyTorch in the same dtype
+    is as far from float64). The empty group's gradients are exactly zero."""
+    splits = [700, 0, 512, 1, 1200, 383, 900, 400]
+    torch.manual_seed(0)
+    op = te.ops.GroupedLinear(8, 1024, 1024, dtype=dtype)
+    with torch.no_grad():
+        for b in op.biases():
+            b.uniform_(-1, 1)
+    x = torch.randn(4096, 1024).to(dtype).requires_grad_()
+    dy = torch.randn(4096, 1024).to(dtype)
+    y = te.ops.Sequential(op)(x, torch.tensor(splits))
+    y.backward(dy)
+    xr = x.detach().double().requires_grad_()
+    wr = [w.detach().double().requires_grad_() for w in op.weights()]
+    br = [b.detach().double().requires_grad_() for b in op.biases()]
+    yr = _reference(xr, splits, wr, br, None)
+    yr.backward(dy.double())
+    rtol = tols(dtype)["rtol"]
+    pairs = [(y.detach(), yr), (x.grad, xr.grad),
+             *[(w.grad, r.grad) for w, r in zip([*op.weights(), *op.biases()], [*wr, *br])]]
+    for got, ref in pairs:
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.double(), ref, rtol=0,
+                                   atol=rtol * max(ref.abs().max().item(), 1.0))
+    assert torch.count_nonzero(op.weights()[1].grad) == 0
+    assert torch.count_nonzero(op.biases()[1].grad) == 0
+
+
+@pytest.mark.parametrize("form", ["int32", "int16", "uint8", "2d"])
+def test_split_sizes_other_integer_dtypes_and_2d(form):
+    """Split sizes as int32 / int16 / uint8 (TransformerEngine reads them with tolist, any
+    integer dtype) or as a [1, num_groups] tensor (accepted here, numel checked): the same
+    results as int64 split sizes, bitwise."""
+    splits = SPLITS["empty_groups"]
+    split_t = {"int32": torch.tensor(splits, dtype=torch.int32),
+               "int16": torch.tensor(splits, dtype=torch.int16),
+               "uint8": torch.tensor(splits, dtype=torch.uint8),
+               "2d": torch.tensor([splits])}[form]
+    op = _model(splits, torch.float32)
+    ref = _model(splits, torch.float32)
+    ref.load_state_dict(op.state_dict())
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(sum(splits), IN, generator=g)
+    dy = torch.randn(sum(splits), OUT, generator=g)
+    outs, xs = [], []
+    for m, s in ((op, split_t), (ref, torch.tensor(splits))):
+        xs.append(x.clone().requires_grad_())
+        y = te.ops.Sequential(m)(xs[-1], s)
+        y.backward(dy)
+        outs.append([y.detach(), xs[-1].grad, *[p.grad for p in m.parameters()]])
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    _check_against_reference(op, xs[0], splits, outs[0][0], dy)
+
+
+def test_bincount_split_sizes_compile_fullgraph():
+    """Split sizes from torch.bincount(..., minlength=num_groups), the usual way to count an
+    MoE's tokens per expert, under torch.compile(fullgraph=True): bincount's output length is
+    an unbacked size there (only known to be >= minlength), so GroupedLinear's split-count
+    check must be one the compiler can assume (a runtime check), not a Python branch on it."""
+    splits = SPLITS["empty_groups"]
+    op = _model(splits, torch.float32)
+    model = te.ops.Sequential(op)
+    experts = torch.repeat_interleave(torch.arange(len(splits)), torch.tensor(splits))
+
+    def fn(x, e):
+        return model(x, torch.bincount(e, minlength=len(splits)))
+
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    x = torch.randn(sum(splits), IN)
+    torch.testing.assert_close(compiled(x, experts), fn(x, experts), **COMPILED_VS_EAGER)
