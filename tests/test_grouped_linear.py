@@ -339,12 +339,9 @@ MOE_ACTS = ["gelu", "scaled_swiglu", "scaled_srelu_recompute"]
 
 
 def _expert_counts(flat_e):
-    """Tokens per expert, shape [experts]. Not torch.bincount: under torch.compile its output
-    length is an unbacked size (only known to be >= minlength), on which GroupedLinear's
-    split-count check cannot guard (fullgraph fails); scatter_add_ into zeros gives the same
-    counts with a static shape."""
-    return torch.zeros(MOE_EXPERTS, dtype=torch.int64).scatter_add_(0, flat_e,
-                                                                    torch.ones_like(flat_e))
+    """Tokens per expert, shape [experts]: torch.bincount, whose output length under
+    torch.compile is data-dependent (GroupedLinear asserts it instead of branching on it)."""
+    return torch.bincount(flat_e, minlength=MOE_EXPERTS)
 
 
 def _moe_block(act):

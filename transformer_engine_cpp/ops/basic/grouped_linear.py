@@ -348,10 +348,16 @@ class GroupedLinear(BasicOperation):
                 or split_sizes.dtype == torch.bool:
             raise TypeError(f"GroupedLinear: the split sizes must be an integer tensor, got "
                             f"{split_sizes.dtype}")
-        if split_sizes.numel() != self.num_groups:
-            raise ValueError(f"GroupedLinear: expected {self.num_groups} split sizes, got shape "
+        groups = self.num_groups
+        if torch.compiler.is_compiling():
+            # the count may be data-dependent (torch.bincount's output length): asserted, not
+            # branched on, so the trace goes on with a static [num_groups]
+            torch._check(split_sizes.numel() == groups,
+                         lambda: f"GroupedLinear: expected {groups} split sizes")
+        elif split_sizes.numel() != groups:
+            raise ValueError(f"GroupedLinear: expected {groups} split sizes, got shape "
                              f"{list(split_sizes.shape)}")
-        return split_sizes.reshape(self.num_groups).to(torch.int64)
+        return split_sizes.reshape(groups).to(torch.int64)
 
     def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs, basic_op_kwargs,
                       **unused):
