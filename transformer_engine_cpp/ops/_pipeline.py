@@ -92,7 +92,9 @@ def pipeline_forward(func_ctx, plan, basic_op_kwargs, arg_layout, *tensors):
                                         extra_outputs, step.outputs_read_after)
         prev_q = next_q = None
         if plan.quantized:
-            if step.prev_idx is not None:
+            # a backward_override leaves the backward unquantized: no op hands dx back
+            # quantized
+            if step.prev_idx is not None and plan.backward_override is None:
                 prev_q = basic_ops[step.prev_idx].get_grad_output_quantizer()
             if step.next_idx is not None:
                 next_q = basic_ops[step.next_idx].get_input_quantizer()

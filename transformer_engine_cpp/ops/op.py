@@ -269,6 +269,12 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
         self._quantizers = {mode: state.make_quantizers() for mode, state in states.items()}
         self._apply_pending_fp8_state()
 
+    def backward_override(self) -> Optional[str]:
+        """The active recipe's ``backward_override`` (None without a recipe): "high_precision"
+        or "dequantized" make this op's backward unquantized (TransformerEngine's)."""
+        metas = self._fp8_metas
+        return None if metas is None else metas["recipe"].backward_override
+
     def register_delayed_scaling_states(self) -> None:
         """Delayed scaling: have this op's forward scales updated when the outermost
         te.autocast exits (the fuser calls this on every quantized call, as TransformerEngine

@@ -406,22 +406,30 @@ class BasicLinear(BasicOperation):
         ctx.weight_requires_grad = ctx.requires_grad and self.weight.requires_grad
         need_dgrad = ctx.requires_grad and ctx.input_requires_grad
         ctx.input_was_quantized = _quantized.is_storage(x)
+        override = self.backward_override()
+        # the columnwise copies feed the quantized backward GEMMs only
+        x_cols = ctx.weight_requires_grad and override is None
         if self._gathers_input:
             xq, x_local = self._gather_quantized(x, ctx.input_quantizer, "input", rowwise=True,
-                                                 columnwise=ctx.weight_requires_grad)
+                                                 columnwise=x_cols)
             ctx.saved_input_gathered = x_local is None
             x_saved = xq if x_local is None else x_local
+            if override == "dequantized" and x_local is None:  # backward gathers the local rows
+                x_saved = ctx.input_quantizer.quantize_storage(
+                    _quantized.as_high_precision(x), op=type(self).__name__)
+                ctx.saved_input_gathered = False
         else:
             if ctx.input_was_quantized:  # the previous op emitted it quantized: no second cast
                 xq = x
             else:
-                xq = ctx.input_quantizer.quantize_storage(x, columnwise=ctx.weight_requires_grad,
+                xq = ctx.input_quantizer.quantize_storage(x, columnwise=x_cols,
                                                           op=type(self).__name__)
             x_saved = xq
         if isinstance(w, Float8Tensor):  # a quantized weight: its own buffers, no second cast
             wq = as_storage(w)
         else:
-            wq = ctx.weight_quantizer.quantize_storage(w, columnwise=need_dgrad,
+            wq = ctx.weight_quantizer.quantize_storage(w, columnwise=need_dgrad
+                                                       and override is None,
                                                        op=type(self).__name__)
         epilogue = bias is not None or extra is not None or alpha != 1.0
         if not epilogue and _fp8_gemm_fits(xq, wq, ctx.dtype):
@@ -436,10 +444,18 @@ class BasicLinear(BasicOperation):
                 y = _linear_fwd_add(xq.dequantize_rowwise(), wq.dequantize_rowwise(), b32,
                                     extra.to(torch.float32), alpha)
         if ctx.requires_grad:
-            saved_x = x_saved.buffers() if ctx.weight_requires_grad else (None,) * 4
-            saved_w = wq.buffers() if need_dgrad else (None,) * 4
-            ctx.save_for_backward(*saved_x, *saved_w)
-            ctx.quantized_meta = (x_saved.metadata(), wq.metadata())
+            ctx.with_quantized_compute = override is None
+            if override == "high_precision":  # the unquantized backward on the originals
+                x_hp = _quantized.as_high_precision(x)
+                w_hp = w.dequantize(dtype=ctx.dtype) if isinstance(w, QuantizedTensor) else w
+                ctx.save_for_backward(
+                    x_hp.to(ctx.dtype) if ctx.weight_requires_grad else None,
+                    w_hp if need_dgrad else None)
+            else:  # quantized buffers ("dequantized": dequantized for an unquantized backward)
+                saved_x = x_saved.buffers() if ctx.weight_requires_grad else (None,) * 4
+                saved_w = wq.buffers() if need_dgrad else (None,) * 4
+                ctx.save_for_backward(*saved_x, *saved_w)
+                ctx.quantized_meta = (x_saved.metadata(), wq.metadata())
         if extra is not None:
             return y
         return self.reduce_output(y if y.dtype == ctx.dtype else y.to(ctx.dtype))
@@ -467,7 +483,14 @@ class BasicLinear(BasicOperation):
     def _backward(self, ctx: LinearContext, grad_output: torch.Tensor, alpha: float,
                   grad_extra: Optional[torch.Tensor], bias_dtype: Optional[torch.dtype]):
         grad_output = _quantized.as_high_precision(grad_output)
-        x, w = ctx.saved_tensors
+        if ctx.quantized_meta is None:
+            x, w = ctx.saved_tensors
+        else:  # backward_override="dequantized": the saved quantized operands, dequantized
+            saved, (x_meta, w_meta) = ctx.saved_tensors, ctx.quantized_meta
+            x = (QuantizedTensorStorage.from_buffers(saved[:4], x_meta).dequantize_rowwise(
+                ctx.dtype) if ctx.weight_requires_grad else None)
+            w = (QuantizedTensorStorage.from_buffers(saved[4:], w_meta).dequantize_rowwise(
+                ctx.dtype) if ctx.input_requires_grad else None)
         dy = grad_output if grad_output.dtype == ctx.dtype else grad_output.to(ctx.dtype)
         dx = db = None
         if self.tensor_parallel_mode is not None:

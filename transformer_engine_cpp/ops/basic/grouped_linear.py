@@ -45,6 +45,8 @@ class GroupedLinearContext(OperationContext):
     with_quantized_compute: bool = False
     quantized_meta: Optional[tuple] = None
     grad_output_quantizers: Optional[list] = None
+    #: the recipe's backward_override when the forward was quantized
+    backward_override: Optional[str] = None
 
 
 class _SplitQuantized:
@@ -422,22 +424,32 @@ class GroupedLinear(BasicOperation):
         tensors are the quantized buffers."""
         ctx.with_quantized_compute = True
         ctx.grad_output_quantizers = self._group_quantizers("backward", 0, 1)
+        override = ctx.backward_override = self.backward_override()
         need_dgrad = ctx.requires_grad and ctx.input_requires_grad
+        # the columnwise copies feed the quantized backward GEMMs only
         xq = _SplitQuantized.quantize(x2, split_sizes, self._group_quantizers("forward", 0, 2),
-                                      rowwise=True, columnwise=ctx.weight_requires_grad)
+                                      rowwise=True,
+                                      columnwise=ctx.weight_requires_grad and override is None)
         wqs = []
         for w, q in zip(self.weights(), self._group_quantizers("forward", 1, 2)):
             if isinstance(w, Float8Tensor):  # te.quantized_model_init: its own buffers
                 wqs.append(as_storage(w))
             else:
                 wq_in = w if w.dtype == ctx.dtype else w.to(ctx.dtype)
-                wqs.append(q.quantize_storage(wq_in, rowwise=True, columnwise=need_dgrad,
+                wqs.append(q.quantize_storage(wq_in, rowwise=True,
+                                              columnwise=need_dgrad and override is None,
                                               op="GroupedLinear"))
         f32 = torch.float32
         y = _ops.grouped_linear_fwd.default(
             xq.rowwise(split_sizes), split_sizes, [wq.dequantize_rowwise(f32) for wq in wqs],
             [b.to(f32) for b in bs], None if scales is None else scales.to(f32))
-        if ctx.requires_grad:
+        if ctx.requires_grad and override == "high_precision":  # the unquantized backward
+            ctx.with_quantized_compute = False
+            ws = [self._weight_in(w, ctx.dtype) for w in self.weights()]
+            ctx.save_for_backward(
+                split_sizes, x2 if ctx.weight_requires_grad else None, saved_scales,
+                *(ws if need_dgrad else [None] * self.num_groups), *saved_bs)
+        elif ctx.requires_grad:
             x_bufs = xq.buffers if ctx.weight_requires_grad else ()
             w_bufs = [t for wq in wqs for t in wq.buffers()] if need_dgrad else []
             ctx.save_for_backward(split_sizes, None, saved_scales, *saved_bs, *x_bufs, *w_bufs)
@@ -488,7 +500,9 @@ class GroupedLinear(BasicOperation):
         group with the grad_output quantizers (the rowwise copy for dgrad, the columnwise one
         for wgrad), the weights' columnwise copies and the input's columnwise copy. Returns
         (biases, (dy, weights) for dgrad, (dy, x) for wgrad); dbias and dscales take the
-        high-precision dy, as in TransformerEngine."""
+        high-precision dy, as in TransformerEngine. With backward_override="dequantized" the
+        GEMMs are unquantized: dy as it is, the saved rowwise copies dequantized to the compute
+        dtype."""
         n_bs, x_meta, w_meta = ctx.quantized_meta
         split_sizes = saved[0]
         bs = list(saved[3:3 + n_bs])
@@ -496,6 +510,16 @@ class GroupedLinear(BasicOperation):
         dgrad = wgrad = (None, None)
         if not (x_meta is not None or w_meta is not None):
             return bs, dgrad, wgrad  # bias-only training: dy is not quantized
+        if ctx.backward_override == "dequantized":  # unquantized GEMMs on the saved values
+            if x_meta is not None:
+                count = x_meta[0]
+                xq = _SplitQuantized.from_buffers(rest[:count], x_meta)
+                rest = rest[count:]
+                wgrad = (dy, xq.rowwise(split_sizes).to(ctx.dtype))
+            if w_meta is not None:
+                dgrad = (dy, [QuantizedTensorStorage.from_buffers(rest[4 * i:4 * i + 4], meta)
+                              .dequantize_rowwise(ctx.dtype) for i, meta in enumerate(w_meta)])
+            return bs, dgrad, wgrad
         dyq = _SplitQuantized.quantize(dy, split_sizes, ctx.grad_output_quantizers,
                                        rowwise=w_meta is not None, columnwise=x_meta is not None)
         if x_meta is not None:

@@ -48,7 +48,8 @@ class Quantize(BasicOperation):
     def op_forward(self, ctx: QuantizeContext, input_: torch.Tensor, *,
                    prev_op_grad_output_quantizer=None, next_op_input_quantizer=None, **kwargs):
         quantizer = self.get_quantizer("forward", 0) if self._quantize_forward else None
-        ctx.grad_quantizer = (self.get_quantizer("backward", 0) if self._quantize_backward
+        ctx.grad_quantizer = (self.get_quantizer("backward", 0)
+                              if self._quantize_backward and self.backward_override() is None
                               else None)
         if _quantized.is_storage(input_):
             return input_.dequantize()  # the previous op already quantized it with ours

@@ -37,7 +37,8 @@ def quantized_linear(ops, basic_op_ctxs, input_, has_bias: bool, *, extra=None,
     b = None
     if has_bias:
         b = ops[1].gemm_bias(basic_op_ctxs[1], linear_ctx.dtype)
-        basic_op_ctxs[1].grad_input_quantizer = linear.get_grad_output_quantizer()
+        if linear.backward_override() is None:
+            basic_op_ctxs[1].grad_input_quantizer = linear.get_grad_output_quantizer()
     return linear._quantized_forward(linear_ctx, x, w, bias=b, extra=extra, alpha=alpha)
 
 
