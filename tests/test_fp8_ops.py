@@ -14,6 +14,7 @@ from torch._dynamo.utils import counters
 
 import transformer_engine_cpp as te
 from transformer_engine_cpp.ops import _quantized
+from transformer_engine_cpp.quantization.tensor import as_storage
 from transformer_engine_cpp.testing.reference import te_prenorm_mlp
 from test_fp8_quantize import E4M3, E5M2, ref_current, ref_dequant, ref_mx_dequant, ref_mxfp8
 from tolerances import COMPILED_VS_EAGER, tols
@@ -433,7 +434,7 @@ def test_dtype_cast_keeps_quantized_weights(final):
     assert x.grad.dtype == torch.float32 and w.grad.dtype == final_dtype
 
 
-def test_quantized_weights_compile_and_reject_mxfp8():
+def test_quantized_weights_compile():
     recipe = te.recipe.Float8CurrentScaling()
     with te.quantized_model_init(recipe=recipe):
         model = te.ops.Sequential(te.ops.Linear(32, 32), te.ops.ReLU())
@@ -445,9 +446,49 @@ def test_quantized_weights_compile_and_reject_mxfp8():
     y.sum().backward()
     yc.sum().backward()
     assert torch.equal(y, yc) and torch.equal(x.grad, xc.grad)
-    with pytest.raises(NotImplementedError, match="quantized weights .* per-tensor FP8 recipe"):
-        with te.quantized_model_init(recipe=te.recipe.MXFP8BlockScaling()):
-            te.ops.Linear(32, 32)
+
+
+def test_mxfp8_quantized_weights_train_compile_cast_and_checkpoint(tmp_path):
+    recipe = te.recipe.MXFP8BlockScaling()
+    torch.manual_seed(0)
+    with te.quantized_model_init(recipe=recipe):
+        model = te.ops.Sequential(te.ops.Linear(64, 64), te.ops.GELU(), te.ops.Linear(64, 32))
+    torch.manual_seed(0)
+    plain = te.ops.Sequential(te.ops.Linear(64, 64), te.ops.GELU(), te.ops.Linear(64, 32))
+    w = model[0].weight
+    assert isinstance(w, te.MXFP8Tensor)
+    assert w._rowwise_data is not None and w._columnwise_data is not None
+    x = torch.randn(32, 64, requires_grad=True)
+    with te.autocast(recipe=recipe):
+        y, y_plain = model(x), plain(x)
+    assert torch.equal(y, y_plain)  # its buffers are what quantizing the weight per call gives
+    y.sum().backward()
+    before, grad = w.dequantize().detach().clone(), w.grad.clone()
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    w = model[0].weight
+    assert isinstance(w, te.MXFP8Tensor)  # re-quantized in place, both copies
+    updated = (before.double() - 0.1 * grad.double()).float()
+    torch.testing.assert_close(w.dequantize().double(), fq_mx_rows(updated, E4M3),
+                               rtol=0, atol=0)
+    torch.testing.assert_close(as_storage(w).dequantize_columnwise().double(),
+                               fq_mx_cols(updated, E4M3), rtol=0, atol=0)
+    # compiled equals eager
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with te.autocast(recipe=recipe):
+        assert torch.equal(compiled(x), model(x))
+    # a checkpoint round trip keeps the values; a cast keeps the buffers
+    torch.save(model.state_dict(), tmp_path / "ckpt.pt")
+    with te.quantized_model_init(recipe=recipe):
+        restored = te.ops.Sequential(te.ops.Linear(64, 64), te.ops.GELU(),
+                                     te.ops.Linear(64, 32))
+    restored.load_state_dict(torch.load(tmp_path / "ckpt.pt", weights_only=False))
+    assert torch.equal(restored[0].weight.dequantize(), w.dequantize())
+    model.bfloat16()
+    assert isinstance(model[0].weight, te.MXFP8Tensor)
+    assert model[0].weight.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="multiples of 32"):
+        with te.quantized_model_init(recipe=recipe):
+            te.ops.Linear(32, 48)
 
 
 def test_delayed_scaling_backward_scales_update_after_backward():

@@ -280,9 +280,17 @@ def test_quantized_weights_from_quantized_model_init():
     torch.testing.assert_close(
         y_hp[:5], x.detach()[:5] @ op.weights()[0].dequantize().t() + op.biases()[0].detach(),
         **tols(torch.float32))
-    with pytest.raises(NotImplementedError, match="GroupedLinear: quantized weights"):
-        with te.quantized_model_init(recipe=te.recipe.MXFP8BlockScaling()):
-            te.ops.GroupedLinear(2, 32, 32)
+    with te.quantized_model_init(recipe=te.recipe.MXFP8BlockScaling()):
+        mx = te.ops.GroupedLinear(2, 32, 32)
+    assert [type(w).__name__ for w in mx.weights()] == ["MXFP8Tensor"] * 2
+    xm = torch.randn(64, 32, requires_grad=True)
+    with te.autocast(recipe=te.recipe.MXFP8BlockScaling()):
+        ym = mx(xm, torch.tensor([32, 32]))
+    ym.sum().backward()
+    torch.testing.assert_close(
+        ym[:32].double(), fq_mx_rows(xm.detach()[:32], E4M3)
+        @ mx.weights()[0].dequantize().double().t() + mx.biases()[0].detach().double(),
+        **tols(torch.float32))
 
 
 def test_bias_only_training_and_input_without_grad_under_fp8():

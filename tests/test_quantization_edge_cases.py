@@ -181,10 +181,20 @@ def test_in_place_op_writes_other_quantized_arguments_too():
     assert torch.equal(dst, t.dequantize()) and torch.equal(t._data, data)
 
 
-def test_in_place_op_on_mxfp8_tensor_is_refused_clearly():
+def test_in_place_op_on_mxfp8_tensor_requantizes_both_copies():
     t = _mx(dtype=torch.float32)
-    with pytest.raises(NotImplementedError, match=r"MXFP8Tensor cannot be updated in place \(add_"):
-        t.add_(1.0)
+    expected = t.dequantize() + 1.0
+    t.add_(1.0)
+    assert isinstance(t, te.MXFP8Tensor)
+    q = te.MXFP8Quantizer(E4M3)
+    fresh = q.quantize_storage(expected, rowwise=True, columnwise=True)
+    for name in ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data",
+                 "_columnwise_scale_inv"):
+        assert torch.equal(getattr(t, name), getattr(fresh, name)), name
+    bare = te.MXFP8Tensor(t._rowwise_data, t._rowwise_scale_inv, None, None, E4M3,
+                          torch.float32, t.shape)
+    with pytest.raises(RuntimeError, match=r"MXFP8Tensor.*add_.*no quantizer"):
+        bare.add_(1.0)
 
 
 def test_in_place_op_on_float8_tensor_without_quantizer_is_refused_clearly():

@@ -452,6 +452,55 @@ class MXFP8Tensor(MXFP8TensorStorage, QuantizedTensor):
     def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         return QuantizedTensor.dequantize(self, dtype=dtype)
 
+    def _requantize_from(self, values: torch.Tensor, op=None) -> None:
+        """Re-quantize ``values`` into this tensor's buffers (the copies it holds) with its
+        quantizer."""
+        if self._quantizer is None:
+            raise RuntimeError(
+                f"MXFP8Tensor: {_op_name(op)} writes into an MXFP8Tensor of shape "
+                f"{tuple(self.shape)} that has no quantizer to re-quantize the result; build it "
+                "with a quantizer or dequantize() it first")
+        fresh = self._quantizer.quantize_storage(
+            values.to(self.dtype), rowwise=self._rowwise_data is not None,
+            columnwise=self._columnwise_data is not None, op="MXFP8Tensor")
+        with torch.no_grad():
+            for name in ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data",
+                         "_columnwise_scale_inv"):
+                mine = getattr(self, name)
+                if mine is not None:
+                    mine.copy_(getattr(fresh, name))
+
+    def update_quantizer(self, quantizer) -> None:
+        """Re-quantize later in-place updates with ``quantizer`` (an op binds its quantized
+        weight to its own weight quantizer)."""
+        from .quantizer import MXFP8Quantizer  # noqa: PLC0415
+
+        if not isinstance(quantizer, MXFP8Quantizer) or quantizer.dtype != self._fp8_dtype:
+            raise ValueError(f"MXFP8Tensor.update_quantizer: expected an MXFP8 quantizer of "
+                             f"{self._fp8_dtype}, got {quantizer!r}")
+        self._quantizer = quantizer
+
+    def _with_buffers(self, fn, dtype: Optional[torch.dtype] = None):
+        """A new MXFP8Tensor over ``fn`` of each buffer (None stays None)."""
+        bufs = [None if b is None else fn(b) for b in self.buffers()]
+        with _wrapper_mode(self):
+            return MXFP8Tensor(*bufs, self._fp8_dtype, self.dtype if dtype is None else dtype,
+                               self.shape, self._quantizer)
+
+    # torch.compile support: the subclass flattens to the buffers it holds.
+    _BUFFER_NAMES = ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data",
+                     "_columnwise_scale_inv")
+
+    def __tensor_flatten__(self):
+        names = [n for n in self._BUFFER_NAMES if getattr(self, n) is not None]
+        return names, (self._fp8_dtype, self.dtype, tuple(self.shape))
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        fp8_dtype, dtype, shape = meta
+        bufs = [inner.get(n) for n in MXFP8Tensor._BUFFER_NAMES]
+        return MXFP8Tensor(*bufs, fp8_dtype, dtype, shape)
+
 
 def as_storage(t: QuantizedTensorStorage) -> QuantizedTensorStorage:
     """The bare storage over a quantized tensor's buffers (a storage is returned as it is).
@@ -473,4 +522,20 @@ def _mx_detach(t):
                            t._quantizer)
 
 
-MXFP8Tensor._HANDLED = {aten.detach.default: _mx_detach, aten.alias.default: _mx_detach}
+def _mx_clone(t, *, memory_format=None):
+    return t._with_buffers(torch.clone)
+
+
+def _mx_to_copy(t, *, dtype=None, layout=None, device=None, pin_memory=None,
+                non_blocking=False, memory_format=None):
+    """As ``_f8_to_copy``: a module cast keeps the MXFP8 buffers and changes the nominal
+    dtype; any other conversion dequantizes first."""
+    same_device = device is None or torch.device(device) == t.device
+    if same_device and (dtype is None or dtype == t.dtype or (
+            dtype.is_floating_point and _MODULE_CAST.get())):
+        return t._with_buffers(torch.clone, dtype)
+    return t._dequantize_impl(t.dtype).to(dtype=dtype, device=device)
+
+
+MXFP8Tensor._HANDLED = {aten.detach.default: _mx_detach, aten.alias.default: _mx_detach,
+                        aten.clone.default: _mx_clone, aten._to_copy.default: _mx_to_copy}

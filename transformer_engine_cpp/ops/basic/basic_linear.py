@@ -13,9 +13,10 @@ from .._common import (accumulate_main_grad, autocast_dtype, canonicalize_device
                        materialize_device)
 from ... import _comm
 from ...quantization import FP8GlobalStateManager, RecipeState
-from ...quantization.quantizer import Float8CurrentScalingQuantizer, _PerTensorQuantizer
-from ...quantization.tensor import (Float8Tensor, Float8TensorStorage, QuantizedTensor,
-                                    QuantizedTensorStorage, as_storage)
+from ...quantization.quantizer import (Float8CurrentScalingQuantizer, MXFP8Quantizer,
+                                       _PerTensorQuantizer, check_mxfp8_shape)
+from ...quantization.tensor import (Float8Tensor, Float8TensorStorage, MXFP8Tensor,
+                                    QuantizedTensor, QuantizedTensorStorage, as_storage)
 from .. import _quantized
 from ..op import BasicOperation, OperationContext
 
@@ -64,6 +65,27 @@ def _columnwise(q: Float8TensorStorage) -> torch.Tensor:
     if data.dim() != 2:
         data = data.reshape(-1, data.shape[-1])
     return data.t().contiguous()
+
+
+def quantized_weight(w: torch.nn.Parameter, quantizer, who: str) -> torch.nn.Parameter:
+    """te.quantized_model_init: ``w`` as a quantized Parameter (a Float8Tensor for the
+    per-tensor recipes, an MXFP8Tensor with both copies for MXFP8BlockScaling)."""
+    if not isinstance(quantizer, (_PerTensorQuantizer, MXFP8Quantizer)):
+        raise NotImplementedError(f"{who}: quantized weights (te.quantized_model_init) are not "
+                                  f"implemented for {type(quantizer).__name__}")
+    if isinstance(quantizer, MXFP8Quantizer):
+        check_mxfp8_shape(who, w.shape, rowwise=True, columnwise=True)
+    return torch.nn.Parameter(quantizer.quantize(w.detach()), requires_grad=w.requires_grad)
+
+
+def bind_quantized_weight(w, quantizer) -> None:
+    """A quantized weight re-quantizes its in-place updates with the op's weight quantizer of
+    the active recipe, when that quantizer makes the same kind of tensor."""
+    if isinstance(w, Float8Tensor) and isinstance(quantizer, _PerTensorQuantizer):
+        w.update_quantizer(quantizer)
+    elif isinstance(w, MXFP8Tensor) and isinstance(quantizer, MXFP8Quantizer) \
+            and quantizer.dtype == w._fp8_dtype:
+        w.update_quantizer(quantizer)
 
 
 @dataclasses.dataclass
@@ -161,7 +183,7 @@ class BasicLinear(BasicOperation):
             raise TypeError(f"{name}: accumulate_into_main_grad must be a bool")
         self._accumulate_into_main_grad = accumulate_into_main_grad
         self._rng_state_tracker_function = rng_state_tracker_function
-        # te.quantized_model_init: keep the weight as a Float8Tensor
+        # te.quantized_model_init: keep the weight quantized
         self._with_quantized_weight = FP8GlobalStateManager.with_fp8_parameters()
         self._init_recipe = FP8GlobalStateManager.get_fp8_model_init_recipe()
         self.device = canonicalize_device(device)
@@ -196,19 +218,14 @@ class BasicLinear(BasicOperation):
             self._quantize_weight()
 
     def _quantize_weight(self) -> None:
-        """te.quantized_model_init: the weight Parameter becomes a Float8Tensor, quantized with
-        the init recipe's weight quantizer. Optimizer updates re-quantize it in place
-        (Float8Tensor handles in-place ops), and the FP8 GEMMs use its buffers directly."""
+        """te.quantized_model_init: the weight Parameter becomes a Float8Tensor (per-tensor
+        recipes) or an MXFP8Tensor, quantized with the init recipe's weight quantizer.
+        Optimizer updates re-quantize it in place (the quantized tensors handle in-place ops),
+        and the FP8 GEMMs use its buffers directly."""
         recipe = FP8GlobalStateManager.get_fp8_model_init_recipe() or self._init_recipe
-        if recipe is None or not recipe.float8_per_tensor_scaling():
-            raise NotImplementedError(
-                "BasicLinear: quantized weights (te.quantized_model_init) need a per-tensor FP8 "
-                f"recipe (Float8CurrentScaling or DelayedScaling), got {type(recipe).__name__}")
         self._init_recipe = recipe
         quantizer = RecipeState.create(recipe, mode="forward", num_quantizers=2).make_quantizers()[1]
-        w = self.weight
-        self.weight = torch.nn.Parameter(quantizer.quantize(w.detach()),
-                                         requires_grad=w.requires_grad)
+        self.weight = quantized_weight(self.weight, quantizer, type(self).__name__)
 
     # deferred initialisation: parameters built on the meta device materialise on first use
     pre_fuser_forward = BasicOperation.materialize_meta_parameters
@@ -234,10 +251,7 @@ class BasicLinear(BasicOperation):
         amax goes into this op's history and the updated scale applies to the next update."""
         super().reset_recipe_state(recipe=recipe)
         self._configure_amax_reduction()
-        w = self._parameters.get("weight")
-        q = self.get_quantizer("forward", 1)
-        if isinstance(w, Float8Tensor) and isinstance(q, _PerTensorQuantizer):
-            w.update_quantizer(q)
+        bind_quantized_weight(self._parameters.get("weight"), self.get_quantizer("forward", 1))
 
     def compile_unsupported_reason(self) -> Optional[str]:
         if self._accumulate_into_main_grad:
@@ -267,7 +281,7 @@ class BasicLinear(BasicOperation):
         return x, self._weight_in(dtype)
 
     def _weight_in(self, dtype: torch.dtype):
-        """The weight for this call's GEMMs: a quantized weight stays a Float8Tensor for the FP8
+        """The weight for this call's GEMMs: a quantized weight stays quantized for the FP8
         path (its buffers are the GEMM operand) and is dequantized for the high-precision one."""
         w = self._parameters["weight"]
         if isinstance(w, QuantizedTensor):
@@ -425,7 +439,7 @@ class BasicLinear(BasicOperation):
                 xq = ctx.input_quantizer.quantize_storage(x, columnwise=x_cols,
                                                           op=type(self).__name__)
             x_saved = xq
-        if isinstance(w, Float8Tensor):  # a quantized weight: its own buffers, no second cast
+        if isinstance(w, QuantizedTensor):  # a quantized weight: its own buffers, no recast
             wq = as_storage(w)
         else:
             wq = ctx.weight_quantizer.quantize_storage(w, columnwise=need_dgrad

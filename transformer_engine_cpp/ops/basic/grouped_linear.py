@@ -16,11 +16,12 @@ from .._common import (accumulate_main_grad, autocast_dtype, canonicalize_device
                        materialize_device)
 from ...quantization import FP8GlobalStateManager, RecipeState
 from ...quantization.quantizer import (Float8CurrentScalingQuantizer, Float8Quantizer,
-                                       MXFP8Quantizer, _PerTensorQuantizer)
-from ...quantization.tensor import (Float8Tensor, MXFP8TensorStorage, QuantizedTensor,
+                                       MXFP8Quantizer)
+from ...quantization.tensor import (MXFP8TensorStorage, QuantizedTensor,
                                     QuantizedTensorStorage, as_storage)
 from .. import _quantized
 from ..op import BasicOperation, OperationContext
+from .basic_linear import bind_quantized_weight, quantized_weight
 
 _GROUPED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -223,7 +224,7 @@ class GroupedLinear(BasicOperation):
         self._accumulate_into_main_grad = accumulate_into_main_grad
         self.wgrad_store = WeightGradStore(delay_wgrad_compute)
         self._rng_state_tracker_function = rng_state_tracker_function
-        # te.quantized_model_init: keep each weight as a Float8Tensor
+        # te.quantized_model_init: keep each weight quantized
         self._with_quantized_weight = FP8GlobalStateManager.with_fp8_parameters()
         self._init_recipe = FP8GlobalStateManager.get_fp8_model_init_recipe()
         self.device = canonicalize_device(device)
@@ -286,28 +287,22 @@ class GroupedLinear(BasicOperation):
                 w.skip_backward_post_hook = True
 
     def _quantize_weights(self) -> None:
-        """te.quantized_model_init: each weight Parameter becomes a Float8Tensor, quantized with
-        its own weight quantizer of the init recipe (as BasicLinear's weight)."""
+        """te.quantized_model_init: each weight Parameter becomes a quantized tensor, quantized
+        with its own weight quantizer of the init recipe (as BasicLinear's weight)."""
         recipe = FP8GlobalStateManager.get_fp8_model_init_recipe() or self._init_recipe
-        if recipe is None or not recipe.float8_per_tensor_scaling():
-            raise NotImplementedError(
-                "GroupedLinear: quantized weights (te.quantized_model_init) need a per-tensor "
-                f"FP8 recipe (Float8CurrentScaling or DelayedScaling), got "
-                f"{type(recipe).__name__}")
         self._init_recipe = recipe
         quantizers = RecipeState.create(recipe, mode="forward",
                                         num_quantizers=2 * self.num_groups).make_quantizers()
         for i, w in enumerate(self.weights()):
-            self.register_parameter(f"weight{i}", torch.nn.Parameter(
-                quantizers[2 * i + 1].quantize(w.detach()), requires_grad=w.requires_grad))
+            self.register_parameter(f"weight{i}",
+                                    quantized_weight(w, quantizers[2 * i + 1], "GroupedLinear"))
 
     def reset_recipe_state(self, *, recipe) -> None:
         """Quantized weights re-quantize their in-place updates with this op's weight
         quantizers (as BasicLinear's)."""
         super().reset_recipe_state(recipe=recipe)
         for w, q in zip(self.weights(), self._group_quantizers("forward", 1, 2)):
-            if isinstance(w, Float8Tensor) and isinstance(q, _PerTensorQuantizer):
-                w.update_quantizer(q)
+            bind_quantized_weight(w, q)
 
     def get_input_quantizer(self):
         """None: each group's rows are quantized with their own quantizer here, so the previous
@@ -432,7 +427,7 @@ class GroupedLinear(BasicOperation):
                                       columnwise=ctx.weight_requires_grad and override is None)
         wqs = []
         for w, q in zip(self.weights(), self._group_quantizers("forward", 1, 2)):
-            if isinstance(w, Float8Tensor):  # te.quantized_model_init: its own buffers
+            if isinstance(w, QuantizedTensor):  # te.quantized_model_init: its own buffers
                 wqs.append(as_storage(w))
             else:
                 wq_in = w if w.dtype == ctx.dtype else w.to(ctx.dtype)
