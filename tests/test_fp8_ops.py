@@ -87,10 +87,40 @@ def test_quantize_op_forward_and_backward():
     with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
         y = te.ops.Sequential(op)(x)
     y.backward(dy)
+    # TransformerEngine's: a quantized tensor out, a quantized gradient back
+    assert isinstance(y, te.Float8Tensor) and isinstance(x.grad, te.Float8Tensor)
     torch.testing.assert_close(y.double(), fq_current(x.detach(), E4M3), rtol=0, atol=0)
     torch.testing.assert_close(x.grad.double(), fq_current(dy, E5M2), rtol=0, atol=0)
     with pytest.raises(TypeError, match="Quantize: forward must be a bool"):
         te.ops.Quantize(forward=1)
+
+
+def test_quantize_op_hands_the_next_linear_its_quantized_input_and_compiles():
+    recipe = te.recipe.MXFP8BlockScaling()
+    torch.manual_seed(0)
+    x = torch.randn(32, 64, requires_grad=True)
+    dy = torch.randn(32, 64)
+    model = te.ops.Sequential(te.ops.Quantize(forward=True, backward=True))
+    with te.autocast(recipe=recipe):
+        y = model(x)
+    y.backward(dy)
+    assert isinstance(y, te.MXFP8Tensor) and isinstance(x.grad, te.MXFP8Tensor)
+    torch.testing.assert_close(y.double(), fq_mx_rows(x.detach(), E4M3), rtol=0, atol=0)
+    # compiled: the same values, dequantized (the caller's gradient is a plain tensor)
+    xc = x.detach().clone().requires_grad_()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with te.autocast(recipe=recipe):
+        yc = compiled(xc)
+    yc.backward(dy)
+    assert torch.equal(yc, y.dequantize()) and torch.equal(xc.grad, x.grad.dequantize())
+    # Quantize then a linear: the linear's GEMM takes the quantized tensor
+    torch.manual_seed(1)
+    chain = te.ops.Sequential(te.ops.Quantize(), te.ops.BasicLinear(64, 32))
+    with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+        out = chain(x.detach())
+    w = chain[1].weight.detach()
+    torch.testing.assert_close(out.double(), fq_current(x.detach(), E4M3)
+                               @ fq_current(w, E4M3).t(), **FP32)
 
 
 def test_recipe_selects_and_caches_plans():

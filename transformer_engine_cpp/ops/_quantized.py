@@ -33,3 +33,14 @@ def as_high_precision(t):
     if isinstance(t, QuantizedTensorStorage) and not isinstance(t, torch.Tensor):
         return t.dequantize()
     return t
+
+
+def public(t):
+    """What leaves the pipeline (its output, the input's gradient): a quantized operand as its
+    public tensor subclass (``Float8Tensor`` / ``MXFP8Tensor`` over the same buffers), so a
+    ``Quantize`` at either end hands the caller a quantized tensor, as TransformerEngine's.
+    Under torch.compile its dequantization instead (the same values): AOTAutograd would expect
+    a tensor-subclass output's gradient to be that subclass too, and the caller's is plain."""
+    if isinstance(t, QuantizedTensorStorage) and not isinstance(t, torch.Tensor):
+        return t.dequantize() if torch.compiler.is_compiling() else t.to_tensor()
+    return t

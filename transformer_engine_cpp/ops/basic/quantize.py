@@ -1,10 +1,12 @@
 """Quantize: quantize the tensor passing through, forward and/or backward (TransformerEngine's
 ``te.ops.Quantize``).
 
-Inside the pipeline tensors stay high precision, so under a recipe the op yields the values an
-FP8 consumer sees, dequantize(quantize(x)), in x's dtype (quantize-dequantize), through the
-``fp8_quantize`` / ``mxfp8_quantize`` and dequantize custom ops. Outside autocast, or for a
-direction it does not quantize, it is the identity (a pass-through, no custom op).
+Under a recipe the op quantizes with its quantizer (``fp8_quantize`` / ``mxfp8_quantize``) and
+hands the result on quantized: to the next op in storage form (a linear uses it as its GEMM
+operand without a second cast; other ops dequantize it), and at the pipeline's end to the
+caller as a ``Float8Tensor`` / ``MXFP8Tensor`` (the output forward, the input's gradient
+backward), as TransformerEngine returns a QuantizedTensor. An input already quantized passes
+as it is. Outside autocast, or for a direction it does not quantize, it is the identity.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ...quantization.quantizer import MXFP8Quantizer
 from .. import _quantized
 from ..op import BasicOperation, OperationContext
 
@@ -51,18 +54,24 @@ class Quantize(BasicOperation):
         ctx.grad_quantizer = (self.get_quantizer("backward", 0)
                               if self._quantize_backward and self.backward_override() is None
                               else None)
-        if _quantized.is_storage(input_):
-            return input_.dequantize()  # the previous op already quantized it with ours
-        if quantizer is None:
+        if quantizer is None or _quantized.is_storage(input_):  # (the previous op used ours)
             return input_
-        return quantizer.fake_quantize(input_)
+        return _quantize(quantizer, input_)
 
     def op_backward(self, ctx: QuantizeContext, grad_output: torch.Tensor):
-        if _quantized.is_storage(grad_output):
-            return grad_output.dequantize(), ()
-        if ctx.grad_quantizer is None:
+        if ctx.grad_quantizer is None or _quantized.is_storage(grad_output):
             return grad_output, ()
-        return ctx.grad_quantizer.fake_quantize(grad_output), ()
+        return _quantize(ctx.grad_quantizer, grad_output), ()
 
     def extra_repr(self) -> str:
         return f"forward={self._quantize_forward}, backward={self._quantize_backward}"
+
+
+def _quantize(quantizer, t: torch.Tensor):
+    """``t`` quantized for the GEMMs after it: both copies where the format allows them
+    (MXFP8's columnwise copy needs rows in multiples of 32), else the rowwise one."""
+    if isinstance(quantizer, MXFP8Quantizer):
+        rows = t.numel() // max(t.shape[-1], 1) if t.dim() else 1
+        return quantizer.quantize_storage(t, rowwise=True, columnwise=rows % 32 == 0,
+                                          op="Quantize")
+    return quantizer.quantize_storage(t, rowwise=True, columnwise=True, op="Quantize")
