@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -436,3 +438,27 @@ def test_caller_tensors_are_not_handed_over_storages():
     assert _quantized.is_storage(ms) and ms._columnwise_data is m._columnwise_data
     assert torch.equal(ms.dequantize_columnwise(), m.dequantize_columnwise())
     assert torch.equal(s.to_tensor()._data, t._data)  # back to the public subclass
+
+
+def test_transformer_engines_dtype_tags_and_quantizer_roles():
+    """The names a ported script imports: te.DType (TransformerEngine's tags, its C API's
+    values), accepted wherever an FP8 format is; te.QuantizerRole; te.get_default_recipe."""
+    assert int(te.DType.kFloat8E4M3) == 7 and int(te.DType.kFloat8E5M2) == 8
+    assert int(te.DType.kBFloat16) == 6 and te.DType.cast(4) is te.DType.kFloat32
+    from transformer_engine_cpp.constants import TE_DType, TE_DType_To_Torch
+    assert TE_DType[torch.float8_e5m2] is te.DType.kFloat8E5M2
+    assert TE_DType_To_Torch[te.DType.kFloat8E4M3] is torch.float8_e4m3fn
+    x = torch.randn(8, 32)
+    by_tag = te.Float8CurrentScalingQuantizer(te.DType.kFloat8E5M2)
+    by_dtype = te.Float8CurrentScalingQuantizer(torch.float8_e5m2)
+    assert by_tag.dtype is torch.float8_e5m2
+    assert torch.equal(by_tag(x)._data, by_dtype(x)._data)
+    assert te.MXFP8Quantizer(te.DType.kFloat8E4M3).dtype is torch.float8_e4m3fn
+    with pytest.raises(ValueError, match="got <DType.kBFloat16: 6>"):
+        te.Float8CurrentScalingQuantizer(te.DType.kBFloat16)
+    role = te.QuantizerRole(module_type="linear", tensor_type="input")
+    assert str(role) == "module_type=linear|tensor_type=input"
+    assert str(te.QuantizerRole()) == "QuantizerRole()"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        role.name = "fc1"
+    assert isinstance(te.get_default_recipe(), te.recipe.Float8CurrentScaling)

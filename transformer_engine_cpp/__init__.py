@@ -10,9 +10,11 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 from . import _C  # noqa: F401  (registers torch.ops.te_cpp.*)
 from . import ops
 from . import recipe, tensor
+from .constants import DType
 from .quantization import (Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor,
-                           MXFP8Quantizer, MXFP8Tensor, QuantizedTensor, autocast, fp8_autocast,
-                           fp8_model_init, quantized_model_init)
+                           MXFP8Quantizer, MXFP8Tensor, QuantizedTensor, QuantizerRole, autocast,
+                           fp8_autocast, fp8_model_init, get_default_fp8_recipe,
+                           quantized_model_init)
 
 __version__ = "0.1.0"
 
@@ -35,6 +37,12 @@ def is_mxfp8_available(return_reason: bool = False):
     return (True, _FP8_REASON) if return_reason else True
 
 
+def get_default_recipe():
+    """The recipe ``te.autocast()`` uses without one (TransformerEngine's name):
+    Float8CurrentScaling here."""
+    return get_default_fp8_recipe()
+
+
 def is_bf16_available() -> bool:
     """bfloat16 compute is supported by every kernel of this extension."""
     return True
@@ -43,4 +51,5 @@ def is_bf16_available() -> bool:
 __all__ = ["ops", "recipe", "built_with_cuda", "__version__", "autocast", "fp8_autocast",
            "quantized_model_init", "fp8_model_init", "QuantizedTensor", "Float8Tensor",
            "MXFP8Tensor", "Float8Quantizer", "Float8CurrentScalingQuantizer", "MXFP8Quantizer",
-           "is_fp8_available", "is_mxfp8_available", "is_bf16_available"]
+           "is_fp8_available", "is_mxfp8_available", "is_bf16_available", "DType",
+           "QuantizerRole", "get_default_recipe"]

@@ -7,6 +7,7 @@ from .autocast import (FP8GlobalStateManager, autocast, fp8_autocast, fp8_model_
                        get_default_fp8_recipe, quantized_model_init)
 from .quantizer import (Float8CurrentScalingQuantizer, Float8Quantizer, MXFP8Quantizer,
                         Quantizer)
+from .role import QuantizerRole
 from .recipe_state import (DelayedScalingRecipeState, Float8CurrentScalingRecipeState,
                            MXFP8BlockScalingRecipeState, RecipeState, get_fp8_max,
                            get_fp8_te_dtype, update_delayed_scaling)
@@ -20,5 +21,5 @@ __all__ = [
     "DelayedScalingRecipeState", "Float8CurrentScalingRecipeState",
     "MXFP8BlockScalingRecipeState", "get_fp8_max", "get_fp8_te_dtype", "update_delayed_scaling",
     "Float8Tensor", "Float8TensorStorage", "MXFP8Tensor", "MXFP8TensorStorage",
-    "QuantizedTensor", "QuantizedTensorStorage",
+    "QuantizedTensor", "QuantizedTensorStorage", "QuantizerRole",
 ]

@@ -125,7 +125,7 @@ class Float8CurrentScalingQuantizer(_PerTensorQuantizer):
                  columnwise: bool = True, force_pow_2_scales: bool = False,
                  amax_epsilon: float = 0.0):
         super().__init__(rowwise=rowwise, columnwise=columnwise)
-        check_fp8_dtype(fp8_dtype)
+        fp8_dtype = check_fp8_dtype(fp8_dtype)
         if (isinstance(amax_epsilon, bool) or not isinstance(amax_epsilon, (int, float))
                 or not math.isfinite(amax_epsilon) or amax_epsilon < 0):
             raise ValueError(f"Float8CurrentScalingQuantizer: amax_epsilon must be a finite "
@@ -162,7 +162,7 @@ class Float8Quantizer(_PerTensorQuantizer):
     def __init__(self, scale: torch.Tensor, amax: torch.Tensor, fp8_dtype: torch.dtype, *,
                  rowwise: bool = True, columnwise: bool = True):
         super().__init__(rowwise=rowwise, columnwise=columnwise)
-        check_fp8_dtype(fp8_dtype)
+        fp8_dtype = check_fp8_dtype(fp8_dtype)
         for name, t in (("scale", scale), ("amax", amax)):
             if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.numel() != 1:
                 raise ValueError(f"Float8Quantizer: {name} must be a float32 tensor with one "
@@ -185,7 +185,7 @@ class MXFP8Quantizer(Quantizer):
 
     def __init__(self, fp8_dtype: torch.dtype, *, rowwise: bool = True, columnwise: bool = True):
         super().__init__(rowwise=rowwise, columnwise=columnwise)
-        check_fp8_dtype(fp8_dtype)
+        fp8_dtype = check_fp8_dtype(fp8_dtype)
         self.dtype = fp8_dtype
 
     def quantize_storage(self, tensor, *, rowwise=True, columnwise=False, op=None):

@@ -20,6 +20,8 @@ from typing import Optional
 import torch
 from torch.utils._pytree import tree_map
 
+from ..constants import DType, TE_DType_To_Torch
+
 
 aten = torch.ops.aten
 # the custom ops' OpOverloads (host cost: docs/architecture.md)
@@ -44,11 +46,15 @@ def _wrapper_mode(src: torch.Tensor):
     return contextlib.nullcontext()
 
 
-def check_fp8_dtype(fp8_dtype) -> None:
-    """The public ``fp8_dtype`` is a torch float8 dtype (ValueError for anything else)."""
-    if fp8_dtype is not torch.float8_e4m3fn and fp8_dtype is not torch.float8_e5m2:
-        raise ValueError("fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, "
-                         f"got {fp8_dtype!r}")
+def check_fp8_dtype(fp8_dtype) -> torch.dtype:
+    """The public ``fp8_dtype``, a torch float8 dtype or TransformerEngine's tag for one
+    (``DType.kFloat8E4M3`` / ``kFloat8E5M2``), as the torch dtype (ValueError for anything
+    else)."""
+    dtype = TE_DType_To_Torch.get(fp8_dtype) if isinstance(fp8_dtype, DType) else fp8_dtype
+    if dtype is not torch.float8_e4m3fn and dtype is not torch.float8_e5m2:
+        raise ValueError("fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2 (or "
+                         f"DType.kFloat8E4M3 / DType.kFloat8E5M2), got {fp8_dtype!r}")
+    return dtype
 
 
 class QuantizedTensorStorage:
@@ -228,7 +234,7 @@ class Float8Tensor(Float8TensorStorage, QuantizedTensor):
                 dtype: torch.dtype, quantizer=None, requires_grad: bool = False):
         if data.dtype != torch.uint8:
             raise ValueError(f"Float8Tensor: data must be uint8, got {data.dtype}")
-        check_fp8_dtype(fp8_dtype)
+        fp8_dtype = check_fp8_dtype(fp8_dtype)
         self = torch.Tensor._make_wrapper_subclass(
             cls, data.shape, dtype=dtype, device=data.device, requires_grad=requires_grad)
         Float8TensorStorage.__init__(self, data, scale_inv, fp8_dtype, dtype, quantizer)
@@ -431,7 +437,7 @@ class MXFP8Tensor(MXFP8TensorStorage, QuantizedTensor):
     @staticmethod
     def __new__(cls, rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv,
                 fp8_dtype, dtype, shape, quantizer=None, requires_grad=False):
-        check_fp8_dtype(fp8_dtype)
+        fp8_dtype = check_fp8_dtype(fp8_dtype)
         ref = rowwise_data if rowwise_data is not None else columnwise_data
         self = torch.Tensor._make_wrapper_subclass(
             cls, torch.Size(shape), dtype=dtype, device=ref.device, requires_grad=requires_grad)
