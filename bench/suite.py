@@ -494,6 +494,7 @@ def main() -> None:
                         "2 1, quick 2)")
     parser.add_argument("--cases", nargs="+", help="case ids to run, e.g. C1 C8")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--rounds", type=int, help="timing rounds (default: full 7, quick 3)")
     parser.add_argument("--callgrind", action=argparse.BooleanOptionalAction, default=None,
                         help="also count host instructions with bench/callgrind.py (default: "
                         "in the full run only; needs valgrind)")
@@ -503,6 +504,7 @@ def main() -> None:
     a = parser.parse_args()
     quick = a.quick
     rounds, mrt = (3, 0.05) if quick else (7, 0.2)
+    rounds = a.rounds or rounds
     threads = a.threads or ([2] if quick else [2, 1])
     dtypes = [getattr(torch, d) for d in a.dtypes]
     cases = [c for c in all_cases(full=not quick, quick=quick)
