@@ -1,4 +1,4 @@
-"""The benchmark suite: every CPU case of the project's benchmark plan (C1-C10), each timed for
+"""The benchmark suite: every CPU case of the project's benchmark plan (C1-C11), each timed for
 four providers in one process, side by side:
 
     torch          plain-PyTorch eager (the testing/reference.py modules, nn.LayerNorm, ...)
@@ -209,6 +209,84 @@ def host_case(T, H=256):
                 f"{T}x{H}", targets={"fwd": target, "fwd+bwd": target})
 
 
+class _PlainExpertMLP(torch.nn.Module):
+    """The plain-PyTorch expert MLP: a loop over the experts on the permuted tokens, splitting
+    by python-int sizes (torch.compile specialises on them), per expert fc1, SwiGLU scaled per
+    row by the router probabilities (ScaledSwiGLU: gate = the first half, ``probs * silu(a) *
+    b``), fc2, and the results concatenated. Parameters in the te.ops model's order (fc1
+    weights, fc1 biases, fc2 weights, fc2 biases)."""
+
+    def __init__(self, splits: list[int], H: int, F: int, dtype):
+        super().__init__()
+        self.splits = splits
+        E = len(splits)
+        new = lambda *shape: torch.nn.Parameter(torch.empty(*shape, dtype=dtype))  # noqa: E731
+        self.w1 = torch.nn.ParameterList(new(2 * F, H) for _ in range(E))
+        self.b1 = torch.nn.ParameterList(new(2 * F) for _ in range(E))
+        self.w2 = torch.nn.ParameterList(new(H, F) for _ in range(E))
+        self.b2 = torch.nn.ParameterList(new(H) for _ in range(E))
+
+    def forward(self, x, probs):
+        outs = []
+        for i, (xi, pi) in enumerate(zip(x.split(self.splits), probs.split(self.splits))):
+            a, b = torch.nn.functional.linear(xi, self.w1[i], self.b1[i]).chunk(2, dim=-1)
+            h = pi.unsqueeze(-1) * (torch.nn.functional.silu(a) * b)
+            outs.append(torch.nn.functional.linear(h, self.w2[i], self.b2[i]))
+        return torch.cat(outs)
+
+
+class _OursExpertMLP(torch.nn.Module):
+    """The te.ops expert MLP (GroupedLinear, ScaledSwiGLU, GroupedLinear: the GroupedMLP fusion)
+    with the split sizes as a buffer, so that it takes the plain model's (x, probs)."""
+
+    def __init__(self, splits: list[int], H: int, F: int, dtype):
+        super().__init__()
+        E = len(splits)
+        self.mlp = te.ops.Sequential(te.ops.GroupedLinear(E, H, 2 * F, dtype=dtype),
+                                     te.ops.ScaledSwiGLU(),
+                                     te.ops.GroupedLinear(E, F, H, dtype=dtype))
+        self.register_buffer("splits", torch.tensor(splits), persistent=False)
+
+    def forward(self, x, probs):
+        return self.mlp(x, self.splits, probs, self.splits)
+
+
+def moe_routing(T: int, E: int, k: int = 2):
+    """A seeded top-k softmax router's result, computed once outside the timed region: the
+    expert-sorted token order (token index of each of the T * k rows), the rows' probabilities
+    and the split sizes. A per-expert logit offset makes the experts' loads uneven (at T=4096,
+    top-2 of 8: 333 to 1446 rows)."""
+    logits = (torch.randn(T, E, generator=torch.Generator().manual_seed(0))
+              + 0.5 * torch.randn(E, generator=torch.Generator().manual_seed(1)))
+    top_p, top_e = logits.softmax(-1).topk(k, dim=-1)
+    order = torch.argsort(top_e.flatten(), stable=True)
+    splits = torch.bincount(top_e.flatten(), minlength=E).tolist()
+    return order // k, top_p.flatten()[order], splits
+
+
+def moe_mlp_case(T, H, F, E=8, k=2):
+    tokens, probs, splits = moe_routing(T, E, k)
+
+    def build(dtype):
+        plain = _PlainExpertMLP(splits, H, F, dtype)
+        ours = _OursExpertMLP(splits, H, F, dtype)
+        with torch.no_grad():  # non-zero biases, so that their use is checked
+            for p in ours.parameters():
+                if p.dim() == 1:
+                    p.uniform_(-0.1, 0.1)
+        _copy_params(ours, list(plain.parameters()))
+        # the permuted tokens: row j is token tokens[j], in expert order
+        x = torch.randn(T, H, dtype=dtype)[tokens]
+        return plain, ours, (x, probs.to(dtype))
+
+    def gemms(mode):
+        fwd = [g for n in splits for g in ((n, H, 2 * F), (n, F, H))]
+        bwd = [g for n in splits for g in ((n, H, F), (H, n, F), (n, 2 * F, H), (2 * F, n, H))]
+        return fwd if mode == "fwd" else fwd + bwd
+    return Case("C11", "MoE MLP", ("fwd", "fwd+bwd"), build, f"E{E} {T}*{k}x{H}x{F}",
+                gemms=gemms, targets={"fwd": Target(1.2, 1.0), "fwd+bwd": Target(1.2, 1.0)})
+
+
 class _Quantize(torch.nn.Module):
     def __init__(self, fn):
         super().__init__()
@@ -249,7 +327,8 @@ def all_cases(full: bool, quick: bool) -> list[Case]:
              linear_gelu_case(Tg, H, F), linear_add_case(Tg, H, F),
              mlp_case(Tg, H, F, "plain"), mlp_case(Tg, H, F, "residual"),
              mlp_case(Tg, H, F, "swiglu"), host_case(1), host_case(8), host_case(64),
-             quantize_case(T, H, "fp8"), quantize_case(T, H, "mxfp8")]
+             quantize_case(T, H, "fp8"), quantize_case(T, H, "mxfp8"),
+             moe_mlp_case(Tg, H, 2048)]
     if full:
         # DRAM regime (>= 4x the 32 MiB L3) and odd sizes (vector tails)
         cases += [layernorm_case(16384, H), rmsnorm_case(16384, H),
@@ -415,6 +494,7 @@ def main() -> None:
                         "2 1, quick 2)")
     parser.add_argument("--cases", nargs="+", help="case ids to run, e.g. C1 C8")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--rounds", type=int, help="timing rounds (default: full 7, quick 3)")
     parser.add_argument("--callgrind", action=argparse.BooleanOptionalAction, default=None,
                         help="also count host instructions with bench/callgrind.py (default: "
                         "in the full run only; needs valgrind)")
@@ -424,6 +504,7 @@ def main() -> None:
     a = parser.parse_args()
     quick = a.quick
     rounds, mrt = (3, 0.05) if quick else (7, 0.2)
+    rounds = a.rounds or rounds
     threads = a.threads or ([2] if quick else [2, 1])
     dtypes = [getattr(torch, d) for d in a.dtypes]
     cases = [c for c in all_cases(full=not quick, quick=quick)
