@@ -130,6 +130,11 @@ TORCH_LIBRARY(te_cpp, m) {
   // [..., k] and b [n, k] raw FP8 bytes (uint8), fp32 accumulation (docs/fp8.md).
   define(m, "fp8_gemm(Tensor a, Tensor a_scale_inv, ScalarType a_fp8_dtype, Tensor b, "
             "Tensor b_scale_inv, ScalarType b_fp8_dtype, ScalarType out_dtype) -> Tensor");
+  // The same with MXFP8 operands, both blocked along k: a [..., k] with a_scale [..., k / 32],
+  // b [n, k] with b_scale [n, k / 32] (E8M0, uint8); the exact emulation (fp32 values, fp32
+  // accumulation, one rounding) on every device.
+  define(m, "mxfp8_gemm(Tensor a, Tensor a_scale, ScalarType a_fp8_dtype, Tensor b, "
+            "Tensor b_scale, ScalarType b_fp8_dtype, ScalarType out_dtype) -> Tensor");
 
   // ---- GroupedLinear: one weight per group of consecutive rows (TransformerEngine's
   // GroupedLinear). x [T, in] (callers flatten the leading dims); split_sizes int64 [G], G >= 1,

@@ -46,7 +46,7 @@ CUDA_OPS = {
     "dropout": ["dropout_fwd", "dropout_bwd"],
     "linear": [
         "linear_fwd", "linear_bias_act_fwd", "linear_fwd_add", "linear_fwd_add_inplace",
-        "linear_dgrad", "linear_dgrad_add", "linear_wgrad", "linear_bwd", "fp8_gemm",
+        "linear_dgrad", "linear_dgrad_add", "linear_wgrad", "linear_bwd", "fp8_gemm", "mxfp8_gemm",
     ],
     "grouped": [
         "grouped_linear_fwd", "grouped_linear_dgrad", "grouped_linear_wgrad", "grouped_bias_bwd",

@@ -4,6 +4,7 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
 #include <torch/library.h>
 
 #include <mutex>
@@ -11,6 +12,7 @@
 #include <unordered_map>
 
 #include "ops/elementwise.h"
+#include "ops/quantize.h"
 
 namespace te_cpp {
 
@@ -155,6 +157,42 @@ void Fp8Gemm::check(const Tensor& a, const Tensor& a_scale_inv, at::ScalarType a
 
 Tensor Fp8Gemm::allocate(const Tensor& a, const Tensor& b, at::ScalarType out_dtype) {
   return at::empty_symint(sizes_with_last(a, b.sym_size(0)), a.options().dtype(out_dtype));
+}
+
+void Mxfp8Gemm::check(const Tensor& a, const Tensor& a_scale, at::ScalarType a_fp8,
+                      const Tensor& b, const Tensor& b_scale, at::ScalarType b_fp8,
+                      at::ScalarType out_dtype) {
+  const auto check_u8 = [](const char* name, const Tensor& t, const char* what) {
+    TE_CHECK(t.defined() && t.scalar_type() == at::kByte, kName, name, " must be uint8 (", what,
+             "), got ", t.defined() ? c10::toString(t.scalar_type()) : "undefined");
+  };
+  check_u8("a", a, "raw FP8 bytes");
+  check_u8("b", b, "raw FP8 bytes");
+  check_u8("a_scale", a_scale, "E8M0 exponents");
+  check_u8("b_scale", b_scale, "E8M0 exponents");
+  check_fp8_dtype(kName, a_fp8);
+  check_fp8_dtype(kName, b_fp8);
+  check_same_device(kName, "a", a, "b", b);
+  check_same_device(kName, "a", a, "a_scale", a_scale);
+  check_same_device(kName, "a", a, "b_scale", b_scale);
+  TE_CHECK_VALUE(is_supported_float(out_dtype), kName,
+                 "out_dtype must be float32, float64, bfloat16 or float16, got ", out_dtype);
+  check_min_dim(kName, "a", a, 1);
+  TE_CHECK(b.dim() == 2, kName, "b must be 2-D [n, k], got shape ", shape_str(b));
+  TE_CHECK(a.sym_size(-1) == b.sym_size(1), kName, "a's last dimension (shape ", shape_str(a),
+           ") must equal b's (shape ", shape_str(b), "): both operands keep the reduction dim "
+           "last (TN)");
+  TE_CHECK(b.sym_size(1) % fp8::kMXFP8BlockSize == 0, kName,
+           "the reduction dim must be a multiple of 32 (MXFP8 blocks), got b of shape ",
+           shape_str(b));
+  const auto expected_a = sizes_with_last(a, a.sym_size(-1) / fp8::kMXFP8BlockSize);
+  TE_CHECK(a_scale.sym_sizes() == c10::SymIntArrayRef(expected_a), kName,
+           "a_scale must have shape ", c10::SymIntArrayRef(expected_a), " for a of shape ",
+           shape_str(a), ", got ", shape_str(a_scale));
+  const auto expected_b = sizes_with_last(b, b.sym_size(-1) / fp8::kMXFP8BlockSize);
+  TE_CHECK(b_scale.sym_sizes() == c10::SymIntArrayRef(expected_b), kName,
+           "b_scale must have shape ", c10::SymIntArrayRef(expected_b), " for b of shape ",
+           shape_str(b), ", got ", shape_str(b_scale));
 }
 
 TE_DEFINE_STUB(gemm_stub, bool(const GemmArgs&));
@@ -475,7 +513,43 @@ Tensor fp8_gemm(const Tensor& a_in, const Tensor& a_scale_inv, at::ScalarType a_
   return d;
 }
 
+// An MXFP8 operand's values in fp32 (the quantize family's dequantize stub).
+Tensor mxfp8_operand(const Tensor& data_in, const Tensor& scale_in, at::ScalarType fp8) {
+  Tensor out = at::empty(data_in.sizes(), data_in.options().dtype(at::kFloat));
+  if (out.numel() == 0) return out;
+  const Tensor data = data_in.contiguous(), scale = scale_in.contiguous();
+  fp8_dequantize_stub(data.device().type(),
+                      Fp8DequantizeArgs{fp8, at::kFloat, data.numel(),
+                                        data.const_data_ptr<uint8_t>(), nullptr,
+                                        scale.const_data_ptr<uint8_t>(), out.mutable_data_ptr()});
+  return out;
+}
+
+// The exact emulation of an MXFP8 GEMM: both operands' values in fp32, multiplied with fp32
+// accumulation, rounded once to out_dtype. One op for the quantized buffers, so a traced
+// backward keeps the uint8 buffers as its saved inputs, never their fp32 values.
+Tensor mxfp8_gemm(const Tensor& a_in, const Tensor& a_scale, at::ScalarType a_fp8,
+                  const Tensor& b_in, const Tensor& b_scale, at::ScalarType b_fp8,
+                  at::ScalarType out_dtype) {
+  BelowAutograd below_autograd;
+  Mxfp8Gemm::check(a_in, a_scale, a_fp8, b_in, b_scale, b_fp8, out_dtype);
+  const auto guard = device_guard(a_in);
+  Tensor d = Fp8Gemm::allocate(a_in, b_in, out_dtype);
+  if (d.numel() == 0) return d;
+  const int64_t k = b_in.size(1), n = b_in.size(0);
+  const Tensor a = mxfp8_operand(a_in, a_scale, a_fp8).reshape({-1, k});
+  const Tensor b = mxfp8_operand(b_in, b_scale, b_fp8);
+  Tensor d2 = d.view({-1, n});
+  if (out_dtype == at::kFloat) {
+    at::mm_out(d2, a, b.t());
+  } else {
+    d2.copy_(at::mm(a, b.t()));  // one rounding of the fp32 product to the output dtype
+  }
+  return d;
+}
+
 void register_front_ends(torch::Library& m) {
+  m.impl("mxfp8_gemm", mxfp8_gemm);
   m.impl("linear_fwd", linear_fwd);
   m.impl("linear_bias_act_fwd", linear_bias_act_fwd);
   m.impl("linear_fwd_add", linear_fwd_add);
@@ -540,6 +614,13 @@ std::tuple<Tensor, Tensor, Tensor> linear_bwd_meta(const Tensor& dy, const Tenso
           LinearShapes::allocate_dbias(dy, weight, bias_dtype)};
 }
 
+Tensor mxfp8_gemm_meta(const Tensor& a, const Tensor& a_scale, at::ScalarType a_fp8,
+                       const Tensor& b, const Tensor& b_scale, at::ScalarType b_fp8,
+                       at::ScalarType out_dtype) {
+  Mxfp8Gemm::check(a, a_scale, a_fp8, b, b_scale, b_fp8, out_dtype);
+  return Fp8Gemm::allocate(a, b, out_dtype);
+}
+
 Tensor fp8_gemm_meta(const Tensor& a, const Tensor& a_scale_inv, at::ScalarType a_fp8,
                      const Tensor& b, const Tensor& b_scale_inv, at::ScalarType b_fp8,
                      at::ScalarType out_dtype) {
@@ -559,6 +640,7 @@ TORCH_LIBRARY_IMPL(te_cpp, Meta, m) {
   m.impl("linear_wgrad", linear_wgrad_meta);
   m.impl("linear_bwd", linear_bwd_meta);
   m.impl("fp8_gemm", fp8_gemm_meta);
+  m.impl("mxfp8_gemm", mxfp8_gemm_meta);
 }
 
 TE_REGISTER_FRONT_ENDS(register_front_ends)

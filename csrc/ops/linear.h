@@ -112,6 +112,16 @@ struct Fp8Gemm {
   static Tensor allocate(const Tensor& a, const Tensor& b, at::ScalarType out_dtype);
 };
 
+// mxfp8_gemm(a, a_scale, a_fp8_dtype, b, b_scale, b_fp8_dtype, out_dtype) -> a b^T, TN as
+// fp8_gemm with MXFP8 operands: a [..., k] and b [n, k] (uint8 FP8 buffers, blocks of 32 along
+// k), a_scale [..., k / 32] and b_scale [n, k / 32] (uint8 E8M0), out [..., n].
+struct Mxfp8Gemm {
+  static constexpr const char* kName = "mxfp8_gemm";
+  static void check(const Tensor& a, const Tensor& a_scale, at::ScalarType a_fp8,
+                    const Tensor& b, const Tensor& b_scale, at::ScalarType b_fp8,
+                    at::ScalarType out_dtype);
+};
+
 // The activation named by a linear_bias_act_fwd call: a stem whose activation table row has
 // LINEAR set, or a ValueError naming the op.
 inline Act linear_activation(const char* op, c10::string_view name) {

@@ -16,7 +16,8 @@ from ...quantization import FP8GlobalStateManager, RecipeState
 from ...quantization.quantizer import (Float8CurrentScalingQuantizer, MXFP8Quantizer,
                                        _PerTensorQuantizer, check_mxfp8_shape)
 from ...quantization.tensor import (Float8Tensor, Float8TensorStorage, MXFP8Tensor,
-                                    QuantizedTensor, QuantizedTensorStorage, as_storage)
+                                    MXFP8TensorStorage, QuantizedTensor, QuantizedTensorStorage,
+                                    as_storage)
 from .. import _quantized
 from ..op import BasicOperation, OperationContext
 
@@ -31,6 +32,7 @@ _linear_wgrad = torch.ops.te_cpp.linear_wgrad.default
 _linear_bwd = torch.ops.te_cpp.linear_bwd.default
 _bias_bwd = torch.ops.te_cpp.bias_bwd.default
 _fp8_gemm = torch.ops.te_cpp.fp8_gemm.default
+_mxfp8_gemm = torch.ops.te_cpp.mxfp8_gemm.default
 _FP8_GEMM_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -55,6 +57,22 @@ def _fp8_gemm_takes(a_data: torch.Tensor, a_fp8: torch.dtype, b_fp8: torch.dtype
         return True
     return (k % 16 == 0 and n % 16 == 0 and dtype != torch.float64
             and not (a_fp8 == torch.float8_e5m2 and b_fp8 == torch.float8_e5m2))
+
+
+def _mx_rows(q) -> Optional[tuple]:
+    """An MXFP8 storage's rowwise copy as an mxfp8_gemm operand (data, scale, fp8 dtype), or
+    None for another storage or a missing copy."""
+    if isinstance(q, MXFP8TensorStorage) and q._rowwise_data is not None:
+        return q._rowwise_data, q._rowwise_scale_inv, q._fp8_dtype
+    return None
+
+
+def _mx_cols(q) -> Optional[tuple]:
+    """An MXFP8 storage's columnwise copy (the 2-D transpose, blocked along its last dim) as an
+    mxfp8_gemm operand, or None."""
+    if isinstance(q, MXFP8TensorStorage) and q._columnwise_data is not None:
+        return q._columnwise_data, q._columnwise_scale_inv, q._fp8_dtype
+    return None
 
 
 def _columnwise(q: Float8TensorStorage) -> torch.Tensor:
@@ -450,6 +468,8 @@ class BasicLinear(BasicOperation):
             # the FP8 GEMM itself (CPU: the same emulation as below, bit for bit)
             y = _fp8_gemm(xq._data, xq._scale_inv, xq._fp8_dtype, wq._data, wq._scale_inv,
                           wq._fp8_dtype, ctx.dtype)
+        elif not epilogue and _mx_rows(xq) is not None and _mx_rows(wq) is not None:
+            y = _mxfp8_gemm(*_mx_rows(xq), *_mx_rows(wq), ctx.dtype)
         else:
             b32 = None if bias is None else bias.to(torch.float32)
             if extra is None:
@@ -602,6 +622,13 @@ class BasicLinear(BasicOperation):
                 if _fp8_gemm_takes(dyq._data, dyq._fp8_dtype, wq._fp8_dtype, n, k, out_dtype):
                     fp8_dx = _fp8_gemm(dyq._data, dyq._scale_inv, dyq._fp8_dtype, _columnwise(wq),
                                        wq._scale_inv, wq._fp8_dtype, out_dtype)
+            if (fp8_dx is None and grad_extra is None and alpha == 1.0
+                    and _mx_rows(dyq) is not None and _mx_cols(wq) is not None):
+                # dx [rows, in] = dy [rows, out] (blocks along out) x W^T's columnwise copy
+                # [in, out] (blocks along out): TN
+                out_dtype = (ctx.input_dtype if ctx.input_dtype in _FP8_GEMM_OUT_DTYPES
+                             else torch.float32)
+                fp8_dx = _mxfp8_gemm(*_mx_rows(dyq), *_mx_cols(wq), out_dtype)
             if fp8_dx is not None:
                 dx = fp8_dx if fp8_dx.dtype == ctx.input_dtype else fp8_dx.to(ctx.input_dtype)
             else:
@@ -630,6 +657,10 @@ class BasicLinear(BasicOperation):
                                    torch.float32):
                     dw = _fp8_gemm(_columnwise(dyq), dyq._scale_inv, dyq._fp8_dtype,
                                    _columnwise(xq), xq._scale_inv, xq._fp8_dtype, torch.float32)
+            if dw is None and alpha == 1.0 and _mx_cols(dyq) is not None \
+                    and _mx_cols(xq) is not None:
+                # dW [out, in] = dy^T [out, rows] x x^T [in, rows], both blocked along rows: TN
+                dw = _mxfp8_gemm(*_mx_cols(dyq), *_mx_cols(xq), torch.float32)
             if dw is None:
                 dw = _linear_wgrad(dyq.dequantize_columnwise(), xq.dequantize_columnwise(), alpha)
         return _comm.wait(dx), (self._finish_wgrad(dw),)
