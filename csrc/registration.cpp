@@ -164,6 +164,14 @@ TORCH_LIBRARY(te_cpp, m) {
   define(m, "grouped_fp8_quantize(Tensor x, Tensor split_sizes, Tensor? scales, "
             "ScalarType fp8_dtype, bool force_pow_2_scales, float[] amax_epsilons) "
             "-> (Tensor data, Tensor scale_inv, Tensor amax)");
+  // GroupedLinear's forward GEMMs on per-tensor FP8 operands: grouped_linear_fwd of x's values
+  // (x [T, in] uint8 with scale_inv [G], one per group) and of each weight's (uint8 [out, in]
+  // with scale_inv [1]) in fp32, biases and bias_scales added in fp32, y rounded once to
+  // out_dtype. One op on the quantized buffers: no dequantized operand in a traced graph.
+  define(m, "grouped_fp8_linear_fwd(Tensor x, Tensor x_scale_inv, ScalarType x_fp8_dtype, "
+            "Tensor split_sizes, Tensor[] weights, Tensor[] weight_scale_invs, "
+            "ScalarType weight_fp8_dtype, Tensor[] biases, Tensor? bias_scales, "
+            "ScalarType out_dtype) -> Tensor");
   // data [T, K] * scale_inv[g] over group g's rows, in dtype.
   define(m, "grouped_fp8_dequantize(Tensor data, Tensor split_sizes, Tensor scale_inv, "
             "ScalarType fp8_dtype, ScalarType dtype) -> Tensor");

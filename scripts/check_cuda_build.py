@@ -51,6 +51,7 @@ CUDA_OPS = {
     "grouped": [
         "grouped_linear_fwd", "grouped_linear_dgrad", "grouped_linear_wgrad", "grouped_bias_bwd",
         "grouped_fp8_quantize", "grouped_fp8_dequantize", "grouped_mxfp8_quantize",
+        "grouped_fp8_linear_fwd",
     ],
 }
 

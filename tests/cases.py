@@ -838,6 +838,17 @@ def _samples_grouped(dtype):
             data, scale_inv, _ = te_ops.grouped_fp8_quantize(x, split_sizes, None, fmt, True,
                                                              [1e-3] * groups)
             out.append((te_ops.grouped_fp8_dequantize, (data, split_sizes, scale_inv, fmt, dtype)))
+            ws = [te_ops.fp8_quantize(_rand(8, 16, dtype=dtype), fmt, False, 0.0)
+                  for _ in range(groups)]
+            wd, wsi = [w[0] for w in ws], [w[1] for w in ws]
+            bs = [_rand(8, dtype=dtype) for _ in range(groups)]
+            out.append((te_ops.grouped_fp8_linear_fwd,
+                        (data, scale_inv, fmt, split_sizes, wd, wsi, fmt, bs, None, dtype)))
+            out.append((te_ops.grouped_fp8_linear_fwd,
+                        (data, scale_inv, fmt, split_sizes, wd, wsi, fmt, bs,
+                         torch.rand(rows) + 0.5, torch.float32)))
+            out.append((te_ops.grouped_fp8_linear_fwd,
+                        (data, scale_inv, fmt, split_sizes, wd, wsi, fmt, [], None, dtype)))
         out.append((te_ops.grouped_mxfp8_quantize,
                     (_rand(rows, 32, dtype=dtype), split_sizes, torch.float8_e4m3fn, True, False)))
     for splits in ([32, 0, 64], [0, 0]):

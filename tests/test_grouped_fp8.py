@@ -244,7 +244,18 @@ def test_compiled_equals_eager_under_a_recipe(recipe_name):
     quantize = ("te_cpp.grouped_mxfp8_quantize.default(" if recipe_name == "mxfp8"
                 else "te_cpp.grouped_fp8_quantize.default(")
     assert fw.count(quantize) == 1 and bw.count(quantize) == 1
-    assert fw.count("te_cpp.grouped_linear_fwd.default(") == 1
+    gemm = ("te_cpp.grouped_linear_fwd.default(" if recipe_name == "mxfp8"
+            else "te_cpp.grouped_fp8_linear_fwd.default(")
+    assert fw.count(gemm) == 1
+    # the backward saves the quantized bytes (and scales), never a dequantized operand: every
+    # saved floating tensor besides the parameters is a scale (at most one per group) or the
+    # bias scales' input
+    for g in backend.bw_graphs:
+        for n in g.graph.nodes:
+            if n.op != "placeholder" or n.name.startswith(("tangents", "primals")):
+                continue
+            v = n.meta["val"]
+            assert not v.is_floating_point() or v.numel() <= 128, (n.name, v.dtype, v.shape)
 
 
 def test_quantized_weights_from_quantized_model_init():

@@ -232,6 +232,58 @@ void GroupedQuantize::check_fp8_dequantize(const char* op, const Tensor& data,
                  "dtype must be float32, float64, bfloat16 or float16, got ", dtype);
 }
 
+void GroupedQuantize::check_fp8_linear_fwd(const char* op, const Tensor& x,
+                                           const Tensor& x_scale_inv, at::ScalarType x_fp8,
+                                           const Tensor& split_sizes, at::TensorList weights,
+                                           at::TensorList weight_scale_invs,
+                                           at::ScalarType w_fp8, at::TensorList biases,
+                                           const std::optional<Tensor>& bias_scales,
+                                           at::ScalarType out_dtype) {
+  check_fp8_dequantize(op, x, split_sizes, x_scale_inv, x_fp8, at::kFloat);
+  const int64_t groups = split_sizes.sym_size(0).guard_int(__FILE__, __LINE__);
+  check_count(op, "weights", weights.size(), groups);
+  check_count(op, "weight_scale_invs", weight_scale_invs.size(), groups);
+  check_fp8_dtype(op, w_fp8);
+  for (size_t g = 0; g < weights.size(); ++g) {
+    const std::string name = indexed("weights", g), sname = indexed("weight_scale_invs", g);
+    const Tensor& w = weights[g];
+    const Tensor& s = weight_scale_invs[g];
+    TE_CHECK(w.scalar_type() == at::kByte, op, name, " must be uint8 (raw FP8 bytes), got ",
+             w.scalar_type());
+    TE_CHECK(w.dim() == 2 && w.sym_sizes() == weights[0].sym_sizes(), op, name,
+             " must be 2-D [out_features, in_features] like weights[0] (shape ",
+             shape_str(weights[0]), "), got shape ", shape_str(w));
+    check_same_device(op, name.c_str(), w, "x", x);
+    TE_CHECK(s.scalar_type() == at::kFloat && s.dim() == 1 && s.sym_size(0) == 1, op, sname,
+             " must be float32 of shape [1], got ", s.scalar_type(), " ", shape_str(s));
+    check_same_device(op, sname.c_str(), s, "x", x);
+  }
+  TE_CHECK(x.sym_size(1) == weights[0].sym_size(1), op, "x's last dimension (shape ",
+           shape_str(x), ") must equal in_features of the weights (shape ",
+           shape_str(weights[0]), ")");
+  if (!biases.empty()) {
+    check_count(op, "biases", biases.size(), groups);
+    for (size_t g = 0; g < biases.size(); ++g) {
+      const std::string name = indexed("biases", g);
+      check_float(op, name.c_str(), biases[g]);
+      check_same_device(op, name.c_str(), biases[g], "x", x);
+      TE_CHECK(biases[g].dim() == 1 && biases[g].sym_size(0) == weights[0].sym_size(0), op,
+               name, " must have shape [out_features] = [", weights[0].sym_size(0), "], got ",
+               shape_str(biases[g]));
+    }
+  }
+  if (bias_scales.has_value()) {
+    TE_CHECK(!biases.empty(), op, "bias_scales given without biases");
+    check_float(op, "bias_scales", *bias_scales);
+    check_same_device(op, "bias_scales", *bias_scales, "x", x);
+    TE_CHECK(bias_scales->dim() == 1 && bias_scales->sym_size(0) == x.sym_size(0), op,
+             "bias_scales shape ", shape_str(*bias_scales), " must be [tokens] for x shape ",
+             shape_str(x));
+  }
+  TE_CHECK_VALUE(is_supported_float(out_dtype), op,
+                 "out_dtype must be float32, float64, bfloat16 or float16, got ", out_dtype);
+}
+
 void GroupedQuantize::check_mxfp8(const char* op, const Tensor& x, const Tensor& split_sizes,
                                   at::ScalarType fp8_dtype, bool rowwise, bool columnwise) {
   check_float(op, "input", x);
@@ -523,6 +575,38 @@ Tensor grouped_fp8_dequantize(const Tensor& data_in, const Tensor& split_sizes,
   return out;
 }
 
+Tensor grouped_fp8_linear_fwd(const Tensor& x, const Tensor& x_scale_inv, at::ScalarType x_fp8,
+                              const Tensor& split_sizes, at::TensorList weights,
+                              at::TensorList weight_scale_invs, at::ScalarType w_fp8,
+                              at::TensorList biases, const std::optional<Tensor>& bias_scales,
+                              at::ScalarType out_dtype) {
+  BelowAutograd below_autograd;
+  const char* op = "grouped_fp8_linear_fwd";
+  GroupedQuantize::check_fp8_linear_fwd(op, x, x_scale_inv, x_fp8, split_sizes, weights,
+                                        weight_scale_invs, w_fp8, biases, bias_scales,
+                                        out_dtype);
+  const auto guard = device_guard(x);
+  const Tensor xf = grouped_fp8_dequantize(x, split_sizes, x_scale_inv, x_fp8, at::kFloat);
+  std::vector<Tensor> wf, bf;
+  for (size_t g = 0; g < weights.size(); ++g) {
+    const Tensor w = weights[g].contiguous(), s = weight_scale_invs[g].contiguous();
+    Tensor out = at::empty(w.sizes(), w.options().dtype(at::kFloat));
+    if (out.numel() != 0) {
+      fp8_dequantize_stub(w.device().type(),
+                          Fp8DequantizeArgs{w_fp8, at::kFloat, w.numel(),
+                                            w.const_data_ptr<uint8_t>(),
+                                            s.const_data_ptr<float>(), nullptr,
+                                            out.mutable_data_ptr()});
+    }
+    wf.push_back(out);
+  }
+  for (const Tensor& b : biases) bf.push_back(b.to(at::kFloat));
+  std::optional<Tensor> sf;
+  if (bias_scales.has_value()) sf = bias_scales->to(at::kFloat);
+  const Tensor y = grouped_linear_fwd(xf, split_sizes, wf, bf, sf);
+  return y.scalar_type() == out_dtype ? y : y.to(out_dtype);
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor> grouped_mxfp8_quantize(const Tensor& x_in,
                                                                   const Tensor& split_sizes,
                                                                   at::ScalarType fp8_dtype,
@@ -561,6 +645,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> grouped_mxfp8_quantize(const Tensor& 
 void register_front_ends(torch::Library& m) {
   m.impl("grouped_fp8_quantize", grouped_fp8_quantize);
   m.impl("grouped_fp8_dequantize", grouped_fp8_dequantize);
+  m.impl("grouped_fp8_linear_fwd", grouped_fp8_linear_fwd);
   m.impl("grouped_mxfp8_quantize", grouped_mxfp8_quantize);
   m.impl("grouped_linear_fwd", grouped_linear_fwd);
   m.impl("grouped_linear_dgrad", grouped_linear_dgrad);
@@ -613,6 +698,19 @@ Tensor grouped_fp8_dequantize_meta(const Tensor& data, const Tensor& split_sizes
   return at::empty_symint(data.sym_sizes(), data.options().dtype(dtype));
 }
 
+Tensor grouped_fp8_linear_fwd_meta(const Tensor& x, const Tensor& x_scale_inv,
+                                   at::ScalarType x_fp8, const Tensor& split_sizes,
+                                   at::TensorList weights, at::TensorList weight_scale_invs,
+                                   at::ScalarType w_fp8, at::TensorList biases,
+                                   const std::optional<Tensor>& bias_scales,
+                                   at::ScalarType out_dtype) {
+  GroupedQuantize::check_fp8_linear_fwd("grouped_fp8_linear_fwd", x, x_scale_inv, x_fp8,
+                                        split_sizes, weights, weight_scale_invs, w_fp8, biases,
+                                        bias_scales, out_dtype);
+  return at::empty_symint({x.sym_size(0), weights[0].sym_size(0)},
+                          x.options().dtype(out_dtype));
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor> grouped_mxfp8_quantize_meta(
     const Tensor& x, const Tensor& split_sizes, at::ScalarType fp8_dtype, bool rowwise,
     bool columnwise) {
@@ -626,6 +724,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> grouped_mxfp8_quantize_meta(
 TORCH_LIBRARY_IMPL(te_cpp, Meta, m) {
   m.impl("grouped_fp8_quantize", grouped_fp8_quantize_meta);
   m.impl("grouped_fp8_dequantize", grouped_fp8_dequantize_meta);
+  m.impl("grouped_fp8_linear_fwd", grouped_fp8_linear_fwd_meta);
   m.impl("grouped_mxfp8_quantize", grouped_mxfp8_quantize_meta);
   m.impl("grouped_linear_fwd", grouped_linear_fwd_meta);
   m.impl("grouped_linear_dgrad", grouped_linear_dgrad_meta);

@@ -102,6 +102,12 @@ struct GroupedQuantize {
   static void check_fp8_dequantize(const char* op, const Tensor& data, const Tensor& split_sizes,
                                    const Tensor& scale_inv, at::ScalarType fp8_dtype,
                                    at::ScalarType dtype);
+  static void check_fp8_linear_fwd(const char* op, const Tensor& x, const Tensor& x_scale_inv,
+                                   at::ScalarType x_fp8, const Tensor& split_sizes,
+                                   at::TensorList weights, at::TensorList weight_scale_invs,
+                                   at::ScalarType w_fp8, at::TensorList biases,
+                                   const std::optional<Tensor>& bias_scales,
+                                   at::ScalarType out_dtype);
   static void check_mxfp8(const char* op, const Tensor& x, const Tensor& split_sizes,
                           at::ScalarType fp8_dtype, bool rowwise, bool columnwise);
   static std::tuple<Tensor, Tensor, Tensor, Tensor> allocate_mxfp8(const Tensor& x, bool rowwise,

@@ -17,7 +17,7 @@ from .._common import (accumulate_main_grad, autocast_dtype, canonicalize_device
 from ...quantization import FP8GlobalStateManager, RecipeState
 from ...quantization.quantizer import (Float8CurrentScalingQuantizer, Float8Quantizer,
                                        MXFP8Quantizer)
-from ...quantization.tensor import (MXFP8TensorStorage, QuantizedTensor,
+from ...quantization.tensor import (Float8TensorStorage, MXFP8TensorStorage, QuantizedTensor,
                                     QuantizedTensorStorage, as_storage)
 from .. import _quantized
 from ..op import BasicOperation, OperationContext
@@ -435,9 +435,17 @@ class GroupedLinear(BasicOperation):
                                               columnwise=need_dgrad and override is None,
                                               op="GroupedLinear"))
         f32 = torch.float32
-        y = _ops.grouped_linear_fwd.default(
-            xq.rowwise(split_sizes), split_sizes, [wq.dequantize_rowwise(f32) for wq in wqs],
-            [b.to(f32) for b in bs], None if scales is None else scales.to(f32))
+        if (len(xq.buffers) == 2 and all(isinstance(wq, Float8TensorStorage) for wq in wqs)
+                and len({wq._fp8_dtype for wq in wqs}) == 1):
+            # per-tensor FP8: one op on the quantized buffers
+            y = _ops.grouped_fp8_linear_fwd.default(
+                *xq.buffers, xq.fp8_dtype, split_sizes, [wq._data for wq in wqs],
+                [wq._scale_inv for wq in wqs], wqs[0]._fp8_dtype, bs, scales, ctx.dtype)
+        else:
+            y = _ops.grouped_linear_fwd.default(
+                xq.rowwise(split_sizes), split_sizes,
+                [wq.dequantize_rowwise(f32) for wq in wqs], [b.to(f32) for b in bs],
+                None if scales is None else scales.to(f32))
         if ctx.requires_grad and override == "high_precision":  # the unquantized backward
             ctx.with_quantized_compute = False
             ws = [self._weight_in(w, ctx.dtype) for w in self.weights()]
