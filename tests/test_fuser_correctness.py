@@ -62,15 +62,20 @@ def _prenorm_mlp_grads(in_place, x, dy, recipe=None, ffn=128):
                          ids=["small", "large", "4096x1024"])
 def test_in_place_prenorm_mlp_equals_the_functional_block(recipe, shape):
     """The pre-norm MLP block with in-place residual ops gives exactly the functional block's
-    output and gradients (from 256x64 up: the saved tensors are released step by step)."""
+    output and gradients (from 256x64 up: the saved tensors are released step by step). Under
+    a recipe the in-place add fuses into the second linear's FP8 GEMM (TransformerEngine's
+    ForwardLinearBiasAdd: the bias and the residual added in fp32 before one rounding) and the
+    functional add does not (our extension is off under a recipe), so the two agree to fp32's
+    rounding there."""
     rows, hidden, ffn = shape
     x, dy = _leaf(rows, hidden, seed=1), torch.randn(rows, hidden)
     y0, dx0, dp0 = _prenorm_mlp_grads(False, x, dy, recipe, ffn)
     y1, dx1, dp1 = _prenorm_mlp_grads(True, x, dy, recipe, ffn)
-    torch.testing.assert_close(y1, y0, rtol=0, atol=0)
-    torch.testing.assert_close(dx1, dx0, rtol=0, atol=0)
+    tol = dict(rtol=0, atol=0) if recipe is None else tols(torch.float32)
+    torch.testing.assert_close(y1, y0, **tol)
+    torch.testing.assert_close(dx1, dx0, **tol)
     for a, b in zip(dp1, dp0):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, b, **tol)
 
 
 def test_in_place_prenorm_mlp_compiled_equals_eager():

@@ -22,6 +22,7 @@ from torch.autograd.function import once_differentiable
 from . import _torch_shim
 from ._common import shares_storage, storage_address
 from ._quantized import public
+from ..quantization.tensor import QuantizedTensorStorage
 
 _new_object = object.__new__
 
@@ -122,7 +123,8 @@ def pipeline_forward(func_ctx, plan, basic_op_kwargs, arg_layout, *tensors):
         func_ctx.basic_op_ctxs = ctxs
         func_ctx.arg_layout = arg_layout
         func_ctx.num_tensors = len(tensors)
-    x = public(x)
+    if isinstance(x, QuantizedTensorStorage) and not isinstance(x, torch.Tensor):
+        x = public(x)  # (the check inlined: this runs on every call)
     if public_outputs:
         return (x, *public_outputs)
     return x
@@ -266,7 +268,8 @@ def pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
         for op in basic_ops:  # delayed scaling: the backward scales' update (eager only)
             op.update_delayed_backward_state()
     if dx is not None:
-        dx = public(dx)
+        if isinstance(dx, QuantizedTensorStorage) and not isinstance(dx, torch.Tensor):
+            dx = public(dx)
         grads[input_pos] = dx if grads[input_pos] is None else grads[input_pos] + dx
     return (None, None, None, *grads)
 

@@ -36,11 +36,10 @@ def as_high_precision(t):
 
 
 def public(t):
-    """What leaves the pipeline (its output, the input's gradient): a quantized operand as its
+    """What leaves the pipeline (its output, the input's gradient) when it is a quantized
+    operand (the caller checks ``is_storage``, inlined on the per-call path): as its
     public tensor subclass (``Float8Tensor`` / ``MXFP8Tensor`` over the same buffers), so a
     ``Quantize`` at either end hands the caller a quantized tensor, as TransformerEngine's.
     Under torch.compile its dequantization instead (the same values): AOTAutograd would expect
     a tensor-subclass output's gradient to be that subclass too, and the caller's is plain."""
-    if isinstance(t, QuantizedTensorStorage) and not isinstance(t, torch.Tensor):
-        return t.dequantize() if torch.compiler.is_compiling() else t.to_tensor()
-    return t
+    return t.dequantize() if torch.compiler.is_compiling() else t.to_tensor()
