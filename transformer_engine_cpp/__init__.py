@@ -13,6 +13,7 @@ from . import recipe, tensor
 from .quantization import (Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor,
                            MXFP8Quantizer, MXFP8Tensor, QuantizedTensor, autocast, fp8_autocast,
                            fp8_model_init, quantized_model_init)
+from .quantization.nvfp4 import NVFP4Quantizer, NVFP4Tensor
 
 __version__ = "0.1.0"
 
@@ -35,6 +36,16 @@ def is_mxfp8_available(return_reason: bool = False):
     return (True, _FP8_REASON) if return_reason else True
 
 
+_NVFP4_REASON = ("emulated on CPU (E2M1 values packed two per byte, E4M3 block scales, "
+                 "te_cpp.nvfp4_quantize / nvfp4_dequantize)")
+
+
+def is_nvfp4_available(return_reason: bool = False):
+    """NVFP4 (16-element blocks, E4M3 and per-tensor scales) is available everywhere through
+    CPU emulation."""
+    return (True, _NVFP4_REASON) if return_reason else True
+
+
 def is_bf16_available() -> bool:
     """bfloat16 compute is supported by every kernel of this extension."""
     return True
@@ -43,4 +54,5 @@ def is_bf16_available() -> bool:
 __all__ = ["ops", "recipe", "built_with_cuda", "__version__", "autocast", "fp8_autocast",
            "quantized_model_init", "fp8_model_init", "QuantizedTensor", "Float8Tensor",
            "MXFP8Tensor", "Float8Quantizer", "Float8CurrentScalingQuantizer", "MXFP8Quantizer",
-           "is_fp8_available", "is_mxfp8_available", "is_bf16_available"]
+           "is_fp8_available", "is_mxfp8_available", "is_bf16_available", "NVFP4Quantizer",
+           "NVFP4Tensor", "is_nvfp4_available"]

@@ -8,8 +8,10 @@ from .autocast import (FP8GlobalStateManager, autocast, fp8_autocast, fp8_model_
 from .quantizer import (Float8CurrentScalingQuantizer, Float8Quantizer, MXFP8Quantizer,
                         Quantizer)
 from .recipe_state import (DelayedScalingRecipeState, Float8CurrentScalingRecipeState,
-                           MXFP8BlockScalingRecipeState, RecipeState, get_fp8_max,
+                           MXFP8BlockScalingRecipeState, NVFP4BlockScalingRecipeState,
+                           RecipeState, get_fp8_max,
                            get_fp8_te_dtype, update_delayed_scaling)
+from .nvfp4 import NVFP4Quantizer, NVFP4Tensor, NVFP4TensorStorage
 from .tensor import (Float8Tensor, Float8TensorStorage, MXFP8Tensor, MXFP8TensorStorage,
                      QuantizedTensor, QuantizedTensorStorage)
 
@@ -20,5 +22,6 @@ __all__ = [
     "DelayedScalingRecipeState", "Float8CurrentScalingRecipeState",
     "MXFP8BlockScalingRecipeState", "get_fp8_max", "get_fp8_te_dtype", "update_delayed_scaling",
     "Float8Tensor", "Float8TensorStorage", "MXFP8Tensor", "MXFP8TensorStorage",
-    "QuantizedTensor", "QuantizedTensorStorage",
+    "QuantizedTensor", "QuantizedTensorStorage", "NVFP4Quantizer", "NVFP4Tensor",
+    "NVFP4TensorStorage", "NVFP4BlockScalingRecipeState",
 ]
