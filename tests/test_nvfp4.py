@@ -203,6 +203,26 @@ def test_quantize_grid_ties_and_scale_edges(rht):
     assert d[0].tolist() == [0x20, 0x42, 0x64, 0x76, 0xA8, 0xCA, 0xEC, 0xFE]
 
 
+def _f32(bits):
+    return torch.tensor(bits, dtype=torch.int32).view(F32)
+
+
+@pytest.mark.parametrize("g_bits,c_bits", [(0x40815FD6, 0x3C1D18F2), (0x3F7C1A2C, 0x3B190FE4),
+                                           (0x40C845D3, 0x3C733038), (0x40B42158, 0x3C747664)])
+def test_block_scale_multiplication_order(g_bits, c_bits):
+    """Block amaxes c whose E4M3 scale depends on the order of the fp32 products (an E4M3 tie
+    point): c * (S_enc * float(1/6)) is the rule, (c * S_enc) * float(1/6) gives another byte.
+    (Found by a search over tensor amaxes g near E4M3 midpoints.)"""
+    x = torch.zeros(1, 32)
+    x[0, 0] = _f32(g_bits)
+    x[0, 16] = _f32(c_bits)
+    assert_op_matches(x)
+    g, c = _f32(g_bits), _f32(c_bits)
+    s_enc = torch.tensor(2688.0) / g
+    other = ((c * s_enc) * torch.tensor(1 / 6, dtype=F32)).to(torch.float8_e4m3fn)
+    assert ops.nvfp4_quantize(x, False, False, None)[1][0, 1] != other.view(torch.uint8)
+
+
 def test_quantize_zeros_inf_nan():
     for x in (torch.zeros(16, 32), torch.full((16, 16), -0.0), torch.full((2, 16), 3.0)):
         assert_op_matches(x)
