@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import transformer_engine_cpp as te
+from device_code import compile_ptx
 from transformer_engine_cpp.quantization.nvfp4 import NVFP4Quantizer, NVFP4TensorStorage
 
 ops = torch.ops.te_cpp
@@ -485,3 +486,9 @@ def test_training_loop_reduces_loss():
     assert all(math.isfinite(v) for v in fp4)
     assert fp4[-1] < 0.25 * fp4[0]
     assert fp4[-1] < 1.5 * ref[-1], (fp4[-1], ref[-1])
+
+
+def test_shared_nvfp4_rules_compile_as_cuda_device_code(tmp_path):
+    """tests/cpp/nvfp4_math_device.cu calls every function of csrc/common/fp4.h from a CUDA
+    kernel: nvcc -ptx refuses a host-only call, and -Werror all-warnings any warning."""
+    assert compile_ptx("nvfp4_math_device.cu", tmp_path).count(".entry ") == 1
