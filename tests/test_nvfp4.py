@@ -348,6 +348,28 @@ def test_quantizer_copies_against_emulation():
     assert NVFP4TensorStorage.fp4_view(b[0]).dtype == torch.float4_e2m1fn_x2
 
 
+def test_quantizer_options_and_storage_usage():
+    with pytest.raises(ValueError, match="float4_e2m1fn_x2"):
+        NVFP4Quantizer(torch.float8_e4m3fn)
+    with pytest.raises(NotImplementedError, match="amax reduction"):
+        NVFP4Quantizer(with_amax_reduction=True)
+    with pytest.raises(NotImplementedError, match="sign"):
+        NVFP4Quantizer(with_random_sign_mask=False)
+    x = torch.randn(16, 32)
+    st = NVFP4Quantizer(with_rht=True).quantize_storage(x, rowwise=True, columnwise=True)
+    st.update_usage(rowwise_usage=False)
+    assert st.buffers()[:3] == (None, None, None)
+    with pytest.raises(RuntimeError, match="rowwise data cannot be rebuilt"):
+        st.update_usage(rowwise_usage=True)
+    torch.testing.assert_close(st.dequantize(), st.dequantize_columnwise(), rtol=0, atol=0)
+    t = NVFP4Quantizer()(x.requires_grad_())
+    d = t.detach()
+    assert isinstance(d, te.NVFP4Tensor) and not d.requires_grad
+    torch.testing.assert_close(d.dequantize(), t.dequantize(), rtol=0, atol=0)
+    (t.dequantize() * 2).sum().backward()  # straight-through gradient
+    torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))
+
+
 def test_recipe_defaults_env_and_rejections(monkeypatch):
     r = te.recipe.NVFP4BlockScaling()
     assert r.nvfp4() and not r.mxfp8()
