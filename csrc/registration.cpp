@@ -219,6 +219,15 @@ TORCH_LIBRARY(te_cpp, m) {
   define(m, "mxfp8_quantize(Tensor x, ScalarType fp8_dtype) -> (Tensor data, Tensor scale_e8m0)");
   define(m, "mxfp8_dequantize(Tensor data, Tensor scale_e8m0, ScalarType fp8_dtype, "
             "ScalarType dtype) -> Tensor");
+  // NVFP4 (ops/nvfp4.h): E2M1 codes packed two per byte (uint8, last dim / 2), an E4M3 scale
+  // per 16-element block (uint8, last dim / 16) and the per-tensor amax (fp32, shape [1]);
+  // rht: the 16-point random Hadamard transform along the last dim (quantize: before, dequantize:
+  // inverted after); block_2d: 16x16 tiles share a scale; sr_seed: stochastic rounding keyed by
+  // a counter-based Philox draw of (seed, element index), round to nearest even when None.
+  define(m, "nvfp4_quantize(Tensor x, bool rht, bool block_2d, Tensor? sr_seed) "
+            "-> (Tensor data, Tensor scale_e4m3, Tensor amax)");
+  define(m, "nvfp4_dequantize(Tensor data, Tensor scale_e4m3, Tensor amax, bool rht, "
+            "ScalarType dtype) -> Tensor");
   // Delayed scaling's update in one call, in place: amax from the history (max or
   // most_recent), the history rolled by one with row 0 zeroed, the new scale per column.
   define(m, "fp8_delayed_scaling_update(Tensor(a!) amax_history, Tensor(b!) scale, "

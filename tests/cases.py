@@ -860,10 +860,26 @@ def _samples_grouped(dtype):
     return _with_non_contiguous(out)
 
 
+def _samples_nvfp4(dtype):
+    """te_cpp.nvfp4_quantize / nvfp4_dequantize (numerics in tests/test_nvfp4.py): 1-D and
+    2-D blocks, the transform, stochastic rounding, zero size, a transposed input."""
+    out = []
+    seed = torch.tensor(1234, dtype=torch.int64)
+    for shape in [(1, 64), (2, 3, 32), (0, 64), (17, 16)]:
+        x = _rand(*shape, dtype=dtype)
+        for rht, block_2d, sr in ((False, False, None), (True, False, seed),
+                                  (False, True, None)):
+            out.append((te_ops.nvfp4_quantize, (x, rht, block_2d, sr)))
+            data, scale, amax = te_ops.nvfp4_quantize(x, rht, block_2d, sr)
+            out.append((te_ops.nvfp4_dequantize, (data, scale, amax, rht, dtype)))
+    out.append((te_ops.nvfp4_quantize, (_rand(64, 32, dtype=dtype).t(), True, True, None)))
+    return _with_non_contiguous(out)
+
+
 STANDALONE_OPCHECK_SAMPLES = {"quantize": _samples_quantize, "fp8_gemm": _samples_fp8_gemm,
                               "fp8_amax": _samples_fp8_amax,
                               "fp8_current_scale": _samples_fp8_current_scale,
-                              "grouped": _samples_grouped}
+                              "grouped": _samples_grouped, "nvfp4": _samples_nvfp4}
 
 #: Custom ops whose tensor arguments always have exactly one element, so no zero-size and no
 #: non-contiguous sample of them exists (a tensor of one element is contiguous whatever its

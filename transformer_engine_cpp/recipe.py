@@ -16,7 +16,7 @@ from typing import Callable, Optional, Union
 import torch
 
 __all__ = ["Format", "QParams", "Recipe", "DelayedScaling", "Float8CurrentScaling",
-           "MXFP8BlockScaling"]
+           "MXFP8BlockScaling", "NVFP4BlockScaling"]
 
 _BACKWARD_OVERRIDES = (None, "high_precision", "dequantized")
 
@@ -41,6 +41,8 @@ class Format(enum.Enum):
     E5M2 = _FormatHelper(max_fwd=torch.finfo(torch.float8_e5m2).max,
                          max_bwd=torch.finfo(torch.float8_e5m2).max)
     HYBRID = _FormatHelper(max_fwd=E4M3.max_fwd, max_bwd=E5M2.max_bwd)
+    # FP4 (NVFP4BlockScaling's values): E2M1, max 6
+    E2M1 = _FormatHelper(max_fwd=6.0, max_bwd=6.0)
 
     @property
     def max_fwd(self) -> float:
@@ -53,13 +55,19 @@ class Format(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class QParams:
-    """Quantization parameters of one tensor role (current scaling)."""
+    """Quantization parameters of one tensor role (current scaling; NVFP4's transform,
+    stochastic rounding and 2-D blocks)."""
 
     power_2_scale: bool = False
     amax_epsilon: float = 0.0
+    random_hadamard_transform: bool = False
+    stochastic_rounding: bool = False
+    fp4_2d_quantization: bool = False
 
     def __post_init__(self):
-        _check_bool("QParams", "power_2_scale", self.power_2_scale)
+        for name in ("power_2_scale", "random_hadamard_transform", "stochastic_rounding",
+                     "fp4_2d_quantization"):
+            _check_bool("QParams", name, getattr(self, name))
         eps = self.amax_epsilon
         if (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps)
                 or eps < 0):
@@ -87,7 +95,7 @@ class Recipe:
 
     @classmethod
     def nvfp4(cls) -> bool:
-        return False
+        return issubclass(cls, NVFP4BlockScaling)
 
     @classmethod
     def mxfp8(cls) -> bool:
@@ -219,3 +227,56 @@ class MXFP8BlockScaling(Recipe):
             raise ValueError("MXFP8BlockScaling: enable_2d_quantization=True is not supported on "
                              "this backend")
         _check_backward_override("MXFP8BlockScaling", self.backward_override)
+
+
+def _env_flag(name: str) -> Callable[[], bool]:
+    return lambda: os.environ.get(name, "0") == "1"
+
+
+@dataclasses.dataclass
+class NVFP4BlockScaling(Recipe):
+    """NVFP4: FP4 E2M1 values, an E4M3 scale per 16 consecutive values and a per-tensor fp32
+    scale (docs/fp8.md, NVFP4). As TransformerEngine's recipe: weights use 16x16 blocks,
+    gradients stochastic rounding, and the columnwise copies of inputs and gradients (the
+    wgrad operands) the 16-point random Hadamard transform, each unless disabled here or by
+    its environment variable (NVTE_NVFP4_DISABLE_RHT, NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING,
+    NVTE_NVFP4_DISABLE_2D_QUANTIZATION). The per-role QParams are derived in __post_init__.
+    TransformerEngine's row-scaled activations and 4over6 options are not implemented here
+    (only their defaults are accepted)."""
+
+    disable_rht: bool = dataclasses.field(default_factory=_env_flag("NVTE_NVFP4_DISABLE_RHT"))
+    disable_stochastic_rounding: bool = dataclasses.field(
+        default_factory=_env_flag("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING"))
+    disable_2d_quantization: bool = dataclasses.field(
+        default_factory=_env_flag("NVTE_NVFP4_DISABLE_2D_QUANTIZATION"))
+    row_scaled_activation: bool = dataclasses.field(
+        default_factory=_env_flag("NVTE_NVFP4_ROW_SCALED_ACTIVATION"))
+    nvfp4_4over6: str = dataclasses.field(
+        default_factory=lambda: os.environ.get("NVTE_NVFP4_4OVER6", "none"))
+    fp4_format: Format = Format.E2M1
+    fp8_format: Format = Format.E4M3
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    backward_override: Optional[str] = dataclasses.field(default_factory=_default_backward_override)
+
+    def __post_init__(self):
+        if self.fp4_format != Format.E2M1:
+            raise ValueError(f"NVFP4BlockScaling: only E2M1 is supported for fp4_format, got "
+                             f"{self.fp4_format!r}")
+        if self.fp8_format != Format.E4M3:
+            raise ValueError(f"NVFP4BlockScaling: only E4M3 is supported for fp8_format (the "
+                             f"block scales), got {self.fp8_format!r}")
+        _check_bools(self)
+        _check_backward_override("NVFP4BlockScaling", self.backward_override)
+        if self.row_scaled_activation:
+            raise ValueError("NVFP4BlockScaling: row_scaled_activation=True is not supported on "
+                             "this backend")
+        if self.nvfp4_4over6 != "none":
+            raise ValueError(f"NVFP4BlockScaling: nvfp4_4over6 must be 'none' on this backend, "
+                             f"got {self.nvfp4_4over6!r}")
+        # the transform applies to the columnwise copies only (the wgrad operands)
+        self.fp4_quant_fwd_inp = QParams(random_hadamard_transform=not self.disable_rht)
+        self.fp4_quant_fwd_weight = QParams(fp4_2d_quantization=not self.disable_2d_quantization)
+        self.fp4_quant_bwd_grad = QParams(
+            random_hadamard_transform=not self.disable_rht,
+            stochastic_rounding=not self.disable_stochastic_rounding)

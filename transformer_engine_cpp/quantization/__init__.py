@@ -9,8 +9,10 @@ from .quantizer import (Float8CurrentScalingQuantizer, Float8Quantizer, MXFP8Qua
                         Quantizer)
 from .role import QuantizerRole
 from .recipe_state import (DelayedScalingRecipeState, Float8CurrentScalingRecipeState,
-                           MXFP8BlockScalingRecipeState, RecipeState, get_fp8_max,
+                           MXFP8BlockScalingRecipeState, NVFP4BlockScalingRecipeState,
+                           RecipeState, get_fp8_max,
                            get_fp8_te_dtype, update_delayed_scaling)
+from .nvfp4 import NVFP4Quantizer, NVFP4Tensor, NVFP4TensorStorage
 from .tensor import (Float8Tensor, Float8TensorStorage, MXFP8Tensor, MXFP8TensorStorage,
                      QuantizedTensor, QuantizedTensorStorage)
 
@@ -21,5 +23,6 @@ __all__ = [
     "DelayedScalingRecipeState", "Float8CurrentScalingRecipeState",
     "MXFP8BlockScalingRecipeState", "get_fp8_max", "get_fp8_te_dtype", "update_delayed_scaling",
     "Float8Tensor", "Float8TensorStorage", "MXFP8Tensor", "MXFP8TensorStorage",
-    "QuantizedTensor", "QuantizedTensorStorage", "QuantizerRole",
+    "QuantizedTensor", "QuantizedTensorStorage", "QuantizerRole", "NVFP4Quantizer",
+    "NVFP4Tensor", "NVFP4TensorStorage", "NVFP4BlockScalingRecipeState",
 ]

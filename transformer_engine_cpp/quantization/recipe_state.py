@@ -12,11 +12,12 @@ import torch
 import torch.distributed as dist
 
 from .. import recipe as _recipe
+from .nvfp4 import FP4_DTYPE, NVFP4Quantizer
 from .quantizer import Float8CurrentScalingQuantizer, Float8Quantizer, MXFP8Quantizer
 
 __all__ = ["get_fp8_te_dtype", "get_fp8_max", "RecipeState", "DelayedScalingRecipeState",
            "Float8CurrentScalingRecipeState", "MXFP8BlockScalingRecipeState",
-           "update_delayed_scaling"]
+           "NVFP4BlockScalingRecipeState", "update_delayed_scaling"]
 
 _MODES = ("forward", "backward")
 
@@ -53,6 +54,8 @@ class RecipeState:
             cls = Float8CurrentScalingRecipeState
         elif isinstance(recipe, _recipe.MXFP8BlockScaling):
             cls = MXFP8BlockScalingRecipeState
+        elif isinstance(recipe, _recipe.NVFP4BlockScaling):
+            cls = NVFP4BlockScalingRecipeState
         else:
             raise ValueError(f"RecipeState: unsupported recipe {recipe!r}")
         return cls(recipe, mode=mode, num_quantizers=num_quantizers, device=device)
@@ -62,7 +65,8 @@ class RecipeState:
         self.mode = mode
         self.num_quantizers = num_quantizers
         self.device = torch.device("cpu") if device is None else torch.device(device)
-        self.dtype = get_fp8_te_dtype(recipe, mode == "forward")
+        self.dtype = (FP4_DTYPE if isinstance(recipe, _recipe.NVFP4BlockScaling)
+                      else get_fp8_te_dtype(recipe, mode == "forward"))
 
     def make_quantizers(self) -> list:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -111,6 +115,27 @@ class Float8CurrentScalingRecipeState(RecipeState):
 class MXFP8BlockScalingRecipeState(RecipeState):
     def make_quantizers(self) -> list:
         return [MXFP8Quantizer(self.dtype) for _ in range(self.num_quantizers)]
+
+
+class NVFP4BlockScalingRecipeState(RecipeState):
+    """Quantizer per role from the recipe's QParams, as TransformerEngine: forward roles 0 and 2
+    (input, output) fp4_quant_fwd_inp, role 1 (weight) fp4_quant_fwd_weight; backward
+    fp4_quant_bwd_grad."""
+
+    def make_quantizers(self) -> list:
+        r = self.recipe
+        out = []
+        for i in range(self.num_quantizers):
+            if self.mode == "backward":
+                qp = r.fp4_quant_bwd_grad
+            else:
+                qp = r.fp4_quant_fwd_weight if i % 3 == 1 else r.fp4_quant_fwd_inp
+            out.append(NVFP4Quantizer(
+                FP4_DTYPE, with_rht=qp.random_hadamard_transform,
+                with_post_rht_amax=qp.random_hadamard_transform,
+                with_2d_quantization=qp.fp4_2d_quantization,
+                stochastic_rounding=qp.stochastic_rounding))
+        return out
 
 
 @torch.no_grad()

@@ -489,7 +489,8 @@ class BasicLinear(BasicOperation):
                 saved_x = x_saved.buffers() if ctx.weight_requires_grad else (None,) * 4
                 saved_w = wq.buffers() if need_dgrad else (None,) * 4
                 ctx.save_for_backward(*saved_x, *saved_w)
-                ctx.quantized_meta = (x_saved.metadata(), wq.metadata())
+                # the split point: storages have 4 buffers (FP8, MXFP8) or 6 (NVFP4: + amaxes)
+                ctx.quantized_meta = (x_saved.metadata(), wq.metadata(), len(saved_x))
         if extra is not None:
             return y
         return self.reduce_output(y if y.dtype == ctx.dtype else y.to(ctx.dtype))
@@ -520,10 +521,10 @@ class BasicLinear(BasicOperation):
         if ctx.quantized_meta is None:
             x, w = ctx.saved_tensors
         else:  # backward_override="dequantized": the saved quantized operands, dequantized
-            saved, (x_meta, w_meta) = ctx.saved_tensors, ctx.quantized_meta
-            x = (QuantizedTensorStorage.from_buffers(saved[:4], x_meta).dequantize_rowwise(
+            saved, (x_meta, w_meta, n_x) = ctx.saved_tensors, ctx.quantized_meta
+            x = (QuantizedTensorStorage.from_buffers(saved[:n_x], x_meta).dequantize_rowwise(
                 ctx.dtype) if ctx.weight_requires_grad else None)
-            w = (QuantizedTensorStorage.from_buffers(saved[4:], w_meta).dequantize_rowwise(
+            w = (QuantizedTensorStorage.from_buffers(saved[n_x:], w_meta).dequantize_rowwise(
                 ctx.dtype) if ctx.input_requires_grad else None)
         dy = grad_output if grad_output.dtype == ctx.dtype else grad_output.to(ctx.dtype)
         dx = db = None
@@ -595,7 +596,7 @@ class BasicLinear(BasicOperation):
     def _quantized_backward(self, ctx: LinearContext, grad_output: torch.Tensor, *,
                             alpha: float, grad_extra: Optional[torch.Tensor]):
         saved = ctx.saved_tensors
-        x_meta, w_meta = ctx.quantized_meta
+        x_meta, w_meta, n_x = ctx.quantized_meta
         ctx.grad_output_was_quantized = _quantized.is_storage(grad_output)
         if self._gathers_grad_output:
             dyq, _ = self._gather_quantized(grad_output, ctx.grad_output_quantizer,
@@ -610,7 +611,7 @@ class BasicLinear(BasicOperation):
                                                              op=type(self).__name__)
         dx = None
         if ctx.input_requires_grad:
-            wq = QuantizedTensorStorage.from_buffers(saved[4:], w_meta)
+            wq = QuantizedTensorStorage.from_buffers(saved[n_x:], w_meta)
             fp8_dx = None
             if (grad_extra is None and alpha == 1.0 and isinstance(wq, Float8TensorStorage)
                     and isinstance(dyq, Float8TensorStorage)):
@@ -643,7 +644,7 @@ class BasicLinear(BasicOperation):
             dx = grad_extra
         dw = None
         if ctx.weight_requires_grad:
-            xq = QuantizedTensorStorage.from_buffers(saved[:4], x_meta)
+            xq = QuantizedTensorStorage.from_buffers(saved[:n_x], x_meta)
             if self._gathers_input and not ctx.saved_input_gathered:
                 xq = self._gather_fp8(xq, "input")
             if (alpha == 1.0 and isinstance(xq, Float8TensorStorage)
