@@ -454,6 +454,7 @@ def test_transformer_engines_dtype_tags_and_quantizer_roles():
     assert by_tag.dtype is torch.float8_e5m2
     assert torch.equal(by_tag(x)._data, by_dtype(x)._data)
     assert te.MXFP8Quantizer(te.DType.kFloat8E4M3).dtype is torch.float8_e4m3fn
+    assert te.NVFP4Quantizer(te.DType.kFloat4E2M1).dtype is torch.float4_e2m1fn_x2
     with pytest.raises(ValueError, match="got <DType.kBFloat16: 6>"):
         te.Float8CurrentScalingQuantizer(te.DType.kBFloat16)
     role = te.QuantizerRole(module_type="linear", tensor_type="input")

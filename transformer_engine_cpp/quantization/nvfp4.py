@@ -27,6 +27,7 @@ from typing import Optional
 
 import torch
 
+from ..constants import DType
 from .quantizer import Quantizer
 from .tensor import QuantizedTensor, QuantizedTensorStorage, _wrapper_mode
 
@@ -71,6 +72,8 @@ class NVFP4Quantizer(Quantizer):
                  with_2d_quantization: bool = False, stochastic_rounding: bool = False,
                  with_random_sign_mask: bool = True):
         super().__init__(rowwise=rowwise, columnwise=columnwise)
+        if fp4_dtype is DType.kFloat4E2M1:  # TransformerEngine's tag for it
+            fp4_dtype = FP4_DTYPE
         if fp4_dtype is not FP4_DTYPE:
             raise ValueError(f"NVFP4Quantizer: fp4_dtype must be torch.float4_e2m1fn_x2 (E2M1), "
                              f"got {fp4_dtype!r}")
