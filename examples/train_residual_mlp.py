@@ -10,12 +10,12 @@ residual (ForwardLinearScaleAdd). Backward: dbias+dgelu in one kernel
 (BackwardActivationBias) and the scale folded into fc2's GEMMs (BackwardLinearScale).
 
 The bf16 run converts the same initial model to bf16 (params and inputs; the loss is taken in
-fp32). The FP8 run is that bf16 model under te.autocast(recipe=Float8CurrentScaling()): its
-Linear/BasicLinear GEMMs run on FP8 operands (E4M3 forward, E5M2 gradients), emulated exactly
-on CPU (docs/fp8.md); the backward runs outside the autocast and uses the recipe recorded in
-forward.
+fp32). The quantized run is that bf16 model under te.autocast(recipe=...), Float8CurrentScaling
+by default (--recipe picks another: delayed, mxfp8, nvfp4): its Linear/BasicLinear GEMMs run
+on quantized operands (for FP8, E4M3 forward and E5M2 gradients), emulated exactly on CPU
+(docs/fp8.md); the backward runs outside the autocast and uses the recipe recorded in forward.
 
-    python examples/train_residual_mlp.py [--steps 200] [--backend inductor]
+    python examples/train_residual_mlp.py [--steps 200] [--backend inductor] [--recipe mxfp8]
 """
 
 from __future__ import annotations
@@ -66,6 +66,15 @@ def target(x: torch.Tensor) -> torch.Tensor:
     return torch.sin(2.0 * x[:, 0]) * torch.cos(x[:, 1]) + 0.5 * x[:, 2] * x[:, 3] - 0.3 * x[:, 4] ** 2
 
 
+#: --recipe: the quantized run's recipe
+RECIPES = {
+    "current": te.recipe.Float8CurrentScaling,
+    "delayed": te.recipe.DelayedScaling,
+    "mxfp8": te.recipe.MXFP8BlockScaling,
+    "nvfp4": te.recipe.NVFP4BlockScaling,
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200)
@@ -76,6 +85,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--backend", default="inductor", help="torch.compile backend")
     parser.add_argument("--print-every", type=int, default=20)
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="current",
+                        help="the quantization recipe of the quantized run")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -89,7 +100,7 @@ def main() -> None:
     opt_c = torch.optim.Adam(compiled_source.parameters(), lr=args.lr)
     opt_b = torch.optim.Adam(bf16_model.parameters(), lr=args.lr)
     opt_f = torch.optim.Adam(fp8_model.parameters(), lr=args.lr)
-    fp8_recipe = te.recipe.Float8CurrentScaling()
+    fp8_recipe = RECIPES[args.recipe]()
 
     gen = torch.Generator().manual_seed(1)
     x_val = torch.randn(1024, d_in, generator=gen)
@@ -104,8 +115,9 @@ def main() -> None:
     plan, = eager_model.blocks[0].fusion_plan(torch.zeros(1, args.hidden), requires_grad=True)
     print("fusion plan, forward: ", [type(op).__name__ for op, _ in plan.forward_ops])
     print("fusion plan, backward:", [type(op).__name__ for op, _ in plan.backward_ops])
+    print(f"quantized run: bf16 under te.autocast(recipe={type(fp8_recipe).__name__}())")
     print(f"{'step':>5} {'eager loss':>12} {'compiled loss':>14} {'|diff|':>10} "
-          f"{'bf16 loss':>11} {'fp8 loss':>11}")
+          f"{'bf16 loss':>11} {args.recipe + ' loss':>11}")
 
     max_diff = 0.0
     times = {"eager": 0.0, "compiled": 0.0, "bf16": 0.0, "fp8": 0.0}
