@@ -43,6 +43,7 @@ CUDA_OPS = {
         "fp8_quantize", "fp8_quantize_scaled", "fp8_amax", "fp8_current_scale", "fp8_dequantize",
         "mxfp8_quantize", "mxfp8_dequantize", "fp8_delayed_scaling_update",
     ],
+    "fp8_block": ["fp8_block_quantize", "fp8_block_dequantize"],
     "dropout": ["dropout_fwd", "dropout_bwd"],
     "linear": [
         "linear_fwd", "linear_bias_act_fwd", "linear_fwd_add", "linear_fwd_add_inplace",
