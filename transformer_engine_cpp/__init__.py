@@ -15,6 +15,7 @@ from .quantization import (Float8CurrentScalingQuantizer, Float8Quantizer, Float
                            MXFP8Quantizer, MXFP8Tensor, QuantizedTensor, QuantizerRole, autocast,
                            fp8_autocast, fp8_model_init, get_default_fp8_recipe,
                            quantized_model_init)
+from .quantization.fp8_block import Float8BlockQuantizer, Float8BlockwiseQTensor
 
 __version__ = "0.1.0"
 
@@ -43,6 +44,12 @@ def get_default_recipe():
     return get_default_fp8_recipe()
 
 
+def is_fp8_block_scaling_available(return_reason: bool = False):
+    """Float8BlockScaling (1x128 / 128x128 blocks, fp32 scales) is available everywhere through
+    CPU emulation."""
+    return (True, _FP8_REASON) if return_reason else True
+
+
 def is_bf16_available() -> bool:
     """bfloat16 compute is supported by every kernel of this extension."""
     return True
@@ -52,4 +59,5 @@ __all__ = ["ops", "recipe", "built_with_cuda", "__version__", "autocast", "fp8_a
            "quantized_model_init", "fp8_model_init", "QuantizedTensor", "Float8Tensor",
            "MXFP8Tensor", "Float8Quantizer", "Float8CurrentScalingQuantizer", "MXFP8Quantizer",
            "is_fp8_available", "is_mxfp8_available", "is_bf16_available", "DType",
-           "QuantizerRole", "get_default_recipe"]
+           "QuantizerRole", "get_default_recipe", "is_fp8_block_scaling_available",
+           "Float8BlockQuantizer", "Float8BlockwiseQTensor"]

@@ -13,6 +13,8 @@ from .recipe_state import (DelayedScalingRecipeState, Float8CurrentScalingRecipe
                            get_fp8_te_dtype, update_delayed_scaling)
 from .tensor import (Float8Tensor, Float8TensorStorage, MXFP8Tensor, MXFP8TensorStorage,
                      QuantizedTensor, QuantizedTensorStorage)
+from .fp8_block import (Float8BlockQuantizer, Float8BlockScalingRecipeState,
+                        Float8BlockwiseQTensor, Float8BlockwiseQTensorStorage)
 
 __all__ = [
     "FP8GlobalStateManager", "autocast", "fp8_autocast", "fp8_model_init",
@@ -22,4 +24,6 @@ __all__ = [
     "MXFP8BlockScalingRecipeState", "get_fp8_max", "get_fp8_te_dtype", "update_delayed_scaling",
     "Float8Tensor", "Float8TensorStorage", "MXFP8Tensor", "MXFP8TensorStorage",
     "QuantizedTensor", "QuantizedTensorStorage", "QuantizerRole",
+    "Float8BlockQuantizer", "Float8BlockScalingRecipeState", "Float8BlockwiseQTensor",
+    "Float8BlockwiseQTensorStorage",
 ]
