@@ -61,7 +61,9 @@ void block_quantize(const Fp8BlockQuantizeArgs& a) {
       for (int64_t r = r0; r < r1; ++r) {
         const T* xr = x + r * cols;
         uint8_t* dr = a.data + r * cols;
-        for (int64_t c = 0; c < cols; ++c) dr[c] = fp8::cast_to_fp8<F>(float(xr[c]) * scale[c / kB]);
+        for (int64_t c = 0; c < cols; ++c) {
+          dr[c] = fp8::cast_to_fp8<F>(float(xr[c]) * scale[c / kB]);
+        }
       }
     }
   });

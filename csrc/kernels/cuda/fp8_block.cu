@@ -51,7 +51,9 @@ __global__ void __launch_bounds__(kThreads)
       amax = fp8::block_amax_step(amax, v[j]);
     }
 #pragma unroll
-    for (int off = 16; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+    for (int off = 16; off > 0; off /= 2) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+    }
     const float s = rule(amax);
     if (lane == 0) scale_inv[b] = fp8::scale_inv(s);
     uint8_t* db = data + r * cols + c0;
@@ -76,10 +78,13 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t nc = cols - c0 < kB ? cols - c0 : kB;
     float amax = 0.0f;
     for (int64_t i = threadIdx.x; i < nr * nc; i += blockDim.x) {
-      amax = fp8::block_amax_step(amax, static_cast<float>(x[(r0 + i / nc) * cols + c0 + i % nc]));
+      const float v = static_cast<float>(x[(r0 + i / nc) * cols + c0 + i % nc]);
+      amax = fp8::block_amax_step(amax, v);
     }
 #pragma unroll
-    for (int off = 16; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+    for (int off = 16; off > 0; off /= 2) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+    }
     if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
     __syncthreads();
     if (threadIdx.x == 0) {
