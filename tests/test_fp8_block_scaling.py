@@ -529,3 +529,45 @@ def test_checkpoint_round_trip():
         y, y2 = model(x), restored(x)
     assert torch.equal(y, y2)
     assert not torch.equal(y, make()(x))  # the trained weights were restored
+
+
+def test_quantize_op_hands_out_block_quantized_tensors():
+    """Quantize under the recipe gives the caller a Float8BlockwiseQTensor forward and as the
+    input's gradient (TransformerEngine's); compiled, the same values dequantized."""
+    torch.manual_seed(0)
+    x = torch.randn(70, 200, requires_grad=True)
+    dy = torch.randn(70, 200)
+    model = te.ops.Sequential(te.ops.Quantize(forward=True, backward=True))
+    with te.autocast(recipe=te.recipe.Float8BlockScaling()):
+        y = model(x)
+    y.backward(dy)
+    assert isinstance(y, Float8BlockwiseQTensor) and isinstance(x.grad, Float8BlockwiseQTensor)
+    torch.testing.assert_close(y.double(), fq(x.detach(), E4M3, 1), rtol=0, atol=0)
+    torch.testing.assert_close(x.grad.double(), fq(dy, E4M3, 1), rtol=0, atol=0)
+    xc = x.detach().clone().requires_grad_()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with te.autocast(recipe=te.recipe.Float8BlockScaling()):
+        yc = compiled(xc)
+    yc.backward(dy)
+    assert torch.equal(yc, y.dequantize()) and torch.equal(xc.grad, x.grad.dequantize())
+
+
+@pytest.mark.parametrize("override", ["high_precision", "dequantized"])
+def test_backward_override(override):
+    """The forward is the quantized one; the backward GEMMs are unquantized, on the original
+    operands ("high_precision") or the forward's dequantized rowwise copies ("dequantized")."""
+    torch.manual_seed(0)
+    op = te.ops.BasicLinear(200, 150)
+    x = torch.randn(70, 200, requires_grad=True)
+    dy = torch.randn(70, 150)
+    with te.autocast(recipe=te.recipe.Float8BlockScaling(backward_override=override)):
+        y = op(x)
+    y.backward(dy)
+    w, xd = op.weight.detach(), x.detach()
+    torch.testing.assert_close(y.double(), fq(xd, E4M3, 1) @ fq(w, E4M3, 2).t(), **FP32)
+    if override == "high_precision":
+        w_ref, x_ref = w.double(), xd.double()
+    else:
+        w_ref, x_ref = fq(w, E4M3, 2), fq(xd, E4M3, 1)
+    torch.testing.assert_close(x.grad.double(), dy.double() @ w_ref, **FP32)
+    torch.testing.assert_close(op.weight.grad.double(), dy.double().t() @ x_ref, **FP32)

@@ -119,7 +119,7 @@ class Float8BlockwiseQTensor(Float8BlockwiseQTensorStorage, QuantizedTensor):
     def __new__(cls, rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv,
                 fp8_dtype, dtype, shape, is_2D_scaled=False, quantizer=None,
                 requires_grad=False):
-        check_fp8_dtype(fp8_dtype)
+        fp8_dtype = check_fp8_dtype(fp8_dtype)
         ref = rowwise_data if rowwise_data is not None else columnwise_data
         self = torch.Tensor._make_wrapper_subclass(
             cls, torch.Size(shape), dtype=dtype, device=ref.device, requires_grad=requires_grad)
@@ -164,7 +164,7 @@ class Float8BlockQuantizer(Quantizer):
                  amax_epsilon: float = 0.0, force_pow_2_scales: bool = True,
                  block_scaling_dim: int = 2):
         super().__init__(rowwise=rowwise, columnwise=columnwise)
-        check_fp8_dtype(fp8_dtype)
+        fp8_dtype = check_fp8_dtype(fp8_dtype)
         if (isinstance(amax_epsilon, bool) or not isinstance(amax_epsilon, (int, float))
                 or not math.isfinite(amax_epsilon) or amax_epsilon < 0):
             raise ValueError(f"Float8BlockQuantizer: amax_epsilon must be a finite float >= 0, "
