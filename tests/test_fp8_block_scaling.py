@@ -245,6 +245,21 @@ def test_quantizer_copies_and_tensor(block_dim):
         t.dequantize_columnwise()
 
 
+def test_quantizer_arguments():
+    q = Float8BlockQuantizer(te.DType.kFloat8E5M2, rowwise=True, columnwise=False)
+    assert q.dtype == E5M2 and q.block_scaling_dim == 2 and q.force_pow_2_scales  # TE defaults
+    assert q.amax_epsilon == 0.0 and q.block_len == 128
+    for kwargs, match in (({"block_scaling_dim": 3}, "block_scaling_dim must be 1 or 2"),
+                          ({"amax_epsilon": -1.0}, "amax_epsilon must be"),
+                          ({"amax_epsilon": float("nan")}, "amax_epsilon must be")):
+        with pytest.raises(ValueError, match=f"Float8BlockQuantizer: {match}"):
+            Float8BlockQuantizer(E4M3, rowwise=True, columnwise=True, **kwargs)
+    with pytest.raises(ValueError, match="fp8_dtype must be"):
+        Float8BlockQuantizer(torch.float16, rowwise=True, columnwise=True)
+    with pytest.raises(ValueError, match="0-d tensor"):
+        q(torch.tensor(1.0))
+
+
 def test_2d_columnwise_copy_is_the_transpose():
     x = torch.randn(200, 300)
     s = Float8BlockQuantizer(E5M2, rowwise=True, columnwise=True,
