@@ -228,6 +228,15 @@ TORCH_LIBRARY(te_cpp, m) {
             "-> (Tensor data, Tensor scale_e4m3, Tensor amax)");
   define(m, "nvfp4_dequantize(Tensor data, Tensor scale_e4m3, Tensor amax, bool rht, "
             "ScalarType dtype) -> Tensor");
+
+  // Float8BlockScaling (TransformerEngine's Float8BlockQuantizer): one fp32 scale per 1x128
+  // block of a row (block_dim 1) or per 128x128 tile (block_dim 2) of the 2-D view [rows,
+  // last dim]; partial blocks at the edges. scale_inv: x's shape with the last dim replaced by
+  // ceil(last / 128) (block_dim 1), [ceil(rows / 128), ceil(last / 128)] (block_dim 2).
+  define(m, "fp8_block_quantize(Tensor x, ScalarType fp8_dtype, int block_dim, "
+            "bool force_pow_2_scales, float amax_epsilon) -> (Tensor data, Tensor scale_inv)");
+  define(m, "fp8_block_dequantize(Tensor data, Tensor scale_inv, ScalarType fp8_dtype, "
+            "int block_dim, ScalarType dtype) -> Tensor");
   // Delayed scaling's update in one call, in place: amax from the history (max or
   // most_recent), the history rolled by one with row 0 zeroed, the new scale per column.
   define(m, "fp8_delayed_scaling_update(Tensor(a!) amax_history, Tensor(b!) scale, "

@@ -44,6 +44,7 @@ CUDA_OPS = {
         "mxfp8_quantize", "mxfp8_dequantize", "fp8_delayed_scaling_update",
     ],
     "nvfp4": ["nvfp4_quantize", "nvfp4_dequantize"],
+    "fp8_block": ["fp8_block_quantize", "fp8_block_dequantize"],
     "dropout": ["dropout_fwd", "dropout_bwd"],
     "linear": [
         "linear_fwd", "linear_bias_act_fwd", "linear_fwd_add", "linear_fwd_add_inplace",

@@ -876,10 +876,27 @@ def _samples_nvfp4(dtype):
     return _with_non_contiguous(out)
 
 
+def _samples_fp8_block(dtype):
+    """Float8BlockScaling's quantize ops (numerics in tests/test_fp8_block_scaling.py): 1x128
+    and 128x128 blocks, partial blocks at the edges, 1-D and 3-D, empty tensors."""
+    out = []
+    for shape in [(1, 64), (2, 3, 130), (130,), (0, 64), (3, 0)]:
+        x = _rand(*shape, dtype=dtype)
+        for fmt, dim, pow2, eps in ((torch.float8_e4m3fn, 1, True, 0.0),
+                                    (torch.float8_e5m2, 2, False, 1e-3)):
+            out.append((te_ops.fp8_block_quantize, (x, fmt, dim, pow2, eps)))
+            data, scale_inv = te_ops.fp8_block_quantize(x, fmt, dim, pow2, eps)
+            out.append((te_ops.fp8_block_dequantize, (data, scale_inv, fmt, dim, dtype)))
+    xt = _rand(140, 20, dtype=dtype).t()  # a non-contiguous (transposed) input
+    out.append((te_ops.fp8_block_quantize, (xt, torch.float8_e4m3fn, 1, True, 0.0)))
+    return _with_non_contiguous(out)
+
+
 STANDALONE_OPCHECK_SAMPLES = {"quantize": _samples_quantize, "fp8_gemm": _samples_fp8_gemm,
                               "fp8_amax": _samples_fp8_amax,
                               "fp8_current_scale": _samples_fp8_current_scale,
-                              "grouped": _samples_grouped, "nvfp4": _samples_nvfp4}
+                              "grouped": _samples_grouped, "nvfp4": _samples_nvfp4,
+                              "fp8_block": _samples_fp8_block}
 
 #: Custom ops whose tensor arguments always have exactly one element, so no zero-size and no
 #: non-contiguous sample of them exists (a tensor of one element is contiguous whatever its

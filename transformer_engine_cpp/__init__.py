@@ -16,6 +16,7 @@ from .quantization import (Float8CurrentScalingQuantizer, Float8Quantizer, Float
                            fp8_autocast, fp8_model_init, get_default_fp8_recipe,
                            quantized_model_init)
 from .quantization.nvfp4 import NVFP4Quantizer, NVFP4Tensor
+from .quantization.fp8_block import Float8BlockQuantizer, Float8BlockwiseQTensor
 
 __version__ = "0.1.0"
 
@@ -54,6 +55,12 @@ def is_nvfp4_available(return_reason: bool = False):
     return (True, _NVFP4_REASON) if return_reason else True
 
 
+def is_fp8_block_scaling_available(return_reason: bool = False):
+    """Float8BlockScaling (1x128 / 128x128 blocks, fp32 scales) is available everywhere through
+    CPU emulation."""
+    return (True, _FP8_REASON) if return_reason else True
+
+
 def is_bf16_available() -> bool:
     """bfloat16 compute is supported by every kernel of this extension."""
     return True
@@ -64,4 +71,5 @@ __all__ = ["ops", "recipe", "built_with_cuda", "__version__", "autocast", "fp8_a
            "MXFP8Tensor", "Float8Quantizer", "Float8CurrentScalingQuantizer", "MXFP8Quantizer",
            "is_fp8_available", "is_mxfp8_available", "is_bf16_available", "DType",
            "QuantizerRole", "get_default_recipe", "NVFP4Quantizer", "NVFP4Tensor",
-           "is_nvfp4_available"]
+           "is_nvfp4_available", "is_fp8_block_scaling_available", "Float8BlockQuantizer",
+           "Float8BlockwiseQTensor"]

@@ -15,8 +15,8 @@ from typing import Callable, Optional, Union
 
 import torch
 
-__all__ = ["Format", "QParams", "Recipe", "DelayedScaling", "Float8CurrentScaling",
-           "MXFP8BlockScaling", "NVFP4BlockScaling"]
+__all__ = ["Format", "QParams", "MMParams", "Recipe", "DelayedScaling", "Float8CurrentScaling",
+           "MXFP8BlockScaling", "Float8BlockScaling", "NVFP4BlockScaling"]
 
 _BACKWARD_OVERRIDES = (None, "high_precision", "dequantized")
 
@@ -115,7 +115,7 @@ class Recipe:
 
     @classmethod
     def float8_block_scaling(cls) -> bool:
-        return False
+        return issubclass(cls, Float8BlockScaling)
 
     @classmethod
     def custom(cls) -> bool:
@@ -280,3 +280,81 @@ class NVFP4BlockScaling(Recipe):
         self.fp4_quant_bwd_grad = QParams(
             random_hadamard_transform=not self.disable_rht,
             stochastic_rounding=not self.disable_stochastic_rounding)
+
+
+# ---- Float8BlockScaling ----
+
+@dataclasses.dataclass(frozen=True)
+class MMParams:
+    """GEMM options of a recipe (TransformerEngine's MMParams). ``use_split_accumulator``
+    selects cuBLAS' FP8 split accumulation there; here every GEMM of a quantized operand runs on
+    its fp32 dequantization with fp32 accumulation, so it is recorded, not acted on."""
+
+    use_split_accumulator: bool = True
+
+    def __post_init__(self):
+        _check_bool("MMParams", "use_split_accumulator", self.use_split_accumulator)
+
+
+def _default_block_scaling_f32_scales() -> bool:
+    return os.environ.get("NVTE_FP8_BLOCK_SCALING_FP32_SCALES", "0") == "1"
+
+
+@dataclasses.dataclass
+class Float8BlockScaling(Recipe):
+    """FP8 with one fp32 scale per block: 1x128 blocks (128 consecutive elements of a row) for
+    activations and gradients, 128x128 tiles for weights by default (``x_block_scaling_dim``,
+    ``w_block_scaling_dim``, ``grad_block_scaling_dim``: 1 or 2, never two 2-D operands in one
+    GEMM). Scales are powers of two unless ``use_f32_scales`` (env
+    ``NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1``); each role's ``QParams`` (None: ``QParams(
+    power_2_scale=not use_f32_scales)``) gives its ``power_2_scale`` and ``amax_epsilon``. The
+    columnwise copy is quantized separately from high precision (blocks down the columns)."""
+
+    use_f32_scales: bool = dataclasses.field(default_factory=_default_block_scaling_f32_scales)
+    fp8_format: Format = Format.E4M3
+    fp8_quant_fwd_inp: Optional[QParams] = None
+    fp8_quant_fwd_weight: Optional[QParams] = None
+    fp8_quant_bwd_grad: Optional[QParams] = None
+    x_block_scaling_dim: int = 1
+    w_block_scaling_dim: int = 2
+    grad_block_scaling_dim: int = 1
+    fp8_gemm_fprop: MMParams = dataclasses.field(default_factory=MMParams)
+    fp8_gemm_dgrad: MMParams = dataclasses.field(default_factory=MMParams)
+    fp8_gemm_wgrad: MMParams = dataclasses.field(default_factory=MMParams)
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    backward_override: Optional[str] = dataclasses.field(default_factory=_default_backward_override)
+
+    def __post_init__(self):
+        name = "Float8BlockScaling"
+        _check_format(name, self.fp8_format)
+        _check_bools(self)
+        for field in ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad"):
+            value = getattr(self, field)
+            if value is None:
+                setattr(self, field, QParams(power_2_scale=not self.use_f32_scales))
+            elif not isinstance(value, QParams):
+                raise ValueError(f"{name}: {field} must be a QParams, got {value!r}")
+        dims = {}
+        for field in ("x_block_scaling_dim", "w_block_scaling_dim", "grad_block_scaling_dim"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or value not in (1, 2):
+                raise ValueError(f"{name}: {field} must be 1 (1x128 blocks) or 2 (128x128 "
+                                 f"blocks), got {value!r}")
+            dims[field] = value
+        for a, b in (("x", "w"), ("x", "grad"), ("w", "grad")):
+            if dims[f"{a}_block_scaling_dim"] == 2 and dims[f"{b}_block_scaling_dim"] == 2:
+                raise ValueError(f"{name}: {a}_block_scaling_dim and {b}_block_scaling_dim "
+                                 "cannot both be 2 (a GEMM of two 128x128-scaled operands is "
+                                 "not supported)")
+        for field in ("fp8_gemm_fprop", "fp8_gemm_dgrad", "fp8_gemm_wgrad"):
+            value = getattr(self, field)
+            if not isinstance(value, MMParams):
+                raise ValueError(f"{name}: {field} must be an MMParams, got {value!r}")
+            if not value.use_split_accumulator:
+                raise ValueError(f"{name}: {field}.use_split_accumulator must be True (FP8 "
+                                 "block scaling requires split accumulation)")
+        if self.fp8_dpa or self.fp8_mha:
+            raise ValueError(f"{name}: FP8 attention is not supported (fp8_dpa="
+                             f"{self.fp8_dpa}, fp8_mha={self.fp8_mha})")
+        _check_backward_override(name, self.backward_override)

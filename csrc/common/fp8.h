@@ -60,12 +60,16 @@ C10_HOST_DEVICE inline uint32_t abs_bits(float v) { return bits_of(v) & 0x7FFFFF
 // Current scaling (TransformerEngine compute_scale_from_amax): amax floored at epsilon; amax 0,
 // inf or NaN gives 1; otherwise fp8_max / amax (one correctly rounded fp32 division), +inf ->
 // FLT_MAX; with pow2, only the sign and exponent bits are kept (rounds down to a power of two).
-C10_HOST_DEVICE inline float compute_scale(float amax, float fp8_max, bool pow2, float epsilon) {
+// `value_for_inf` replaces a +inf quotient: FLT_MAX for per-tensor current scaling; the block
+// scaling kernels pass the input dtype's largest finite value (TransformerEngine
+// compute_scale_from_types), rounded down to a power of two with pow2 like any scale.
+C10_HOST_DEVICE inline float compute_scale(float amax, float fp8_max, bool pow2, float epsilon,
+                                           float value_for_inf = kFltMax) {
   if (amax < epsilon) amax = epsilon;
   float scale = 1.0f;
   if (amax == 0.0f || is_inf(amax) || is_nan(amax)) return scale;
   scale = fp8_max / amax;
-  if (is_inf(scale)) scale = kFltMax;
+  if (is_inf(scale)) scale = value_for_inf;
   if (is_nan(scale)) scale = 1.0f;
   if (pow2) scale = float_of(bits_of(scale) & 0xFF800000u);
   return scale;
@@ -163,6 +167,18 @@ C10_HOST_DEVICE inline float delayed_scale(float amax, float old_scale, float fp
 
 // Number of consecutive elements (along the last dim) sharing one E8M0 scale.
 constexpr int64_t kMXFP8BlockSize = 32;
+
+// ---- Float8BlockScaling (TransformerEngine's Float8BlockQuantizer) ----
+
+// Block edge: 1x128 blocks (128 consecutive elements of a row) or 128x128 tiles.
+constexpr int64_t kFp8BlockSize = 128;
+
+// A block's amax accumulates with fmaxf from 0 (TransformerEngine's blockwise kernels): NaN
+// elements are skipped, so a block's amax is never NaN (an all-NaN block has amax 0).
+C10_HOST_DEVICE inline float block_amax_step(float m, float v) {
+  const float a = float_of(abs_bits(v));
+  return a > m ? a : m;
+}
 
 }  // namespace fp8
 }  // namespace te_cpp

@@ -20,7 +20,9 @@ __global__ void fp8_kernel(const float* x, uint8_t* data, float* out, int n) {
   const float mx = fp8::cast_to_fp8<F>(x[i] * fp8::e8m0_rcp(e)) + fp8::float_to_e8m0(x[i]);
   out[i] = fp8::fp8_to_float<F>(data[i]) * fp8::scale_inv(scale) + mx * fp8::e8m0_to_float(e) +
            fp8::max_norm_rcp<F>() + (fp8::is_nan(x[i]) || fp8::is_inf(x[i]) ? 1.0f : 0.0f) +
-           fp8::delayed_scale(fp8::history_max(x[0], x[i]), x[1], fp8::max_norm(F), 2.0f);
+           fp8::delayed_scale(fp8::history_max(x[0], x[i]), x[1], fp8::max_norm(F), 2.0f) +
+           fp8::compute_scale(fp8::block_amax_step(x[2], x[i]), fp8::max_norm(F), false, 0.0f,
+                              3.0e38f);
 }
 
 __global__ void dropout_kernel(const int64_t* seed, uint8_t* mask, int n) {

@@ -15,6 +15,8 @@ from .recipe_state import (DelayedScalingRecipeState, Float8CurrentScalingRecipe
 from .nvfp4 import NVFP4Quantizer, NVFP4Tensor, NVFP4TensorStorage
 from .tensor import (Float8Tensor, Float8TensorStorage, MXFP8Tensor, MXFP8TensorStorage,
                      QuantizedTensor, QuantizedTensorStorage)
+from .fp8_block import (Float8BlockQuantizer, Float8BlockScalingRecipeState,
+                        Float8BlockwiseQTensor, Float8BlockwiseQTensorStorage)
 
 __all__ = [
     "FP8GlobalStateManager", "autocast", "fp8_autocast", "fp8_model_init",
@@ -25,4 +27,6 @@ __all__ = [
     "Float8Tensor", "Float8TensorStorage", "MXFP8Tensor", "MXFP8TensorStorage",
     "QuantizedTensor", "QuantizedTensorStorage", "QuantizerRole", "NVFP4Quantizer",
     "NVFP4Tensor", "NVFP4TensorStorage", "NVFP4BlockScalingRecipeState",
+    "Float8BlockQuantizer", "Float8BlockScalingRecipeState", "Float8BlockwiseQTensor",
+    "Float8BlockwiseQTensorStorage",
 ]

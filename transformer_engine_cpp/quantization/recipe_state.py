@@ -56,6 +56,8 @@ class RecipeState:
             cls = MXFP8BlockScalingRecipeState
         elif isinstance(recipe, _recipe.NVFP4BlockScaling):
             cls = NVFP4BlockScalingRecipeState
+        elif isinstance(recipe, _recipe.Float8BlockScaling):
+            from .fp8_block import Float8BlockScalingRecipeState as cls  # imports this module
         else:
             raise ValueError(f"RecipeState: unsupported recipe {recipe!r}")
         return cls(recipe, mode=mode, num_quantizers=num_quantizers, device=device)

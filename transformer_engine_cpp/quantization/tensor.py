@@ -104,8 +104,8 @@ class QuantizedTensorStorage:
     @staticmethod
     def from_buffers(buffers, metadata) -> "QuantizedTensorStorage":
         """The storage ``buffers()`` and ``metadata()`` describe (without a quantizer)."""
-        cls, fp8_dtype, dtype, shape = metadata
-        return cls._from_buffers(tuple(buffers), fp8_dtype, dtype, shape)
+        cls, fp8_dtype, dtype, shape, *extra = metadata  # extra: a storage's own constants
+        return cls._from_buffers(tuple(buffers), fp8_dtype, dtype, shape, *extra)
 
     def to_tensor(self) -> "QuantizedTensor":  # pragma: no cover - abstract
         """The public torch.Tensor subclass over the same buffers."""

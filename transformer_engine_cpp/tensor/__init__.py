@@ -4,5 +4,9 @@
 from ..quantization.tensor import (Float8Tensor, Float8TensorStorage, MXFP8Tensor,
                                    MXFP8TensorStorage, QuantizedTensor, QuantizedTensorStorage)
 
-__all__ = ["Float8Tensor", "Float8TensorStorage", "MXFP8Tensor", "MXFP8TensorStorage",
+from ..quantization.fp8_block import (Float8BlockQuantizer, Float8BlockwiseQTensor,
+                                      Float8BlockwiseQTensorStorage)
+
+__all__ = ["Float8BlockQuantizer", "Float8BlockwiseQTensor", "Float8BlockwiseQTensorStorage",
+           "Float8Tensor", "Float8TensorStorage", "MXFP8Tensor", "MXFP8TensorStorage",
            "QuantizedTensor", "QuantizedTensorStorage"]

@@ -1,0 +1,116 @@
+// CPU backend of Float8BlockScaling's quantize ops (the stubs of ops/fp8_block.h; the scalar
+// rules are common/fp8.h's, shared with CUDA). Each block's amax is an order-free maximum
+// (NaN skipped), so the result does not depend on the thread count.
+#include <ATen/Parallel.h>
+
+#include <array>
+#include <vector>
+
+#include "ops/fp8_block.h"
+#include "ops/quantize.h"
+
+namespace te_cpp {
+namespace {
+
+constexpr int64_t kB = fp8::kFp8BlockSize;
+
+template <typename T, c10::ScalarType F>
+void block_quantize(const Fp8BlockQuantizeArgs& a) {
+  const T* x = static_cast<const T*>(a.x);
+  const int64_t rows = a.rows, cols = a.cols, ncb = (cols + kB - 1) / kB;
+  constexpr float fmax = fp8::max_norm(F);
+  auto scale_of = [&](float amax) {
+    return fp8::compute_scale(amax, fmax, a.force_pow_2_scales, a.amax_epsilon, a.value_for_inf);
+  };
+  if (a.block_dim == 1) {
+    // one row per task unit: ncb blocks of up to 128 elements
+    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
+    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* xr = x + r * cols;
+        uint8_t* dr = a.data + r * cols;
+        for (int64_t b = 0; b < ncb; ++b) {
+          const int64_t c0 = b * kB, c1 = std::min(cols, c0 + kB);
+          float amax = 0.0f;
+          for (int64_t c = c0; c < c1; ++c) amax = fp8::block_amax_step(amax, float(xr[c]));
+          const float s = scale_of(amax);
+          a.scale_inv[r * ncb + b] = fp8::scale_inv(s);
+          for (int64_t c = c0; c < c1; ++c) dr[c] = fp8::cast_to_fp8<F>(float(xr[c]) * s);
+        }
+      }
+    });
+    return;
+  }
+  // 128x128 tiles: one band of up to 128 rows per task unit
+  const int64_t nrb = (rows + kB - 1) / kB;
+  at::parallel_for(0, nrb, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> amax(ncb), scale(ncb);
+    for (int64_t rb = b0; rb < b1; ++rb) {
+      const int64_t r0 = rb * kB, r1 = std::min(rows, r0 + kB);
+      std::fill(amax.begin(), amax.end(), 0.0f);
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* xr = x + r * cols;
+        for (int64_t c = 0; c < cols; ++c) {
+          amax[c / kB] = fp8::block_amax_step(amax[c / kB], float(xr[c]));
+        }
+      }
+      for (int64_t b = 0; b < ncb; ++b) {
+        scale[b] = scale_of(amax[b]);
+        a.scale_inv[rb * ncb + b] = fp8::scale_inv(scale[b]);
+      }
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* xr = x + r * cols;
+        uint8_t* dr = a.data + r * cols;
+        for (int64_t c = 0; c < cols; ++c) {
+          dr[c] = fp8::cast_to_fp8<F>(float(xr[c]) * scale[c / kB]);
+        }
+      }
+    }
+  });
+}
+
+void fp8_block_quantize_cpu(const Fp8BlockQuantizeArgs& a) {
+  TE_DISPATCH_QUANT_INPUT(a.dtype, "fp8_block_quantize", [&] {
+    using T = scalar_t;
+    if (a.fp8_dtype == fp8::kE4M3) {
+      block_quantize<T, fp8::kE4M3>(a);
+    } else {
+      block_quantize<T, fp8::kE5M2>(a);
+    }
+  });
+}
+
+template <c10::ScalarType F>
+std::array<float, 256> fp8_values() {
+  std::array<float, 256> t{};
+  for (int i = 0; i < 256; ++i) t[i] = fp8::fp8_to_float<F>(static_cast<uint8_t>(i));
+  return t;
+}
+
+void fp8_block_dequantize_cpu(const Fp8BlockDequantizeArgs& a) {
+  static const std::array<float, 256> e4m3 = fp8_values<fp8::kE4M3>();
+  static const std::array<float, 256> e5m2 = fp8_values<fp8::kE5M2>();
+  const auto& table = a.fp8_dtype == fp8::kE4M3 ? e4m3 : e5m2;
+  const int64_t rows = a.rows, cols = a.cols, ncb = (cols + kB - 1) / kB;
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
+  TE_DISPATCH_FLOAT(a.out_dtype, "fp8_block_dequantize", [&] {
+    scalar_t* out = static_cast<scalar_t*>(a.out);
+    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* sr = a.scale_inv + (a.block_dim == 1 ? r : r / kB) * ncb;
+        const uint8_t* dr = a.data + r * cols;
+        scalar_t* orow = out + r * cols;
+        for (int64_t c = 0; c < cols; ++c) {
+          orow[c] = static_cast<scalar_t>(table[dr[c]] * sr[c / kB]);
+        }
+      }
+    });
+  });
+}
+
+}  // namespace
+
+TE_REGISTER_KERNEL(fp8_block_quantize_stub, CPU, fp8_block_quantize_cpu);
+TE_REGISTER_KERNEL(fp8_block_dequantize_stub, CPU, fp8_block_dequantize_cpu);
+
+}  // namespace te_cpp
