@@ -11,7 +11,7 @@ residual (ForwardLinearScaleAdd). Backward: dbias+dgelu in one kernel
 
 The bf16 run converts the same initial model to bf16 (params and inputs; the loss is taken in
 fp32). The quantized run is that bf16 model under te.autocast(recipe=...), Float8CurrentScaling
-by default (--recipe picks another: delayed, mxfp8, nvfp4): its Linear/BasicLinear GEMMs run
+by default (--recipe picks another: delayed, mxfp8, block, nvfp4): its Linear/BasicLinear GEMMs run
 on quantized operands (for FP8, E4M3 forward and E5M2 gradients), emulated exactly on CPU
 (docs/fp8.md); the backward runs outside the autocast and uses the recipe recorded in forward.
 
@@ -71,6 +71,7 @@ RECIPES = {
     "current": te.recipe.Float8CurrentScaling,
     "delayed": te.recipe.DelayedScaling,
     "mxfp8": te.recipe.MXFP8BlockScaling,
+    "block": te.recipe.Float8BlockScaling,
     "nvfp4": te.recipe.NVFP4BlockScaling,
 }
 
