@@ -385,3 +385,21 @@ def test_a_realistic_step_under_current_scaling():
         torch.testing.assert_close(y[r0:r1].double(), xq[r0:r1] @ wq.t(), **t)
         torch.testing.assert_close(x.grad[r0:r1].double(), dyq[r0:r1] @ wq, **t)
         torch.testing.assert_close(w.grad.double(), dyq[r0:r1].t() @ xq[r0:r1], **t)
+
+
+@pytest.mark.parametrize("recipe_cls", [te.recipe.Float8BlockScaling, te.recipe.NVFP4BlockScaling])
+def test_block_and_nvfp4_recipes_are_refused_clearly(recipe_cls):
+    """Not implemented yet for GroupedLinear (per-group block and NVFP4 quantization) nor for
+    quantized weights: an error naming the op and the quantizer, not a wrong answer."""
+    recipe = recipe_cls()
+    name = "Float8BlockQuantizer" if recipe_cls is te.recipe.Float8BlockScaling \
+        else "NVFP4Quantizer"
+    op = te.ops.GroupedLinear(2, 128, 128, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match=f"GroupedLinear: quantization with {name}"):
+        with te.autocast(recipe=recipe):
+            op(torch.randn(64, 128, dtype=torch.bfloat16), torch.tensor([32, 32]))
+    for make in (lambda: te.ops.Linear(128, 128), lambda: te.ops.GroupedLinear(2, 128, 128)):
+        with pytest.raises(NotImplementedError,
+                           match=f"quantized weights .* not implemented for {name}"):
+            with te.quantized_model_init(recipe=recipe):
+                make()
