@@ -152,3 +152,33 @@ def test_compiled_equals_eager_under_an_override(override):
         results.append([y.detach(), x.grad, *[p.grad for p in model.parameters()]])
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, **COMPILED_VS_EAGER)
+
+
+@pytest.mark.parametrize("override", OVERRIDES)
+@pytest.mark.parametrize("recipe_cls", [te.recipe.Float8BlockScaling, te.recipe.NVFP4BlockScaling],
+                         ids=["block", "nvfp4"])
+def test_block_scaled_recipes_take_the_override(recipe_cls, override):
+    """Float8BlockScaling and NVFP4BlockScaling: the forward as without the override, the
+    backward GEMMs on the original operands or on the forward's dequantized ones (as the op's
+    own quantizers make them)."""
+    torch.manual_seed(0)
+    model = te.ops.Sequential(te.ops.BasicLinear(128, 64))
+    x = torch.randn(128, 128, requires_grad=True)
+    dy = torch.randn(128, 64)
+    with te.autocast(recipe=recipe_cls()):
+        y_plain = model(x).detach()
+    with te.autocast(recipe=recipe_cls(backward_override=override)):
+        y = model(x)
+    y.backward(dy)
+    torch.testing.assert_close(y.detach(), y_plain, rtol=0, atol=0)
+    op = model[0]
+    w = op.weight.detach()
+    if override == "high_precision":
+        xr, wr = x.detach().double(), w.double()
+    else:
+        xr = op.get_quantizer("forward", 0).quantize_storage(x.detach()).dequantize_rowwise(
+            torch.float64)
+        wr = op.get_quantizer("forward", 1).quantize_storage(w).dequantize_rowwise(
+            torch.float64)
+    torch.testing.assert_close(x.grad.double(), dy.double() @ wr, **FP32)
+    torch.testing.assert_close(op.weight.grad.double(), dy.double().t() @ xr, **FP32)
