@@ -127,7 +127,7 @@ TORCH_LIBRARY(te_cpp, m) {
   define(m, "linear_bwd(Tensor dy, Tensor x, Tensor weight, float alpha=1.0, "
             "ScalarType? bias_dtype=None) -> (Tensor dx, Tensor dweight, Tensor dbias)");
   // FP8 GEMM with per-tensor scales, TN: out = (a_scale_inv * a) (b_scale_inv * b)^T with a
-  // [..., k] and b [n, k] raw FP8 bytes (uint8), fp32 accumulation (docs/fp8.md).
+  // [..., k] and b [n, k] raw FP8 bytes (uint8), fp32 accumulation (docs/quantization.md).
   define(m, "fp8_gemm(Tensor a, Tensor a_scale_inv, ScalarType a_fp8_dtype, Tensor b, "
             "Tensor b_scale_inv, ScalarType b_fp8_dtype, ScalarType out_dtype) -> Tensor");
   // The same with MXFP8 operands, both blocked along k: a [..., k] with a_scale [..., k / 32],
@@ -198,7 +198,7 @@ TORCH_LIBRARY(te_cpp, m) {
   define(m, "dropout_bwd(Tensor dy, Tensor mask, float p) -> Tensor");
 
   // ---- Quantize: FP8 as plain buffers, the format named by its torch dtype (fp8_dtype:
-  // float8_e4m3fn or float8_e5m2; docs/fp8.md) -----------------------------------------------
+  // float8_e4m3fn or float8_e5m2; docs/quantization.md) -----------------------------------------------
   // Per-tensor current scaling (te_ops.md 4.3): data = uint8 bytes of the saturating RNE cast
   // of x * scale; scale_inv = 1 / scale and amax = max |x| (fp32, shape [1]).
   define(m, "fp8_quantize(Tensor x, ScalarType fp8_dtype, bool force_pow_2_scales, "

@@ -403,3 +403,28 @@ def test_block_and_nvfp4_recipes_are_refused_clearly(recipe_cls):
                            match=f"quantized weights .* not implemented for {name}"):
             with te.quantized_model_init(recipe=recipe):
                 make()
+
+
+@pytest.mark.parametrize("recipe_cls", [te.recipe.Float8CurrentScaling,
+                                        te.recipe.MXFP8BlockScaling], ids=["current", "mxfp8"])
+@pytest.mark.parametrize("grouped", [True, False], ids=["GroupedLinear", "Linear"])
+def test_quantized_weights_compiled_before_any_eager_call(grouped, recipe_cls):
+    """The first call compiled: the plan (and the binding of each quantized weight to the op's
+    weight quantizer) is built while torch.compile traces; the result equals eager and the
+    weights are bound."""
+    recipe = recipe_cls()
+    with te.quantized_model_init(recipe=recipe):
+        model = te.ops.Sequential(te.ops.GroupedLinear(2, 64, 64) if grouped
+                                  else te.ops.Linear(64, 64))
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    x = torch.randn(64, 64, requires_grad=True)
+    args = (x, torch.tensor([32, 32])) if grouped else (x,)
+    with te.autocast(recipe=recipe):
+        y = compiled(*args)
+    y.sum().backward()
+    op = model[0] if grouped else model[0].basic_ops[0]
+    weights = op.weights() if grouped else [op.weight]
+    for i, w in enumerate(weights):
+        assert w._quantizer is op.get_quantizer("forward", 2 * i + 1 if grouped else 1)
+    with te.autocast(recipe=recipe):
+        assert torch.equal(model(*args), y)

@@ -2,7 +2,7 @@
 
 Plain dataclasses validated in ``__post_init__`` (TransformerEngine uses pydantic dataclasses;
 the fields, defaults, predicates and rejections are the same for the recipes defined here).
-Bad values raise ValueError naming the recipe and the value. See docs/fp8.md.
+Bad values raise ValueError naming the recipe and the value. See docs/quantization.md.
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ def _env_flag(name: str) -> Callable[[], bool]:
 @dataclasses.dataclass
 class NVFP4BlockScaling(Recipe):
     """NVFP4: FP4 E2M1 values, an E4M3 scale per 16 consecutive values and a per-tensor fp32
-    scale (docs/fp8.md, NVFP4). As TransformerEngine's recipe: weights use 16x16 blocks,
+    scale (docs/quantization.md, NVFP4). As TransformerEngine's recipe: weights use 16x16 blocks,
     gradients stochastic rounding, and the columnwise copies of inputs and gradients (the
     wgrad operands) the 16-point random Hadamard transform, each unless disabled here or by
     its environment variable (NVTE_NVFP4_DISABLE_RHT, NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING,

@@ -5,7 +5,7 @@
 // float8_e5m2). Each class has one check and one allocation, shared by the Meta kernel and the
 // front end (ops/quantize.cpp); the backends implement the stubs below on contiguous buffers.
 // The rules that decide the bits (scale from amax, the cast, the E8M0 exponent) are
-// common/fp8.h's, shared by every backend. See docs/fp8.md.
+// common/fp8.h's, shared by every backend. See docs/quantization.md.
 #pragma once
 
 #include "common/backend.h"

@@ -1,4 +1,4 @@
-"""Quantized operands inside the pipeline (docs/fp8.md).
+"""Quantized operands inside the pipeline (docs/quantization.md).
 
 A quantized operand is the storage form of a quantized tensor (``Float8TensorStorage`` /
 ``MXFP8TensorStorage``, from ``Quantizer.quantize_storage``): plain uint8 data and fp32 or E8M0

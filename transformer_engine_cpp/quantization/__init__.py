@@ -1,4 +1,4 @@
-"""Quantization: quantizers, quantized tensors, autocast and recipe state (docs/fp8.md).
+"""Quantization: quantizers, quantized tensors, autocast and recipe state (docs/quantization.md).
 
 The recipes themselves are in ``transformer_engine_cpp.recipe``.
 """

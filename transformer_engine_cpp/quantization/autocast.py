@@ -30,7 +30,7 @@ def get_default_fp8_recipe() -> _recipe.Recipe:
 
 
 class FP8GlobalStateManager:
-    """Process-wide FP8 state read by the fuser and the ops (docs/fp8.md)."""
+    """Process-wide FP8 state read by the fuser and the ops (docs/quantization.md)."""
 
     FP8_ENABLED = False
     FP8_CALIBRATION = False

@@ -1,5 +1,5 @@
 """Float8BlockScaling: TransformerEngine's ``Float8BlockQuantizer`` and
-``Float8BlockwiseQTensor``, emulated exactly (docs/fp8.md).
+``Float8BlockwiseQTensor``, emulated exactly (docs/quantization.md).
 
 One fp32 scale per 1x128 block (128 consecutive elements of a row of the 2-D view [rows, last
 dim]; ``block_scaling_dim=1``, activations and gradients) or per 128x128 tile

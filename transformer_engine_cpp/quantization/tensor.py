@@ -270,21 +270,9 @@ class Float8Tensor(Float8TensorStorage, QuantizedTensor):
         """Re-quantize later in-place updates with ``quantizer`` (an op binds its quantized
         weight to its own weight quantizer, so delayed scaling records the weight's amax in
         the op's history and its updated scale applies to the next update). An amax already
-        recorded by a previous delayed-scaling quantizer (at initialisation) is carried over."""
-        from .quantizer import Float8CurrentScalingQuantizer, Float8Quantizer  # noqa: PLC0415
-
-        if (not isinstance(quantizer, (Float8CurrentScalingQuantizer, Float8Quantizer))
-                or quantizer.dtype != self._fp8_dtype):
-            raise ValueError(f"Float8Tensor.update_quantizer: expected a per-tensor FP8 "
-                             f"quantizer of {self._fp8_dtype}, got {quantizer!r}")
-        old = self._quantizer
-        if old is quantizer:
-            return
-        old_amax, new_amax = getattr(old, "amax", None), getattr(quantizer, "amax", None)
-        if old_amax is not None and new_amax is not None:
-            with torch.no_grad():
-                new_amax.copy_(torch.maximum(new_amax, old_amax.reshape(new_amax.shape)))
-        self._quantizer = quantizer
+        recorded by a previous delayed-scaling quantizer (at initialisation) is carried over.
+        (``bind_quantizer`` is the same as a function, for code that torch.compile traces.)"""
+        bind_quantizer(self, quantizer)
 
     def _with_data(self, data: torch.Tensor, scale_inv: Optional[torch.Tensor] = None):
         with _wrapper_mode(self):
@@ -478,13 +466,8 @@ class MXFP8Tensor(MXFP8TensorStorage, QuantizedTensor):
 
     def update_quantizer(self, quantizer) -> None:
         """Re-quantize later in-place updates with ``quantizer`` (an op binds its quantized
-        weight to its own weight quantizer)."""
-        from .quantizer import MXFP8Quantizer  # noqa: PLC0415
-
-        if not isinstance(quantizer, MXFP8Quantizer) or quantizer.dtype != self._fp8_dtype:
-            raise ValueError(f"MXFP8Tensor.update_quantizer: expected an MXFP8 quantizer of "
-                             f"{self._fp8_dtype}, got {quantizer!r}")
-        self._quantizer = quantizer
+        weight to its own weight quantizer; ``bind_quantizer`` as a function)."""
+        bind_quantizer(self, quantizer)
 
     def _with_buffers(self, fn, dtype: Optional[torch.dtype] = None):
         """A new MXFP8Tensor over ``fn`` of each buffer (None stays None)."""
@@ -506,6 +489,31 @@ class MXFP8Tensor(MXFP8TensorStorage, QuantizedTensor):
         fp8_dtype, dtype, shape = meta
         bufs = [inner.get(n) for n in MXFP8Tensor._BUFFER_NAMES]
         return MXFP8Tensor(*bufs, fp8_dtype, dtype, shape)
+
+
+def bind_quantizer(t: "QuantizedTensor", quantizer) -> None:
+    """``t.update_quantizer(quantizer)``: later in-place updates of ``t`` re-quantize with
+    ``quantizer``, a quantizer of ``t``'s kind and FP8 dtype (ValueError otherwise); a
+    delayed-scaling amax ``t``'s previous quantizer recorded is carried over. A function, not a
+    method, as ``as_storage``: the fuser binds an op's weight while building a plan, which
+    torch.compile may trace."""
+    from .quantizer import (Float8CurrentScalingQuantizer, Float8Quantizer,  # noqa: PLC0415
+                            MXFP8Quantizer)
+
+    kinds = ((Float8CurrentScalingQuantizer, Float8Quantizer) if isinstance(t, Float8Tensor)
+             else (MXFP8Quantizer,))
+    if not isinstance(quantizer, kinds) or quantizer.dtype != t._fp8_dtype:
+        raise ValueError(f"{type(t).__name__}.update_quantizer: expected a "
+                         f"{'per-tensor FP8' if isinstance(t, Float8Tensor) else 'an MXFP8'} "
+                         f"quantizer of {t._fp8_dtype}, got {quantizer!r}")
+    old = t._quantizer
+    if old is quantizer:
+        return
+    old_amax, new_amax = getattr(old, "amax", None), getattr(quantizer, "amax", None)
+    if old_amax is not None and new_amax is not None:
+        with torch.no_grad():
+            new_amax.copy_(torch.maximum(new_amax, old_amax.reshape(new_amax.shape)))
+    t._quantizer = quantizer
 
 
 def as_storage(t: QuantizedTensorStorage) -> QuantizedTensorStorage:

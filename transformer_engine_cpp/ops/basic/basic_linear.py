@@ -17,7 +17,7 @@ from ...quantization.quantizer import (Float8CurrentScalingQuantizer, MXFP8Quant
                                        _PerTensorQuantizer, check_mxfp8_shape)
 from ...quantization.tensor import (Float8Tensor, Float8TensorStorage, MXFP8Tensor,
                                     MXFP8TensorStorage, QuantizedTensor, QuantizedTensorStorage,
-                                    as_storage)
+                                    as_storage, bind_quantizer)
 from .. import _quantized
 from ..op import BasicOperation, OperationContext
 
@@ -99,11 +99,10 @@ def quantized_weight(w: torch.nn.Parameter, quantizer, who: str) -> torch.nn.Par
 def bind_quantized_weight(w, quantizer) -> None:
     """A quantized weight re-quantizes its in-place updates with the op's weight quantizer of
     the active recipe, when that quantizer makes the same kind of tensor."""
-    if isinstance(w, Float8Tensor) and isinstance(quantizer, _PerTensorQuantizer):
-        w.update_quantizer(quantizer)
-    elif isinstance(w, MXFP8Tensor) and isinstance(quantizer, MXFP8Quantizer) \
-            and quantizer.dtype == w._fp8_dtype:
-        w.update_quantizer(quantizer)
+    if ((isinstance(w, Float8Tensor) and isinstance(quantizer, _PerTensorQuantizer))
+            or (isinstance(w, MXFP8Tensor) and isinstance(quantizer, MXFP8Quantizer)
+                and quantizer.dtype == w._fp8_dtype)):
+        bind_quantizer(w, quantizer)
 
 
 @dataclasses.dataclass
