@@ -290,10 +290,13 @@ def _cases():
     return OP_CASES
 
 
+@pytest.mark.parametrize("recipe_cls", [te.recipe.Float8CurrentScaling,
+                                        te.recipe.Float8BlockScaling], ids=["current", "block"])
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: c.id)
-def test_op_case_under_current_scaling(case):
+def test_op_case_under_a_recipe(case, recipe_cls):
     """Ops without quantizers give bit-identical results under te.autocast; ops with FP8 GEMMs
-    stay within the FP8 tolerance of the unquantized result, forward and backward."""
+    stay within the FP8 tolerance of the unquantized result, forward and backward (the
+    conformance cases' shapes fit any block size of these recipes)."""
     from harness import as_tuple, build, clone_leaf, eager_run, inputs_for, random_grads_like
     from tolerances import FP8_RELATIVE_ERROR
 
@@ -305,7 +308,7 @@ def test_op_case_under_current_scaling(case):
         grads = random_grads_like(as_tuple(seq(clone_leaf(x), *[clone_leaf(e) for e in extras])))
     ref = eager_run(seq, clone_leaf(x), [clone_leaf(e) for e in extras], [g.clone() for g in grads])
     seq.zero_grad(set_to_none=True)
-    with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+    with te.autocast(recipe=recipe_cls()):
         outs = as_tuple(seq(x, *extras))
     torch.autograd.backward(outs, [g.clone() for g in grads])
     got = (outs, x.grad, [e.grad for e in extras], {n: p.grad for n, p in seq.named_parameters()})

@@ -14,17 +14,10 @@ from torch._dynamo.testing import AotEagerAndRecordGraphs
 import transformer_engine_cpp as te
 from test_fp8_ops import fq_current, fq_mx_cols, fq_mx_rows
 from test_fp8_quantize import E4M3, E5M2, ref_current
+from test_grouped_ops import _groups
 from tolerances import COMPILED_VS_EAGER, tols
 
 ops = torch.ops.te_cpp
-
-
-def _groups(splits):
-    out, start = [], 0
-    for n in splits:
-        out.append((start, start + n))
-        start += n
-    return out
 
 
 def _per_group(t, splits, fq):

@@ -25,5 +25,5 @@ def tols(dtype: torch.dtype) -> dict:
 #: carries up to ~12.5%; backward gradients are E5M2 (2 bits: up to 2^-3), so a product with an
 #: E4M3 operand carries up to ~19%. The conformance shapes reduce over few terms (7 to 13, fewer
 #: where a ReLU masks dy), so little averages out: observed maxima 4.8% forward, 13.8% backward
-#: (tests/test_fp8_ops.py::test_op_case_under_current_scaling).
+#: (tests/test_fp8_ops.py::test_op_case_under_a_recipe, current scaling).
 FP8_RELATIVE_ERROR = {"forward": 0.1, "backward": 0.2}

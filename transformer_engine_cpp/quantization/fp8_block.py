@@ -20,8 +20,8 @@ import torch
 
 from .quantizer import Quantizer
 from .recipe_state import RecipeState
-from .tensor import (QuantizedTensor, QuantizedTensorStorage, _wrapper_mode, aten,
-                     check_fp8_dtype)
+from .tensor import (QuantizedTensor, QuantizedTensorFace, QuantizedTensorStorage, _wrapper_mode,
+                     aten, check_fp8_dtype)
 
 __all__ = ["Float8BlockQuantizer", "Float8BlockwiseQTensorStorage", "Float8BlockwiseQTensor",
            "Float8BlockScalingRecipeState"]
@@ -110,7 +110,7 @@ class Float8BlockwiseQTensorStorage(QuantizedTensorStorage):
             self._columnwise_data = self._columnwise_scale_inv = None
 
 
-class Float8BlockwiseQTensor(Float8BlockwiseQTensorStorage, QuantizedTensor):
+class Float8BlockwiseQTensor(QuantizedTensorFace, Float8BlockwiseQTensorStorage, QuantizedTensor):
     """Block-scaled FP8 tensor; ``dtype`` is the nominal dtype. Its only handlers are ``detach``
     and ``alias``; every other op runs on the dequantized tensor, and an in-place op raises
     NotImplementedError."""
@@ -127,19 +127,6 @@ class Float8BlockwiseQTensor(Float8BlockwiseQTensorStorage, QuantizedTensor):
                                                columnwise_data, columnwise_scale_inv, fp8_dtype,
                                                dtype, shape, is_2D_scaled, quantizer)
         return self
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    @property
-    def shape(self):
-        return torch.Tensor.shape.__get__(self)
-
-    def _dequantize_impl(self, dtype):
-        return Float8BlockwiseQTensorStorage._dequantize_impl(self, dtype)
-
-    def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        return QuantizedTensor.dequantize(self, dtype=dtype)
 
 
 def _block_detach(t):

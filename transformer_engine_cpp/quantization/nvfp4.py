@@ -29,7 +29,7 @@ import torch
 
 from ..constants import DType
 from .quantizer import Quantizer
-from .tensor import QuantizedTensor, QuantizedTensorStorage, _wrapper_mode
+from .tensor import QuantizedTensor, QuantizedTensorFace, QuantizedTensorStorage, _wrapper_mode
 
 __all__ = ["NVFP4Quantizer", "NVFP4TensorStorage", "NVFP4Tensor"]
 
@@ -218,7 +218,7 @@ class NVFP4TensorStorage(QuantizedTensorStorage):
             self._columnwise_data = self._columnwise_scale_inv = self._amax_columnwise = None
 
 
-class NVFP4Tensor(NVFP4TensorStorage, QuantizedTensor):
+class NVFP4Tensor(QuantizedTensorFace, NVFP4TensorStorage, QuantizedTensor):
     """NVFP4 tensor; ``dtype`` is the nominal high-precision dtype."""
 
     @staticmethod
@@ -232,19 +232,6 @@ class NVFP4Tensor(NVFP4TensorStorage, QuantizedTensor):
                                     columnwise_data, columnwise_scale_inv, amax_columnwise,
                                     dtype, shape, columnwise_rht, quantizer)
         return self
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    @property
-    def shape(self):
-        return torch.Tensor.shape.__get__(self)
-
-    def _dequantize_impl(self, dtype):
-        return NVFP4TensorStorage._dequantize_impl(self, dtype)
-
-    def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        return QuantizedTensor.dequantize(self, dtype=dtype)
 
 
 def _nvfp4_detach(t):

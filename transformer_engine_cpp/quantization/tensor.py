@@ -183,6 +183,23 @@ class QuantizedTensor(torch.Tensor):
             f"shape {tuple(self.shape)}); dequantize() it first")
 
 
+class QuantizedTensorFace:
+    """The first base of every quantized tensor subclass, ahead of its storage base (whose
+    ``shape`` and ``dequantize`` would shadow the torch.Tensor side's): torch's shape, the
+    autograd-aware ``dequantize``, and an ``__init__`` with nothing to do (``__new__`` builds
+    the tensor)."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    @property
+    def shape(self):
+        return torch.Tensor.shape.__get__(self)
+
+    def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        return QuantizedTensor.dequantize(self, dtype=dtype)
+
+
 class Float8TensorStorage(QuantizedTensorStorage):
     """Per-tensor FP8 buffers: ``_data`` (uint8, logical shape), ``_scale_inv`` (fp32, (1,)).
 
@@ -226,7 +243,7 @@ class Float8TensorStorage(QuantizedTensorStorage):
             raise ValueError("Float8Tensor.update_usage: at least one usage must remain")
 
 
-class Float8Tensor(Float8TensorStorage, QuantizedTensor):
+class Float8Tensor(QuantizedTensorFace, Float8TensorStorage, QuantizedTensor):
     """FP8 tensor with one per-tensor scale; ``dtype`` is the nominal high-precision dtype."""
 
     @staticmethod
@@ -239,19 +256,6 @@ class Float8Tensor(Float8TensorStorage, QuantizedTensor):
             cls, data.shape, dtype=dtype, device=data.device, requires_grad=requires_grad)
         Float8TensorStorage.__init__(self, data, scale_inv, fp8_dtype, dtype, quantizer)
         return self
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    @property
-    def shape(self):
-        return torch.Tensor.shape.__get__(self)
-
-    def _dequantize_impl(self, dtype):
-        return Float8TensorStorage._dequantize_impl(self, dtype)
-
-    def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        return QuantizedTensor.dequantize(self, dtype=dtype)
 
     def _requantize_from(self, values: torch.Tensor, op=None) -> None:
         """Re-quantize ``values`` into this tensor's buffers (current scaling from its own
@@ -419,7 +423,7 @@ class MXFP8TensorStorage(QuantizedTensorStorage):
             self._columnwise_data = self._columnwise_scale_inv = None
 
 
-class MXFP8Tensor(MXFP8TensorStorage, QuantizedTensor):
+class MXFP8Tensor(QuantizedTensorFace, MXFP8TensorStorage, QuantizedTensor):
     """MXFP8 tensor (E8M0 scale per 32 consecutive elements); ``dtype`` is the nominal dtype."""
 
     @staticmethod
@@ -432,19 +436,6 @@ class MXFP8Tensor(MXFP8TensorStorage, QuantizedTensor):
         MXFP8TensorStorage.__init__(self, rowwise_data, rowwise_scale_inv, columnwise_data,
                                     columnwise_scale_inv, fp8_dtype, dtype, shape, quantizer)
         return self
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    @property
-    def shape(self):
-        return torch.Tensor.shape.__get__(self)
-
-    def _dequantize_impl(self, dtype):
-        return MXFP8TensorStorage._dequantize_impl(self, dtype)
-
-    def dequantize(self, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        return QuantizedTensor.dequantize(self, dtype=dtype)
 
     def _requantize_from(self, values: torch.Tensor, op=None) -> None:
         """Re-quantize ``values`` into this tensor's buffers (the copies it holds) with its
