@@ -198,7 +198,7 @@ TORCH_LIBRARY(te_cpp, m) {
   define(m, "dropout_bwd(Tensor dy, Tensor mask, float p) -> Tensor");
 
   // ---- Quantize: FP8 as plain buffers, the format named by its torch dtype (fp8_dtype:
-  // float8_e4m3fn or float8_e5m2; docs/quantization.md) -----------------------------------------------
+  // float8_e4m3fn or float8_e5m2; docs/quantization.md) ---------------------------------------
   // Per-tensor current scaling (te_ops.md 4.3): data = uint8 bytes of the saturating RNE cast
   // of x * scale; scale_inv = 1 / scale and amax = max |x| (fp32, shape [1]).
   define(m, "fp8_quantize(Tensor x, ScalarType fp8_dtype, bool force_pow_2_scales, "

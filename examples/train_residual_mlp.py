@@ -11,9 +11,10 @@ residual (ForwardLinearScaleAdd). Backward: dbias+dgelu in one kernel
 
 The bf16 run converts the same initial model to bf16 (params and inputs; the loss is taken in
 fp32). The quantized run is that bf16 model under te.autocast(recipe=...), Float8CurrentScaling
-by default (--recipe picks another: delayed, mxfp8, block, nvfp4): its Linear/BasicLinear GEMMs run
-on quantized operands (for FP8, E4M3 forward and E5M2 gradients), emulated exactly on CPU
-(docs/quantization.md); the backward runs outside the autocast and uses the recipe recorded in forward.
+by default (--recipe picks another: delayed, mxfp8, block, nvfp4): its Linear/BasicLinear GEMMs
+run on quantized operands (for FP8, E4M3 forward and E5M2 gradients), emulated exactly on CPU
+(docs/quantization.md); the backward runs outside the autocast and uses the recipe recorded in
+forward.
 
     python examples/train_residual_mlp.py [--steps 200] [--backend inductor] [--recipe mxfp8]
 """

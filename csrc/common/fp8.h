@@ -2,7 +2,8 @@
 // limits, the current-scaling scale rule, the saturating cast, and MXFP8's E8M0 block scale.
 // Everything here is plain fp32 bit arithmetic, C10_HOST_DEVICE, the same on every backend:
 // the CPU kernels (their scalar paths) and the CUDA kernels call these functions, so the CPU
-// suite checks the rules the GPU runs (docs/quantization.md states each rule and where it comes from).
+// suite checks the rules the GPU runs (docs/quantization.md states each rule and where it comes
+// from).
 #pragma once
 
 #include <c10/core/ScalarType.h>

@@ -7,7 +7,8 @@
 //   block_dim 1: scale_inv has x's shape with the last dim replaced by ceil(last / 128);
 //   block_dim 2: scale_inv is [ceil(rows / 128), ceil(last / 128)].
 // The columnwise copy TransformerEngine keeps (blocks down the columns) is the quantization of
-// the 2-D view's transpose (the Python quantizer calls the same op on it). See docs/quantization.md.
+// the 2-D view's transpose (the Python quantizer calls the same op on it). See
+// docs/quantization.md.
 #pragma once
 
 #include "common/backend.h"
