@@ -421,3 +421,37 @@ def test_quantized_weights_compiled_before_any_eager_call(grouped, recipe_cls):
         assert w._quantizer is op.get_quantizer("forward", 2 * i + 1 if grouped else 1)
     with te.autocast(recipe=recipe):
         assert torch.equal(model(*args), y)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("recipe_name", ["current", "mxfp8"])
+def test_edge_inputs_under_a_recipe(recipe_name, dtype):
+    """fp16 / bf16, a non-contiguous input (equal to its contiguous copy's result), no tokens
+    at all (zero gradients), and inference_mode (equal to the grad-mode output)."""
+    recipe = RECIPES[recipe_name][0]()
+    torch.manual_seed(0)
+    op = te.ops.GroupedLinear(3, 64, 32, dtype=dtype)
+    splits = torch.tensor([32, 0, 32])
+    base = torch.randn(64, 64).to(dtype)
+    outs = []
+    for x in (base.t(), base.t().contiguous()):
+        x = x.detach().requires_grad_()
+        for w in op.parameters():
+            w.grad = None
+        with te.autocast(recipe=recipe):
+            y = op(x, splits)
+        y.float().sum().backward()
+        outs.append([y.detach(), x.grad, *[w.grad for w in op.parameters()]])
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with torch.inference_mode(), te.autocast(recipe=recipe):
+        y_inf = op(base.t(), splits)
+    assert y_inf.is_inference() and torch.equal(y_inf, outs[0][0])
+    x0 = torch.randn(0, 64, dtype=dtype, requires_grad=True)
+    for w in op.parameters():
+        w.grad = None
+    with te.autocast(recipe=recipe):
+        y0 = op(x0, torch.tensor([0, 0, 0]))
+    y0.sum().backward()
+    assert y0.shape == (0, 32) and x0.grad.shape == (0, 64)
+    assert all(torch.count_nonzero(w.grad) == 0 for w in op.parameters())
