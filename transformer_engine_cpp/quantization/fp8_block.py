@@ -20,7 +20,7 @@ import torch
 
 from .quantizer import Quantizer
 from .recipe_state import RecipeState
-from .tensor import (QuantizedTensor, QuantizedTensorFace, QuantizedTensorStorage, _wrapper_mode,
+from .tensor import (QuantizedTensor, QuantizedTensorFace, RowColumnStorage, _wrapper_mode,
                      aten, check_fp8_dtype)
 
 __all__ = ["Float8BlockQuantizer", "Float8BlockwiseQTensorStorage", "Float8BlockwiseQTensor",
@@ -30,7 +30,7 @@ _fp8_block_quantize = torch.ops.te_cpp.fp8_block_quantize.default
 _fp8_block_dequantize = torch.ops.te_cpp.fp8_block_dequantize.default
 
 
-class Float8BlockwiseQTensorStorage(QuantizedTensorStorage):
+class Float8BlockwiseQTensorStorage(RowColumnStorage):
     """Block-scaled FP8 buffers: ``_rowwise_data`` (uint8, logical shape) with
     ``_rowwise_scale_inv`` (fp32: the shape with the last dim -> ceil(last / 128) for 1x128
     blocks, [ceil(rows / 128), ceil(last / 128)] for 128x128 tiles), and/or the columnwise copy
@@ -58,26 +58,15 @@ class Float8BlockwiseQTensorStorage(QuantizedTensorStorage):
         return 2 if self._is_2D_scaled else 1
 
     def dequantize_rowwise(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        if self._rowwise_data is None:
-            raise RuntimeError("Float8BlockwiseQTensor: rowwise data was not quantized; "
-                               "quantize with rowwise usage")
+        self._require("rowwise")
         return _fp8_block_dequantize(self._rowwise_data, self._rowwise_scale_inv,
                                      self._fp8_dtype, self._block_dim, dtype)
 
     def dequantize_columnwise(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        if self._columnwise_data is None:
-            raise RuntimeError("Float8BlockwiseQTensor: columnwise data was not quantized; "
-                               "quantize with columnwise usage")
+        self._require("columnwise")
         t = _fp8_block_dequantize(self._columnwise_data, self._columnwise_scale_inv,
                                   self._fp8_dtype, self._block_dim, dtype)
         return t.t().reshape(self._logical_shape)
-
-    def _dequantize_impl(self, dtype):
-        if self._rowwise_data is not None:
-            return self.dequantize_rowwise(dtype)
-        if self._columnwise_data is not None:
-            return self.dequantize_columnwise(dtype)
-        raise RuntimeError("Float8BlockwiseQTensor has neither rowwise nor columnwise data")
 
     def buffers(self) -> tuple:
         return (self._rowwise_data, self._rowwise_scale_inv, self._columnwise_data,
@@ -98,19 +87,15 @@ class Float8BlockwiseQTensorStorage(QuantizedTensorStorage):
                                       self._is_2D_scaled, self._quantizer)
 
     def update_usage(self, rowwise_usage=None, columnwise_usage=None) -> None:
-        if rowwise_usage and self._rowwise_data is None:
-            raise RuntimeError("Float8BlockwiseQTensor: rowwise data cannot be rebuilt from "
-                               "columnwise data")
-        if columnwise_usage and self._columnwise_data is None:
-            raise RuntimeError("Float8BlockwiseQTensor: columnwise data was not quantized; "
-                               "quantize with columnwise usage")
+        self._check_usage(rowwise_usage, columnwise_usage)
         if rowwise_usage is False:
             self._rowwise_data = self._rowwise_scale_inv = None
         if columnwise_usage is False:
             self._columnwise_data = self._columnwise_scale_inv = None
 
 
-class Float8BlockwiseQTensor(QuantizedTensorFace, Float8BlockwiseQTensorStorage, QuantizedTensor):
+class Float8BlockwiseQTensor(QuantizedTensorFace, Float8BlockwiseQTensorStorage,
+                             QuantizedTensor):
     """Block-scaled FP8 tensor; ``dtype`` is the nominal dtype. Its only handlers are ``detach``
     and ``alias``; every other op runs on the dequantized tensor, and an in-place op raises
     NotImplementedError."""

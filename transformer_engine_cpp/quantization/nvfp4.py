@@ -29,7 +29,7 @@ import torch
 
 from ..constants import DType
 from .quantizer import Quantizer
-from .tensor import QuantizedTensor, QuantizedTensorFace, QuantizedTensorStorage, _wrapper_mode
+from .tensor import QuantizedTensor, QuantizedTensorFace, RowColumnStorage, _wrapper_mode
 
 __all__ = ["NVFP4Quantizer", "NVFP4TensorStorage", "NVFP4Tensor"]
 
@@ -129,7 +129,7 @@ class NVFP4Quantizer(Quantizer):
                 f"stochastic_rounding={self.stochastic_rounding})")
 
 
-class NVFP4TensorStorage(QuantizedTensorStorage):
+class NVFP4TensorStorage(RowColumnStorage):
     """NVFP4 buffers (TransformerEngine's names): ``_rowwise_data`` (uint8, logical shape with
     the last dim / 2), ``_rowwise_scale_inv`` (uint8 E4M3, last dim / 16), ``_amax_rowwise``
     (fp32, (1,)); the columnwise copy ``_columnwise_data`` / ``_columnwise_scale_inv`` /
@@ -166,26 +166,15 @@ class NVFP4TensorStorage(QuantizedTensorStorage):
         return data.view(FP4_DTYPE)
 
     def dequantize_rowwise(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        if self._rowwise_data is None:
-            raise RuntimeError("NVFP4Tensor: rowwise data was not quantized; quantize with "
-                               "rowwise usage")
+        self._require("rowwise")
         return _nvfp4_dequantize(self._rowwise_data, self._rowwise_scale_inv, self._amax_rowwise,
                                  False, dtype)
 
     def dequantize_columnwise(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        if self._columnwise_data is None:
-            raise RuntimeError("NVFP4Tensor: columnwise data was not quantized; quantize with "
-                               "columnwise usage")
+        self._require("columnwise")
         t = _nvfp4_dequantize(self._columnwise_data, self._columnwise_scale_inv,
                               self._amax_columnwise, self._columnwise_rht, dtype)
         return t.t().reshape(self._logical_shape)
-
-    def _dequantize_impl(self, dtype):
-        if self._rowwise_data is not None:
-            return self.dequantize_rowwise(dtype)
-        if self._columnwise_data is not None:
-            return self.dequantize_columnwise(dtype)
-        raise RuntimeError("NVFP4Tensor has neither rowwise nor columnwise data")
 
     def buffers(self) -> tuple:
         """(rowwise data, rowwise scales, rowwise amax, columnwise data, columnwise scales,
@@ -207,11 +196,7 @@ class NVFP4TensorStorage(QuantizedTensorStorage):
                            self._columnwise_rht, self._quantizer)
 
     def update_usage(self, rowwise_usage=None, columnwise_usage=None) -> None:
-        if rowwise_usage and self._rowwise_data is None:
-            raise RuntimeError("NVFP4Tensor: rowwise data cannot be rebuilt from columnwise data")
-        if columnwise_usage and self._columnwise_data is None:
-            raise RuntimeError("NVFP4Tensor: columnwise data was not quantized; quantize with "
-                               "columnwise usage")
+        self._check_usage(rowwise_usage, columnwise_usage)
         if rowwise_usage is False:
             self._rowwise_data = self._rowwise_scale_inv = self._amax_rowwise = None
         if columnwise_usage is False:

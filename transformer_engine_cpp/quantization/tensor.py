@@ -351,7 +351,38 @@ Float8Tensor._HANDLED = {
 }
 
 
-class MXFP8TensorStorage(QuantizedTensorStorage):
+class RowColumnStorage(QuantizedTensorStorage):
+    """A storage with a rowwise and/or a columnwise copy, each quantized from high precision
+    (MXFP8, Float8BlockScaling, NVFP4): the checks on which copies exist, and dequantize() from
+    whichever does. Errors name the public tensor (the class name without "Storage")."""
+
+    def _label(self) -> str:
+        return type(self).__name__.removesuffix("Storage")
+
+    def _require(self, copy: str) -> None:
+        """RuntimeError unless the ``copy`` ("rowwise" / "columnwise") was quantized."""
+        if getattr(self, f"_{copy}_data") is None:
+            raise RuntimeError(f"{self._label()}: {copy} data was not quantized; quantize with "
+                               f"{copy} usage")
+
+    def _check_usage(self, rowwise_usage, columnwise_usage) -> None:
+        """update_usage's checks: a copy asked for must exist (none is rebuilt from the
+        other)."""
+        if rowwise_usage and self._rowwise_data is None:
+            raise RuntimeError(f"{self._label()}: rowwise data cannot be rebuilt from "
+                               "columnwise data")
+        if columnwise_usage:
+            self._require("columnwise")
+
+    def _dequantize_impl(self, dtype):
+        if self._rowwise_data is not None:
+            return self.dequantize_rowwise(dtype)
+        if self._columnwise_data is not None:
+            return self.dequantize_columnwise(dtype)
+        raise RuntimeError(f"{self._label()} has neither rowwise nor columnwise data")
+
+
+class MXFP8TensorStorage(RowColumnStorage):
     """MXFP8 buffers: rowwise ``_rowwise_data`` (uint8, logical shape) with
     ``_rowwise_scale_inv`` (uint8 E8M0, last dim / 32), and/or the columnwise copy quantized
     separately from high precision: ``_columnwise_data`` is the 2-D transpose (features, rows)
@@ -373,26 +404,15 @@ class MXFP8TensorStorage(QuantizedTensorStorage):
         return self._logical_shape
 
     def dequantize_rowwise(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        if self._rowwise_data is None:
-            raise RuntimeError("MXFP8Tensor: rowwise data was not quantized; quantize with "
-                               "rowwise usage")
+        self._require("rowwise")
         return _mxfp8_dequantize(self._rowwise_data, self._rowwise_scale_inv, self._fp8_dtype,
                                  dtype)
 
     def dequantize_columnwise(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        if self._columnwise_data is None:
-            raise RuntimeError("MXFP8Tensor: columnwise data was not quantized; quantize with "
-                               "columnwise usage")
+        self._require("columnwise")
         t = _mxfp8_dequantize(self._columnwise_data, self._columnwise_scale_inv,
                               self._fp8_dtype, dtype)
         return t.t().reshape(self._logical_shape)
-
-    def _dequantize_impl(self, dtype):
-        if self._rowwise_data is not None:
-            return self.dequantize_rowwise(dtype)
-        if self._columnwise_data is not None:
-            return self.dequantize_columnwise(dtype)
-        raise RuntimeError("MXFP8Tensor has neither rowwise nor columnwise data")
 
     def buffers(self) -> tuple:
         return (self._rowwise_data, self._rowwise_scale_inv, self._columnwise_data,
@@ -412,11 +432,7 @@ class MXFP8TensorStorage(QuantizedTensorStorage):
                            self._logical_shape, self._quantizer)
 
     def update_usage(self, rowwise_usage=None, columnwise_usage=None) -> None:
-        if rowwise_usage and self._rowwise_data is None:
-            raise RuntimeError("MXFP8Tensor: rowwise data cannot be rebuilt from columnwise data")
-        if columnwise_usage and self._columnwise_data is None:
-            raise RuntimeError("MXFP8Tensor: columnwise data was not quantized; quantize with "
-                               "columnwise usage")
+        self._check_usage(rowwise_usage, columnwise_usage)
         if rowwise_usage is False:
             self._rowwise_data = self._rowwise_scale_inv = None
         if columnwise_usage is False:
