@@ -126,10 +126,12 @@ TORCH_LIBRARY(te_cpp, m) {
   // by alpha); without one, dbias is an empty [0] tensor (fixed arity).
   define(m, "linear_bwd(Tensor dy, Tensor x, Tensor weight, float alpha=1.0, "
             "ScalarType? bias_dtype=None) -> (Tensor dx, Tensor dweight, Tensor dbias)");
-  // FP8 GEMM with per-tensor scales, TN: out = (a_scale_inv * a) (b_scale_inv * b)^T with a
-  // [..., k] and b [n, k] raw FP8 bytes (uint8), fp32 accumulation (docs/quantization.md).
+  // FP8 GEMM with per-tensor scales, TN: out = (a_scale_inv * a) (b_scale_inv * b)^T + bias
+  // with a [..., k] and b [n, k] raw FP8 bytes (uint8), bias [n] in out_dtype (optional), fp32
+  // accumulation, the bias added before the one rounding (docs/quantization.md).
   define(m, "fp8_gemm(Tensor a, Tensor a_scale_inv, ScalarType a_fp8_dtype, Tensor b, "
-            "Tensor b_scale_inv, ScalarType b_fp8_dtype, ScalarType out_dtype) -> Tensor");
+            "Tensor b_scale_inv, ScalarType b_fp8_dtype, ScalarType out_dtype, "
+            "Tensor? bias=None) -> Tensor");
   // The same with MXFP8 operands, both blocked along k: a [..., k] with a_scale [..., k / 32],
   // b [n, k] with b_scale [n, k / 32] (E8M0, uint8); the exact emulation (fp32 values, fp32
   // accumulation, one rounding) on every device.

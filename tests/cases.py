@@ -774,6 +774,8 @@ def _samples_fp8_gemm(dtype):
             xd, xs, _ = te_ops.fp8_quantize(x, fx, False, 0.0)
             wd, ws, _ = te_ops.fp8_quantize(w, fw, False, 0.0)
             out.append((te_ops.fp8_gemm, (xd, xs, fx, wd, ws, fw, dtype)))
+            # with the bias epilogue (the bias in the output dtype)
+            out.append((te_ops.fp8_gemm, (xd, xs, fx, wd, ws, fw, dtype, _rand(32, dtype=dtype))))
             # mxfp8_gemm: the same shapes with MXFP8 operands (blocks of 32 along k)
             xm, xe = te_ops.mxfp8_quantize(x, fx)
             wm, we = te_ops.mxfp8_quantize(w, fw)

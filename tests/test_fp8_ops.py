@@ -6,6 +6,7 @@ block compiled with fullgraph=True under Float8CurrentScaling and MXFP8BlockScal
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -556,9 +557,11 @@ def _quantized_operand(shape, fmt, seed):
                                        torch.float64])
 @pytest.mark.parametrize("fmts", [(E4M3, E4M3), (E5M2, E4M3), (E4M3, E5M2), (E5M2, E5M2)])
 @pytest.mark.parametrize("a_shape", [(5, 48), (2, 3, 48), (0, 48), (4, 0)])
-def test_fp8_gemm_cpu_is_the_exact_emulation(a_shape, fmts, out_dtype):
-    """CPU: both operands dequantized to fp32, multiplied with fp32 accumulation (the GEMM
-    linear_fwd runs), rounded once to out_dtype: bit for bit what the FP8 linear computed."""
+def test_fp8_gemm_cpu_is_the_exact_emulation(a_shape, fmts, out_dtype, monkeypatch):
+    """CPU, the fp32 strategy (the only one for outputs other than bfloat16; forced here): both
+    operands dequantized to fp32, multiplied with fp32 accumulation (the GEMM linear_fwd runs),
+    rounded once to out_dtype: bit for bit what the FP8 linear's emulation computes."""
+    monkeypatch.setenv("TECPP_FP8_GEMM_BF16", "0")
     k = a_shape[-1]
     a, sa = _quantized_operand(a_shape, fmts[0], 0)
     b, sb = _quantized_operand((7, k), fmts[1], 1)
@@ -575,6 +578,67 @@ def test_fp8_gemm_cpu_is_the_exact_emulation(a_shape, fmts, out_dtype):
     torch.testing.assert_close(y.double(), deq, **tol)
 
 
+def _raw_bf16(data, fmt):
+    return data.view(fmt).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("fmts", [(E4M3, E4M3), (E5M2, E4M3), (E4M3, E5M2)])
+@pytest.mark.parametrize("a_shape", [(37, 96), (2, 5, 96), (0, 96), (6, 0)])
+def test_fp8_gemm_cpu_bf16_strategy_scales_the_sum_of_exact_products(a_shape, fmts, with_bias,
+                                                                     monkeypatch):
+    """CPU, the bfloat16 strategy (TECPP_FP8_GEMM_BF16=1; the default for bfloat16 outputs where
+    the CPU multiplies bfloat16 natively): the raw FP8 values (exact in bfloat16) multiplied in
+    a bfloat16 GEMM with fp32 accumulation, the product of the two scales applied once to the
+    sum and the bias added before the one rounding, as cuBLASLt computes an FP8 GEMM."""
+    monkeypatch.setenv("TECPP_FP8_GEMM_BF16", "1")
+    k = a_shape[-1]
+    a, sa = _quantized_operand(a_shape, fmts[0], 0)
+    b, sb = _quantized_operand((24, k), fmts[1], 1)
+    torch.manual_seed(2)
+    bias = torch.randn(24).to(torch.bfloat16) if with_bias else None
+    y = _fp8_gemm(a, sa, fmts[0], b, sb, fmts[1], torch.bfloat16, bias)
+    assert y.dtype == torch.bfloat16 and y.shape == (*a_shape[:-1], 24)
+    rows = a.reshape(math.prod(a_shape[:-1]), k)
+    c = (bias if with_bias else torch.zeros(24, dtype=torch.bfloat16)).expand(rows.shape[0], 24)
+    want = torch.addmm(c, _raw_bf16(rows, fmts[0]), _raw_bf16(b, fmts[1]).t(),
+                       beta=1 if with_bias else 0, alpha=(sa * sb).item())
+    assert torch.equal(y.reshape(rows.shape[0], 24), want)
+    ref = (a.view(fmts[0]).double() @ b.view(fmts[1]).double().t()) * (sa * sb).double()
+    if with_bias:
+        ref = ref + bias.double()
+    torch.testing.assert_close(y.double(), ref, **tols(torch.bfloat16))
+    # the fp32 strategy agrees within bfloat16's tolerance
+    monkeypatch.setenv("TECPP_FP8_GEMM_BF16", "0")
+    y32 = _fp8_gemm(a, sa, fmts[0], b, sb, fmts[1], torch.bfloat16, bias)
+    torch.testing.assert_close(y.float(), y32.float(), **tols(torch.bfloat16))
+    # outputs other than bfloat16 take the fp32 strategy whatever the setting
+    monkeypatch.setenv("TECPP_FP8_GEMM_BF16", "1")
+    y_f32 = _fp8_gemm(a, sa, fmts[0], b, sb, fmts[1], torch.float32)
+    monkeypatch.setenv("TECPP_FP8_GEMM_BF16", "0")
+    assert torch.equal(y_f32, _fp8_gemm(a, sa, fmts[0], b, sb, fmts[1], torch.float32))
+
+
+def test_fp8_gemm_cpu_default_strategy_follows_the_cpu(monkeypatch):
+    """Unset, TECPP_FP8_GEMM_BF16 follows the CPU: the bfloat16 strategy where it has
+    AVX512_BF16 or AMX (bfloat16 GEMMs at several times the fp32 rate), else the fp32 one."""
+    caps = getattr(torch.cpu, "get_capabilities", lambda: None)()
+    if caps is None:
+        pytest.skip("this torch does not report the CPU's capabilities")
+    a, sa = _quantized_operand((64, 512), E4M3, 0)
+    b, sb = _quantized_operand((64, 512), E4M3, 1)
+    got = {}
+    for setting in ("0", "1", None):
+        if setting is None:
+            monkeypatch.delenv("TECPP_FP8_GEMM_BF16", raising=False)
+        else:
+            monkeypatch.setenv("TECPP_FP8_GEMM_BF16", setting)
+        got[setting] = _fp8_gemm(a, sa, E4M3, b, sb, E4M3, torch.bfloat16)
+    assert not torch.equal(got["0"], got["1"])  # the two strategies round differently here
+    native = bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+    assert torch.equal(got[None], got["1" if native else "0"])
+
+
 def test_fp8_gemm_rejects_bad_operands():
     a, sa = _quantized_operand((4, 32), E4M3, 0)
     b, sb = _quantized_operand((16, 32), E4M3, 1)
@@ -587,6 +651,12 @@ def test_fp8_gemm_rejects_bad_operands():
         _fp8_gemm(a, sa, E4M3, b, torch.ones(2), E4M3, torch.float32)
     with pytest.raises(ValueError, match=r"te_cpp\.fp8_gemm: b_fp8_dtype must be"):
         _fp8_gemm(a, sa, E4M3, b, sb, torch.bfloat16, torch.float32)
+    with pytest.raises(RuntimeError, match=r"te_cpp\.fp8_gemm: bias must be in out_dtype "
+                                           r"\(BFloat16\), got Float"):
+        _fp8_gemm(a, sa, E4M3, b, sb, E4M3, torch.bfloat16, torch.zeros(16))
+    with pytest.raises(RuntimeError, match=r"te_cpp\.fp8_gemm: bias must have shape \[n\] = "
+                                           r"\[16\], got \[8\]"):
+        _fp8_gemm(a, sa, E4M3, b, sb, E4M3, torch.float32, torch.zeros(8))
 
 
 @pytest.mark.parametrize("recipe_name", ["current", "mxfp8"])
@@ -615,9 +685,12 @@ def test_fp8_linear_forward_uses_fp8_gemm_for_per_tensor_scaling(recipe_name, mo
 def test_fp8_linear_backward_uses_fp8_gemm_for_per_tensor_scaling(recipe_name, dtype,
                                                                    monkeypatch):
     """Per-tensor recipes run dgrad (dy row-wise x W column-wise) and wgrad (dy column-wise x x
-    column-wise) as te_cpp.fp8_gemm on transposed uint8 copies; on CPU that is bitwise the
-    dequantize + linear_dgrad / linear_wgrad emulation. MXFP8 keeps the emulation."""
+    column-wise) as te_cpp.fp8_gemm on transposed uint8 copies; on CPU, with the fp32 strategy,
+    that is bitwise the dequantize + linear_dgrad / linear_wgrad emulation (the bfloat16
+    strategy: test_fp8_gemm_cpu_bf16_strategy_scales_the_sum_of_exact_products). MXFP8 keeps
+    the emulation."""
     from transformer_engine_cpp.ops.basic import basic_linear
+    monkeypatch.setenv("TECPP_FP8_GEMM_BF16", "0")
     calls = []
     real = basic_linear._fp8_gemm
     monkeypatch.setattr(basic_linear, "_fp8_gemm",

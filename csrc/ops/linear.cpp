@@ -122,7 +122,7 @@ Tensor LinearShapes::allocate_dbias(const Tensor& dy, const Tensor& weight,
 
 void Fp8Gemm::check(const Tensor& a, const Tensor& a_scale_inv, at::ScalarType a_fp8,
                     const Tensor& b, const Tensor& b_scale_inv, at::ScalarType b_fp8,
-                    at::ScalarType out_dtype) {
+                    at::ScalarType out_dtype, const std::optional<Tensor>& bias) {
   const auto check_fp8 = [](const char* name, at::ScalarType t) {
     TE_CHECK_VALUE(t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2, kName, name,
                    " must be torch.float8_e4m3fn or torch.float8_e5m2, got ", t);
@@ -153,6 +153,13 @@ void Fp8Gemm::check(const Tensor& a, const Tensor& a_scale_inv, at::ScalarType a
   TE_CHECK(a.sym_size(-1) == b.sym_size(1), kName, "a's last dimension (shape ", shape_str(a),
            ") must equal b's (shape ", shape_str(b), "): both operands keep the reduction dim "
            "last (TN)");
+  if (bias.has_value()) {
+    TE_CHECK(bias->scalar_type() == out_dtype, kName, "bias must be in out_dtype (", out_dtype,
+             "), got ", bias->scalar_type());
+    TE_CHECK(bias->dim() == 1 && bias->sym_size(0) == b.sym_size(0), kName,
+             "bias must have shape [n] = [", b.sym_size(0), "], got ", shape_str(*bias));
+    check_same_device(kName, "bias", *bias, "a", a);
+  }
 }
 
 Tensor Fp8Gemm::allocate(const Tensor& a, const Tensor& b, at::ScalarType out_dtype) {
@@ -498,18 +505,20 @@ std::tuple<Tensor, Tensor, Tensor> linear_bwd(const Tensor& dy_in, const Tensor&
 
 Tensor fp8_gemm(const Tensor& a_in, const Tensor& a_scale_inv, at::ScalarType a_fp8,
                 const Tensor& b_in, const Tensor& b_scale_inv, at::ScalarType b_fp8,
-                at::ScalarType out_dtype) {
+                at::ScalarType out_dtype, const std::optional<Tensor>& bias_in) {
   BelowAutograd below_autograd;
-  Fp8Gemm::check(a_in, a_scale_inv, a_fp8, b_in, b_scale_inv, b_fp8, out_dtype);
+  Fp8Gemm::check(a_in, a_scale_inv, a_fp8, b_in, b_scale_inv, b_fp8, out_dtype, bias_in);
   const auto guard = device_guard(a_in);
   Tensor d = Fp8Gemm::allocate(a_in, b_in, out_dtype);
   if (d.numel() == 0) return d;
   const Tensor a = a_in.contiguous(), b = b_in.contiguous();
   const Tensor sa = a_scale_inv.contiguous(), sb = b_scale_inv.contiguous();
+  const Tensor bias = bias_in.has_value() ? bias_in->contiguous() : Tensor();
   fp8_gemm_stub(a.device().type(),
                 Fp8GemmArgs{leading_rows(a), b.size(0), b.size(1), a_fp8, b_fp8, out_dtype,
                             a.const_data_ptr(), b.const_data_ptr(), sa.const_data_ptr<float>(),
-                            sb.const_data_ptr<float>(), d.mutable_data_ptr()});
+                            sb.const_data_ptr<float>(), d.mutable_data_ptr(),
+                            bias.defined() ? bias.const_data_ptr() : nullptr});
   return d;
 }
 
@@ -623,8 +632,8 @@ Tensor mxfp8_gemm_meta(const Tensor& a, const Tensor& a_scale, at::ScalarType a_
 
 Tensor fp8_gemm_meta(const Tensor& a, const Tensor& a_scale_inv, at::ScalarType a_fp8,
                      const Tensor& b, const Tensor& b_scale_inv, at::ScalarType b_fp8,
-                     at::ScalarType out_dtype) {
-  Fp8Gemm::check(a, a_scale_inv, a_fp8, b, b_scale_inv, b_fp8, out_dtype);
+                     at::ScalarType out_dtype, const std::optional<Tensor>& bias) {
+  Fp8Gemm::check(a, a_scale_inv, a_fp8, b, b_scale_inv, b_fp8, out_dtype, bias);
   return Fp8Gemm::allocate(a, b, out_dtype);
 }
 

@@ -62,7 +62,8 @@ TE_DECLARE_STUB(gemm_stub, bool(const GemmArgs&));
 // B[n, k])^T, A and B FP8 (uint8 buffers in the format a_fp8 / b_fp8: float8_e4m3fn or
 // float8_e5m2), both contiguous with the reduction dim last (B as the column-wise copy of an
 // operand TransformerEngine keeps), scale_inv pointers to one fp32 each (device memory on CUDA),
-// fp32 accumulation, D contiguous in out_dtype.
+// fp32 accumulation, D contiguous in out_dtype; bias (out_dtype, n elements, or null) added to
+// every row before the one rounding.
 struct Fp8GemmArgs {
   int64_t m, n, k;
   at::ScalarType a_fp8, b_fp8, out_dtype;
@@ -71,6 +72,7 @@ struct Fp8GemmArgs {
   const float* a_scale_inv;
   const float* b_scale_inv;
   void* d;
+  const void* bias;
 };
 TE_DECLARE_STUB(fp8_gemm_stub, void(const Fp8GemmArgs&));
 
@@ -102,13 +104,14 @@ struct LinearShapes {
                                std::optional<at::ScalarType> bias_dtype);
 };
 
-// fp8_gemm(a, a_scale_inv, a_fp8_dtype, b, b_scale_inv, b_fp8_dtype, out_dtype) -> a b^T:
-// a [..., k], b [n, k] (uint8 FP8 buffers), scale_inv fp32 with one element, out [..., n].
+// fp8_gemm(a, a_scale_inv, a_fp8_dtype, b, b_scale_inv, b_fp8_dtype, out_dtype, bias?) ->
+// a b^T (+ bias): a [..., k], b [n, k] (uint8 FP8 buffers), scale_inv fp32 with one element,
+// bias [n] in out_dtype, out [..., n].
 struct Fp8Gemm {
   static constexpr const char* kName = "fp8_gemm";
   static void check(const Tensor& a, const Tensor& a_scale_inv, at::ScalarType a_fp8,
                     const Tensor& b, const Tensor& b_scale_inv, at::ScalarType b_fp8,
-                    at::ScalarType out_dtype);
+                    at::ScalarType out_dtype, const std::optional<Tensor>& bias);
   static Tensor allocate(const Tensor& a, const Tensor& b, at::ScalarType out_dtype);
 };
 

@@ -1,8 +1,13 @@
 // CPU backend of the linear family. Every GEMM is ATen's (at::mm_out / at::addmm_out: MKL or
 // oneDNN) on views of the front end's buffers; what is ours is the epilogue that follows it in
-// one pass over the output. The FP8 GEMM is emulated exactly: both operands dequantized to fp32
-// (our fp8_dequantize op), multiplied with fp32 accumulation, rounded once to the output dtype.
+// one pass over the output. The FP8 GEMM is emulated with fp32 accumulation and one rounding to
+// the output dtype, one of two ways (fp8_gemm_in_bf16): both operands dequantized to fp32 (our
+// fp8_dequantize op) and multiplied in fp32, or, where the CPU multiplies bfloat16 natively, the
+// raw FP8 values multiplied in bfloat16 and the sum scaled once, as cuBLASLt's FP8 GEMM does.
+#include <cstdlib>
+
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/cpu/Utils.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/mm.h>
@@ -132,24 +137,63 @@ bool gemm_cpu(const GemmArgs& g) {
   TORCH_CHECK(false, "te_cpp: the CPU GEMM has no epilogue ", static_cast<int>(g.epilogue));
 }
 
+// Whether the FP8 GEMM runs as a bfloat16 GEMM of the raw FP8 values. TECPP_FP8_GEMM_BF16=1 /
+// 0 forces either way; by default where this CPU multiplies bfloat16 natively (AVX512_BF16 or
+// AMX), and only for a bfloat16 output, the one dtype ATen's bfloat16 GEMM writes.
+bool fp8_gemm_in_bf16(at::ScalarType out_dtype) {
+  if (out_dtype != at::kBFloat16) return false;
+  if (const char* force = std::getenv("TECPP_FP8_GEMM_BF16")) return force[0] == '1';
+  static const bool native = [] {
+    const auto caps = at::cpu::get_cpu_capabilities();
+    const auto has = [&](const char* key) {
+      const auto it = caps.find(key);
+      return it != caps.end() && it->second.isBool() && it->second.toBool();
+    };
+    return has("avx512_bf16") || has("amx_bf16");
+  }();
+  return native;
+}
+
 void fp8_gemm_cpu(const Fp8GemmArgs& g) {
   static const auto dequantize =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("te_cpp::fp8_dequantize", "")
           .typed<Tensor(const Tensor&, const Tensor&, at::ScalarType, at::ScalarType)>();
   const auto operand = [&](const void* p, int64_t rows, const float* scale_inv,
-                           at::ScalarType fp8) {
+                           at::ScalarType fp8, at::ScalarType dtype) {
     return dequantize.call(matrix(at::kByte, p, rows, g.k, false, g.k),
-                           vector(at::kFloat, scale_inv, 1), fp8, at::kFloat);
+                           vector(at::kFloat, scale_inv, 1), fp8, dtype);
   };
-  const Tensor a = operand(g.a, g.m, g.a_scale_inv, g.a_fp8);
-  const Tensor b = operand(g.b, g.n, g.b_scale_inv, g.b_fp8);
-  const Tensor bt = matrix(at::kFloat, b.const_data_ptr(), g.k, g.n, true, g.k);
   Tensor d = matrix(g.out_dtype, g.d, g.m, g.n, false, g.n);
+  const Tensor bias = g.bias == nullptr ? Tensor() : vector(g.out_dtype, g.bias, g.n);
+  if (fp8_gemm_in_bf16(g.out_dtype)) {
+    // Every FP8 value is exact in bfloat16 and so is every product of two, so the bfloat16
+    // GEMM with fp32 accumulation sums the exact products; the scales multiply that sum once
+    // (addmm's alpha, in fp32), and the bias joins before the one rounding (beta = 1).
+    static const float one = 1.0f;
+    const Tensor a = operand(g.a, g.m, &one, g.a_fp8, at::kBFloat16);
+    const Tensor bt = operand(g.b, g.n, &one, g.b_fp8, at::kBFloat16).t();
+    const double alpha = static_cast<double>(*g.a_scale_inv * *g.b_scale_inv);
+    if (bias.defined()) {
+      d.copy_(bias.expand({g.m, g.n}));
+      at::addmm_out(d, d, a, bt, /*beta=*/1, alpha);
+    } else {
+      at::addmm_out(d, d, a, bt, /*beta=*/0, alpha);
+    }
+    return;
+  }
+  const Tensor a = operand(g.a, g.m, g.a_scale_inv, g.a_fp8, at::kFloat);
+  const Tensor b = operand(g.b, g.n, g.b_scale_inv, g.b_fp8, at::kFloat);
+  const Tensor bt = matrix(at::kFloat, b.const_data_ptr(), g.k, g.n, true, g.k);
+  const Tensor bias32 = bias.defined() ? bias.to(at::kFloat) : Tensor();
   if (g.out_dtype == at::kFloat) {
-    at::mm_out(d, a, bt);
-  } else {
-    d.copy_(at::mm(a, bt));  // one rounding of the fp32 product to the output dtype
+    if (bias32.defined()) {
+      at::addmm_out(d, bias32, a, bt);
+    } else {
+      at::mm_out(d, a, bt);
+    }
+  } else {  // one rounding of the fp32 result to the output dtype
+    d.copy_(bias32.defined() ? at::addmm(bias32, a, bt) : at::mm(a, bt));
   }
 }
 

@@ -241,9 +241,20 @@ void fp8_gemm_cuda(const Fp8GemmArgs& f) {
   TE_CHECK(aligned(f.a) && aligned(f.b) && aligned(f.d), op,
            "the FP8 GEMM needs 16-byte aligned operands (m ", f.m, ", n ", f.n, ", k ", f.k,
            ")");
+  // the bias added to D's rows by our kernel, where cuBLASLt does not take it as an epilogue
+  const auto add_bias_rows = [&] {
+    const int64_t total = f.m * f.n;
+    TE_DISPATCH_FLOAT(f.out_dtype, op, [&] {
+      using T = scalar_t;
+      bias_rows_kernel<T><<<blocks_for(total), kThreads, 0, current_stream()>>>(
+          static_cast<T*>(f.d), static_cast<const T*>(f.bias), f.m, f.n, f.n);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  };
   if (f.k == 0) {
     const size_t bytes = static_cast<size_t>(f.m * f.n) * c10::elementSize(f.out_dtype);
     C10_CUDA_CHECK(cudaMemsetAsync(f.d, 0, bytes, current_stream()));
+    if (f.bias != nullptr) add_bias_rows();
     return;
   }
   // TN: cuBLASLt's A is our b [n, k] read transposed, its B our a [m, k]; both have k
@@ -260,8 +271,17 @@ void fp8_gemm_cuda(const Fp8GemmArgs& f) {
   mm.a = f.b, mm.b = f.a, mm.d = f.d;
   mm.a_scale = f.b_scale_inv;
   mm.b_scale = f.a_scale_inv;
+  if (f.bias != nullptr) {  // the bias epilogue, in D's type, before the one rounding
+    cublaslt::Matmul with_bias = mm;
+    with_bias.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    with_bias.bias = f.bias;
+    with_bias.bias_type = mm.cd_type;
+    with_bias.set_bias_type = true;
+    if (cublaslt::run(with_bias)) return;
+  }
   TE_CHECK(cublaslt::run(mm), op, "cuBLASLt has no FP8 algorithm for m ", f.m, ", n ", f.n,
            ", k ", f.k, " (", f.a_fp8, " x ", f.b_fp8, " -> ", f.out_dtype, ")");
+  if (f.bias != nullptr) add_bias_rows();
 }
 
 }  // namespace

@@ -463,10 +463,11 @@ class BasicLinear(BasicOperation):
                                                        and override is None,
                                                        op=type(self).__name__)
         epilogue = bias is not None or extra is not None or alpha != 1.0
-        if not epilogue and _fp8_gemm_fits(xq, wq, ctx.dtype):
-            # the FP8 GEMM itself (CPU: the same emulation as below, bit for bit)
+        if extra is None and alpha == 1.0 and _fp8_gemm_fits(xq, wq, ctx.dtype):
+            # the FP8 GEMM itself, with the bias epilogue (docs/quantization.md: how the CPU
+            # multiplies)
             y = _fp8_gemm(xq._data, xq._scale_inv, xq._fp8_dtype, wq._data, wq._scale_inv,
-                          wq._fp8_dtype, ctx.dtype)
+                          wq._fp8_dtype, ctx.dtype, bias)
         elif not epilogue and _mx_rows(xq) is not None and _mx_rows(wq) is not None:
             y = _mxfp8_gemm(*_mx_rows(xq), *_mx_rows(wq), ctx.dtype)
         else:
@@ -653,10 +654,15 @@ class BasicLinear(BasicOperation):
                 # [out, rows] and x column-wise [in, rows]; k = rows, n = in_features
                 n = xq._data.shape[-1]
                 k = xq._data.numel() // n
-                if _fp8_gemm_takes(dyq._data, dyq._fp8_dtype, xq._fp8_dtype, n, k,
-                                   torch.float32):
+                # written in the weight's dtype (one rounding) unless it accumulates into an
+                # fp32 main_grad
+                dw_dtype = (torch.float32 if self._accumulate_into_main_grad
+                            else self._parameters["weight"].dtype)
+                if dw_dtype not in _FP8_GEMM_OUT_DTYPES:
+                    dw_dtype = torch.float32
+                if _fp8_gemm_takes(dyq._data, dyq._fp8_dtype, xq._fp8_dtype, n, k, dw_dtype):
                     dw = _fp8_gemm(_columnwise(dyq), dyq._scale_inv, dyq._fp8_dtype,
-                                   _columnwise(xq), xq._scale_inv, xq._fp8_dtype, torch.float32)
+                                   _columnwise(xq), xq._scale_inv, xq._fp8_dtype, dw_dtype)
             if dw is None and alpha == 1.0 and _mx_cols(dyq) is not None \
                     and _mx_cols(xq) is not None:
                 # dW [out, in] = dy^T [out, rows] x x^T [in, rows], both blocked along rows: TN
