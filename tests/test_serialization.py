@@ -1,12 +1,14 @@
 """Saving and loading models as users do: whole-model ``torch.save`` / ``torch.load``, pickle
-and ``copy.deepcopy`` of every op (fresh and after a forward, under te.autocast, then
-compiled)."""
+and ``copy.deepcopy`` of every op (fresh and after a forward, under te.autocast, then compiled),
+and quantized checkpoints loaded with torch.load's default ``weights_only=True``, including
+those written by the previous release (tests/data/checkpoint_f393f0e.pt)."""
 
 from __future__ import annotations
 
 import copy
 import io
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +17,9 @@ import transformer_engine_cpp as te
 from transformer_engine_cpp import recipe as R
 from cases import OP_CASES
 from harness import as_tuple, build, clone_leaf, inputs_for, random_grads_like
+
+DATA = Path(__file__).parent / "data"
+
 
 def _pickle(model):
     return pickle.loads(pickle.dumps(model))
@@ -258,3 +263,71 @@ def test_process_groups():
         "torch.distributed ProcessGroup belongs to the running process. Save the model's "
         "state_dict() instead and load it into a model built with the process group of the "
         "loading process")
+
+
+# ---- quantized checkpoints with torch.load's default weights_only=True ------------------------
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_quantized_state_dict_loads_with_default_torch_load(name, tmp_path):
+    recipe = RECIPES[name]()
+    quantized = name in QUANTIZED_WEIGHTS
+    model = _mlp(recipe if quantized else None)
+    torch.manual_seed(1)
+    xs = [torch.randn(32, 128, requires_grad=True) for _ in range(2)]
+    _step(model, recipe, xs[0])
+    path = tmp_path / "checkpoint.pt"
+    torch.save(model.state_dict(), path)
+
+    state = torch.load(path)  # the default: weights_only=True
+    if quantized:
+        assert isinstance(state["1.basic_ops.0.weight"], te.QuantizedTensor)
+    restored = _mlp(recipe if quantized else None, seed=123)
+    restored.load_state_dict(state)
+    _assert_same_run(_step(model, recipe, xs[1]), _step(restored, recipe, xs[1]))
+
+
+def _quantized_tensors():
+    w = torch.randn(32, 64, dtype=torch.bfloat16)
+    quantizers = {
+        "Float8Tensor(current)": te.Float8CurrentScalingQuantizer(torch.float8_e5m2),
+        "Float8Tensor(delayed)": te.Float8Quantizer(torch.full((1,), 4.0), torch.zeros(1),
+                                                    torch.float8_e4m3fn),
+        "MXFP8Tensor": te.MXFP8Quantizer(torch.float8_e4m3fn),
+        "Float8BlockwiseQTensor": te.Float8BlockQuantizer(torch.float8_e4m3fn, rowwise=True,
+                                                          columnwise=True),
+        "NVFP4Tensor": te.NVFP4Quantizer(),
+    }
+    return {name: q(w) for name, q in quantizers.items()}
+
+
+@pytest.mark.parametrize("name", list(_quantized_tensors()))
+def test_quantized_tensor_loads_with_default_torch_load(name, tmp_path):
+    t = _quantized_tensors()[name]
+    path = tmp_path / "tensor.pt"
+    torch.save({"t": t, "p": torch.nn.Parameter(t, requires_grad=False)}, path)
+    loaded = torch.load(path)
+    for key in ("t", "p"):
+        u = loaded[key]
+        assert type(u) is type(t) and u.dtype == t.dtype and u.shape == t.shape
+        assert torch.equal(u.dequantize(), t.dequantize())
+    assert type(loaded["t"]._quantizer) is type(t._quantizer)
+
+
+def test_checkpoint_of_the_previous_release_loads():
+    """tests/data/checkpoint_f393f0e.pt was written at f393f0e (make_checkpoint_f393f0e.py):
+    it loads with the default torch.load, and the models give the outputs they gave then."""
+    data = torch.load(DATA / "checkpoint_f393f0e.pt")
+    recipes = {"Float8CurrentScaling": R.Float8CurrentScaling(),
+               "DelayedScaling": R.DelayedScaling(amax_history_len=16),
+               "MXFP8BlockScaling": R.MXFP8BlockScaling()}
+    assert data["models"].keys() == recipes.keys()
+    for name, saved in data["models"].items():
+        with te.quantized_model_init(enabled=True, recipe=recipes[name]):
+            model = te.ops.Sequential(te.ops.Linear(32, 32))
+        model.load_state_dict(saved["state"])
+        with torch.no_grad(), te.autocast(recipe=recipes[name]):
+            assert torch.equal(model(data["x"]), saved["y"]), name
+    assert len(data["tensors"]) == 5
+    for name, saved in data["tensors"].items():
+        assert torch.equal(saved["tensor"].dequantize(), saved["values"]), name
