@@ -228,13 +228,16 @@ def test_pickled_fuser_state_is_not_carried():
 def _process_group_body(rank, world):
     import torch.distributed as dist  # noqa: PLC0415
 
-    group = dist.new_group([0])
+    group = dist.new_group(list(range(world)))
     out = {}
-    x = torch.randn(2, 4)
-    for name, op in (("AllReduce", te.ops.AllReduce()), ("AllGather", te.ops.AllGather()),
-                     ("ReduceScatter", te.ops.ReduceScatter()),
-                     ("AllReduce(group)", te.ops.AllReduce(process_group=group))):
-        model = te.ops.Sequential(op, te.ops.Bias(4))
+    torch.manual_seed(0)  # the same inputs and parameters on every rank
+    x = torch.randn(4, 8)
+    for name, make in (("AllReduce", te.ops.AllReduce), ("AllGather", te.ops.AllGather),
+                       ("ReduceScatter", te.ops.ReduceScatter),
+                       ("AllReduce(group)", lambda: te.ops.AllReduce(process_group=group)),
+                       ("Linear(column)", lambda: te.ops.Linear(
+                           8, 8, tensor_parallel_mode="column", tensor_parallel_group=group))):
+        model = te.ops.Sequential(make())
         model(x)
         for how, round_trip in ROUND_TRIPS.items():
             try:
@@ -242,8 +245,10 @@ def _process_group_body(rank, world):
             except TypeError as e:
                 out[name, how] = str(e)
                 continue
-            out[name, how] = (torch.equal(copied(x), model(x))
-                              and copied[0].process_group is op.process_group)
+            groups = [(getattr(op, "process_group", None), getattr(op, "tensor_parallel_group",
+                                                                  None))
+                      for op in (model[0], copied[0])]
+            out[name, how] = torch.equal(copied(x), model(x)) and groups[0] == groups[1]
     return out
 
 
@@ -252,17 +257,18 @@ def test_process_groups():
     pickle (a clear TypeError) and shares it with its deep copy."""
     from dist_harness import run_ranks  # noqa: PLC0415
 
-    (out,) = run_ranks(_process_group_body, world=1)
-    for name in ("AllReduce", "AllGather", "ReduceScatter"):
-        for how in ROUND_TRIPS:
-            assert out[name, how] is True, (name, how)
-    assert out["AllReduce(group)", "deepcopy"] is True
-    assert out["AllReduce(group)", "torch.save"] == out["AllReduce(group)", "pickle"]
-    assert out["AllReduce(group)", "pickle"] == (
-        "AllReduce: cannot pickle an op that holds a process group (process_group): a "
-        "torch.distributed ProcessGroup belongs to the running process. Save the model's "
-        "state_dict() instead and load it into a model built with the process group of the "
-        "loading process")
+    for out in run_ranks(_process_group_body, world=2):
+        for name in ("AllReduce", "AllGather", "ReduceScatter"):
+            for how in ROUND_TRIPS:
+                assert out[name, how] is True, (name, how)
+        for name, op, attr in (("AllReduce(group)", "AllReduce", "process_group"),
+                               ("Linear(column)", "BasicLinear", "tensor_parallel_group")):
+            assert out[name, "deepcopy"] is True
+            assert out[name, "torch.save"] == out[name, "pickle"] == (
+                f"{op}: cannot pickle an op that holds a process group ({attr}): a "
+                "torch.distributed ProcessGroup belongs to the running process. Save the "
+                "model's state_dict() instead and load it into a model built with the process "
+                "group of the loading process")
 
 
 # ---- quantized checkpoints with torch.load's default weights_only=True ------------------------
