@@ -191,14 +191,23 @@ def test_round_trip_under_autocast(name, quantized_weights, how):
                        copied.state_dict()["1.basic_ops.0._extra_state"])
 
 
-@pytest.mark.parametrize("how", list(ROUND_TRIPS))
-def test_loaded_model_compiles(how):
-    model = _mlp()
-    x = torch.randn(8, 128, requires_grad=True)
-    expected = _run(model, x, [x.detach()])
+@pytest.mark.parametrize("how,name", [(how, None) for how in ROUND_TRIPS]
+                         + [("torch.save", "Float8CurrentScaling"),
+                            ("torch.save", "MXFP8BlockScaling")])
+def test_loaded_model_compiles(how, name):
+    """A copy of a model that ran (under te.autocast with a recipe) compiles with
+    fullgraph=True and computes what the original computes eagerly."""
+    recipe = None if name is None else RECIPES[name]()
+    autocast = lambda: te.autocast(enabled=recipe is not None, recipe=recipe)  # noqa: E731
+    model = _mlp(recipe)
+    x = torch.randn(32, 128, requires_grad=True)
+    with autocast():
+        _run(model, x, [x.detach()], seed=1)
+        expected = _run(model, x, [x.detach()])
     copied = ROUND_TRIPS[how](model)
     compiled = torch.compile(copied, backend="aot_eager", fullgraph=True)
-    got = _run(compiled, x, [x.detach()])
+    with autocast():
+        got = _run(compiled, x, [x.detach()])
     torch.testing.assert_close(got[0], expected[0], rtol=0, atol=1e-6)
     torch.testing.assert_close(got[1], expected[1], rtol=0, atol=1e-6)
     got_pgrads = {n.removeprefix("_orig_mod."): g for n, g in got[2].items()}
