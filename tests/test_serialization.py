@@ -63,6 +63,16 @@ def _assert_independent(model, copied):
         assert p is not q and torch.equal(p, q), name
 
 
+def _assert_same_plans(model, copied, x, extras, how):
+    """The copy's fusion plans are the original's, and the plans' fused ops round-trip too."""
+    for plan, plan_copy in zip(model.fusion_plan(x, *extras), copied.fusion_plan(x, *extras)):
+        assert repr(plan) == repr(plan_copy)
+        for op, _ in plan.forward_ops + plan.backward_ops:
+            if op.is_fused_op:
+                op_copy = ROUND_TRIPS[how](op)
+                assert [type(o) for o in op_copy.basic_ops] == [type(o) for o in op.basic_ops]
+
+
 # ---- every op: pickle, deepcopy, torch.save ------------------------------------------------
 
 
@@ -78,23 +88,24 @@ def test_round_trip_of_every_op_case(case, how, after_forward):
     assert type(copied) is te.ops.Sequential
     _assert_independent(model, copied)
     _assert_same_run(_run(model, x, extras), _run(copied, x, extras))
-    # the copy's fusion plan is the original's (fused ops included), and they pickle
-    for plan, plan_copy in zip(model.fusion_plan(x, *extras), copied.fusion_plan(x, *extras)):
-        assert repr(plan) == repr(plan_copy)
-        for op, _ in plan.forward_ops + plan.backward_ops:
-            if op.is_fused_op:
-                op_copy = ROUND_TRIPS[how](op)
-                assert [type(o) for o in op_copy.basic_ops] == [type(o) for o in op.basic_ops]
+    _assert_same_plans(model, copied, x, extras, how)
 
 
 def _ops_not_in_cases():
-    """Ops (and configurations) the conformance cases do not build, with an input width."""
+    """Ops (and configurations) the conformance cases do not build: name -> (ops, input width,
+    extra inputs)."""
+    splits = torch.tensor([3, 5])
     return {
-        "GroupedLinear": (lambda: te.ops.GroupedLinear(2, 32, 16), 32, [torch.tensor([3, 5])]),
-        "GroupedLinear(bias=False)": (lambda: te.ops.GroupedLinear(2, 32, 16, bias=False), 32,
+        "GroupedLinear": (lambda: [te.ops.GroupedLinear(2, 32, 16)], 32, [splits]),
+        "GroupedLinear(bias=False)": (lambda: [te.ops.GroupedLinear(2, 32, 16, bias=False)], 32,
                                       [torch.tensor([8, 0])]),
-        "Quantize": (lambda: te.ops.Quantize(forward=True, backward=True), 32, []),
-        "GELU(cache_quantized_input)": (lambda: te.ops.GELU(cache_quantized_input=True), 32, []),
+        # fused into GroupedMLP
+        "GroupedLinear+ScaledSwiGLU+GroupedLinear": (
+            lambda: [te.ops.GroupedLinear(2, 32, 64), te.ops.ScaledSwiGLU(),
+                     te.ops.GroupedLinear(2, 32, 16)], 32, [splits, torch.rand(8), splits]),
+        "Quantize": (lambda: [te.ops.Quantize(forward=True, backward=True)], 32, []),
+        "GELU(cache_quantized_input)": (lambda: [te.ops.GELU(cache_quantized_input=True)], 32,
+                                        []),
     }
 
 
@@ -103,25 +114,37 @@ def _ops_not_in_cases():
 def test_round_trip_of_other_ops(name, how):
     make, width, extras = _ops_not_in_cases()[name]
     torch.manual_seed(0)
-    model = te.ops.Sequential(make())
+    model = te.ops.Sequential(*make())
     x = torch.randn(8, width, requires_grad=True)
     _run(model, x, extras)
     copied = ROUND_TRIPS[how](model)
     _assert_independent(model, copied)
     _assert_same_run(_run(model, x, extras), _run(copied, x, extras))
+    _assert_same_plans(model, copied, x, extras, how)
 
 
 def test_every_exported_op_is_covered():
     """The round trips above (the communication ops: test_process_groups) build every op class
-    te.ops exports."""
+    te.ops exports, and their plans hold every fused op."""
     built = {te.ops.AllReduce, te.ops.AllGather, te.ops.ReduceScatter}
+    plans = []
     for case in OP_CASES:
         for op in case.make(torch.float32):
             built.add(type(op))
             built.update(type(o) for o in getattr(op, "basic_ops", ()))
-    built.update(type(make()) for make, _, _ in _ops_not_in_cases().values())
-    exported = {getattr(te.ops, n) for n in te.ops.basic.__all__}
-    assert exported - built == set()
+    fused = set()
+    for make, width, extras in _ops_not_in_cases().values():
+        model = te.ops.Sequential(*make())
+        built.update(type(op) for op in model)
+        plans.append(model.fusion_plan(torch.randn(8, width, requires_grad=True), *extras))
+    for case in OP_CASES:
+        x, extras = inputs_for(case, torch.float32, "rows")
+        plans.append(build(case, torch.float32).fusion_plan(x, *extras))
+    for plan in (p for model_plans in plans for p in model_plans):
+        fused.update(type(op) for op, _ in plan.forward_ops + plan.backward_ops if op.is_fused_op)
+    assert {getattr(te.ops, n) for n in te.ops.basic.__all__} - built == set()
+    assert {getattr(te.ops.fused, n) for n in te.ops.fused.__all__
+            if isinstance(getattr(te.ops.fused, n), type)} - fused == set()
 
 
 def test_standalone_op_after_a_call():
