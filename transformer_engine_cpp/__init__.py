@@ -10,6 +10,8 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 from . import _C  # noqa: F401  (registers torch.ops.te_cpp.*)
 from . import ops
 from . import recipe, tensor
+from . import common  # transformer_engine.common.recipe's path
+from ._te_names import module_getattr as __getattr__  # TransformerEngine names not provided
 from .constants import DType
 from .quantization import (Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor,
                            MXFP8Quantizer, MXFP8Tensor, QuantizedTensor, QuantizerRole, autocast,
@@ -66,7 +68,7 @@ def is_bf16_available() -> bool:
     return True
 
 
-__all__ = ["ops", "recipe", "built_with_cuda", "__version__", "autocast", "fp8_autocast",
+__all__ = ["ops", "recipe", "common", "built_with_cuda", "__version__", "autocast", "fp8_autocast",
            "quantized_model_init", "fp8_model_init", "QuantizedTensor", "Float8Tensor",
            "MXFP8Tensor", "Float8Quantizer", "Float8CurrentScalingQuantizer", "MXFP8Quantizer",
            "is_fp8_available", "is_mxfp8_available", "is_bf16_available", "DType",

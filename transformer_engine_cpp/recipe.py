@@ -21,15 +21,13 @@ __all__ = ["Format", "QParams", "MMParams", "Recipe", "DelayedScaling", "Float8C
 _BACKWARD_OVERRIDES = (None, "high_precision", "dequantized")
 
 
+@dataclasses.dataclass(frozen=True)
 class _FormatHelper:
-    __slots__ = ("max_fwd", "max_bwd")
+    """A format's limits. Compared by value: an enum member pickles as its value and is looked
+    up by it on load."""
 
-    def __init__(self, max_fwd: float, max_bwd: float):
-        self.max_fwd = max_fwd
-        self.max_bwd = max_bwd
-
-    def __repr__(self):
-        return f"_FormatHelper(max_fwd={self.max_fwd}, max_bwd={self.max_bwd})"
+    max_fwd: float
+    max_bwd: float
 
 
 class Format(enum.Enum):

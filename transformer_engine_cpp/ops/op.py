@@ -12,11 +12,13 @@ other way round: ``ops/fuser.py`` sets :attr:`FusibleOperation.fuser_class`).
 from __future__ import annotations
 
 import abc
+import copy
 import dataclasses
 import io
 from typing import Any, Iterable, Optional
 
 import torch
+import torch.distributed as dist
 
 from ..quantization import (FP8GlobalStateManager, RecipeState,
                             update_delayed_scaling)
@@ -57,12 +59,80 @@ class OperationContext:
         self.to_save = tensors
 
 
+class _OpOverloadRef:
+    """A custom op's OpOverload (or OpOverloadPacket) as its qualified name, for pickling: the
+    OpOverload objects hold C++ handles that do not pickle, and the registry resolves the name
+    again on load."""
+
+    __slots__ = ("name", "overload")
+
+    def __init__(self, op) -> None:
+        if isinstance(op, torch._ops.OpOverload):
+            self.name, self.overload = op._schema.name, op._overloadname
+        else:
+            self.name, self.overload = op._qualified_op_name, None
+
+    def resolve(self):
+        namespace, name = self.name.split("::")
+        packet = getattr(getattr(torch.ops, namespace), name)
+        return packet if self.overload is None else getattr(packet, self.overload)
+
+
+_OP_TYPES = (torch._ops.OpOverload, torch._ops.OpOverloadPacket)
+_PROCESS_GROUP = dist.ProcessGroup if dist.is_available() else ()
+
+
 class FusibleOperation(torch.nn.Module, metaclass=abc.ABCMeta):
-    """An operation the fuser can run, alone or fused with its neighbours."""
+    """An operation the fuser can run, alone or fused with its neighbours.
+
+    Pickling (``torch.save(model)``, ``pickle``) and ``copy.deepcopy`` keep an op's
+    configuration, parameters and buffers; what is derived from them (the attributes named in
+    ``_derived_state``: the one-op fuser, caches) is reset to None and rebuilt on use. Custom
+    ops kept as attributes are saved by name. A process group cannot be pickled: pickling an op
+    that holds one raises a TypeError naming the op; ``copy.deepcopy`` shares the group.
+    """
 
     #: The fuser that runs an op called on its own (``op(x)``): OperationFuser, set on import
     #: of ``ops/fuser.py``.
     fuser_class: Optional[type] = None
+    #: Attributes a pickle or deepcopy resets to None, rebuilt on use (classes add their own).
+    _derived_state: tuple = ("_single_op_fuser",)
+
+    def _copy_state(self, *, for_pickle: bool) -> dict:
+        """The ``__dict__`` a pickle or deepcopy carries (see the class docstring)."""
+        state = {}
+        for key, value in self.__dict__.items():
+            if key in self._derived_state:
+                value = None
+            elif isinstance(value, _OP_TYPES):
+                value = _OpOverloadRef(value)
+            elif for_pickle and isinstance(value, _PROCESS_GROUP):
+                raise TypeError(
+                    f"{type(self).__name__}: cannot pickle an op that holds a process group "
+                    f"({key}): a torch.distributed ProcessGroup belongs to the running "
+                    "process. Save the model's state_dict() instead and load it into a model "
+                    "built with the process group of the loading process")
+            state[key] = value
+        return state
+
+    def __getstate__(self) -> dict:
+        return self._copy_state(for_pickle=True)
+
+    def __setstate__(self, state: dict) -> None:
+        state = {k: v.resolve() if isinstance(v, _OpOverloadRef) else v
+                 for k, v in state.items()}
+        super().__setstate__(state)
+
+    def __deepcopy__(self, memo: dict):
+        """A deep copy sharing the process groups (see the class docstring)."""
+        state = self._copy_state(for_pickle=False)
+        for value in state.values():
+            if isinstance(value, _PROCESS_GROUP):
+                memo[id(value)] = value
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        new.__setstate__(copy.deepcopy(state, memo))
+        return new
 
     def _run_alone(self, input_, extra_inputs, basic_op_kwargs):
         """``op(x)``: a one-op fuser, built on the first call (the op's channels lock)."""
@@ -146,6 +216,10 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
     #: The class of the context the pipeline creates for this op on every forward; an op that
     #: keeps more than tensors between its passes declares a subclass with typed fields.
     context_type: type = OperationContext
+    #: The recipe state and its quantizers are rebuilt by the next quantized call; a pickle or
+    #: deepcopy keeps delayed scaling's scales and amax histories as pending state (as
+    #: ``set_extra_state`` does), applied when that state is built.
+    _derived_state = (*FusibleOperation._derived_state, "_fp8_metas", "_quantizers")
 
     def __init__(self) -> None:
         super().__init__()
@@ -180,6 +254,13 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
             if p is not None and p.is_meta:
                 self.reset_parameters()
                 return
+
+    def _copy_state(self, *, for_pickle: bool) -> dict:
+        state = super()._copy_state(for_pickle=for_pickle)
+        pending = self._delayed_scaling_state()
+        if pending:
+            state["_pending_fp8_state"] = pending
+        return state
 
     def _apply(self, fn, recurse=True):
         """Module casts (``.half()``, ``.to(dtype)``) keep quantized parameters quantized and
@@ -301,9 +382,9 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
 
     # ---- checkpointing of quantization state ------------------------------------------------
 
-    def get_extra_state(self) -> torch.Tensor:
-        """Delayed-scaling state (per mode: scale and amax_history) serialized with torch.save
-        into a uint8 tensor; empty for stateless recipes or no recipe (as TransformerEngine)."""
+    def _delayed_scaling_state(self) -> dict:
+        """Delayed scaling's scales and amax histories (per mode, copies), or the pending state
+        not applied yet; empty for stateless recipes or no recipe."""
         metas = self._fp8_metas
         state = {}
         if metas is not None and metas["recipe"].delayed():
@@ -311,6 +392,12 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
                 if mode in metas:
                     state[f"{mode}_scale"] = metas[mode].scale.detach().clone()
                     state[f"{mode}_amax_history"] = metas[mode].amax_history.detach().clone()
+        return state or dict(self.__dict__.get("_pending_fp8_state") or {})
+
+    def get_extra_state(self) -> torch.Tensor:
+        """Delayed-scaling state (per mode: scale and amax_history) serialized with torch.save
+        into a uint8 tensor; empty for stateless recipes or no recipe (as TransformerEngine)."""
+        state = self._delayed_scaling_state()
         if not state:
             return torch.empty(0, dtype=torch.uint8)
 

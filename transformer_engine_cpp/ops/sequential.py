@@ -56,6 +56,17 @@ class Sequential(torch.nn.Module):
             self._single_fuser = (groups[0] if groups is not None and len(groups) == 1
                                   and isinstance(groups[0], OperationFuser) else None)
 
+    # Pickling and deepcopy leave the fusers out (their plans are derived from the modules);
+    # the copy groups its modules again, as a new Sequential does.
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_module_groups"] = state["_single_fuser"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._regroup()
+
     def _snapshot(self) -> OrderedDict:
         return OrderedDict(self._modules)
 

@@ -3,6 +3,8 @@
 The recipes themselves are in ``transformer_engine_cpp.recipe``.
 """
 
+import torch
+
 from .autocast import (FP8GlobalStateManager, autocast, fp8_autocast, fp8_model_init,
                        get_default_fp8_recipe, quantized_model_init)
 from .quantizer import (Float8CurrentScalingQuantizer, Float8Quantizer, MXFP8Quantizer,
@@ -17,6 +19,18 @@ from .tensor import (Float8Tensor, Float8TensorStorage, MXFP8Tensor, MXFP8Tensor
                      QuantizedTensor, QuantizedTensorStorage)
 from .fp8_block import (Float8BlockQuantizer, Float8BlockScalingRecipeState,
                         Float8BlockwiseQTensor, Float8BlockwiseQTensorStorage)
+from ..constants import DType
+
+# torch.load's default (weights_only=True) unpickles only allowlisted classes: a state_dict with
+# quantized weights holds the tensor subclasses and, inside each tensor, its quantizer (as
+# TransformerEngine allowlists its own). These classes rebuild from tensors and constants only.
+torch.serialization.add_safe_globals([
+    Float8Tensor, MXFP8Tensor, Float8BlockwiseQTensor, NVFP4Tensor,
+    QuantizedTensorStorage, Float8TensorStorage, MXFP8TensorStorage,
+    Float8BlockwiseQTensorStorage, NVFP4TensorStorage,
+    Quantizer, Float8CurrentScalingQuantizer, Float8Quantizer, MXFP8Quantizer,
+    Float8BlockQuantizer, NVFP4Quantizer, DType,
+])
 
 __all__ = [
     "FP8GlobalStateManager", "autocast", "fp8_autocast", "fp8_model_init",

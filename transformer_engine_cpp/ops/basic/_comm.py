@@ -27,6 +27,8 @@ class CommunicationOperation(BasicOperation):
     and compiled."""
 
     accepts_forward_kwargs = False
+    # the default group, looked up again after a pickle or deepcopy
+    _derived_state = (*BasicOperation._derived_state, "_group", "_group_size")
 
     def __init__(self, process_group: Optional[dist.ProcessGroup] = None) -> None:
         super().__init__()
