@@ -16,8 +16,12 @@ build:
 test: build
 	@py=$(PY); $$py -m pytest -q $(PYTEST_ARGS)
 
+# The demo draws its PNG with matplotlib: installed here when an index is reachable (without
+# it the demo says so and skips the picture).
 demo: build
-	@py=$(PY); $$py examples/train_residual_mlp.py
+	@py=$(PY); $$py -c "import matplotlib" 2>/dev/null || $$py -m pip install -q matplotlib >&2 \
+		|| echo "[demo] could not install matplotlib: no PNG this time" >&2; \
+		$$py examples/train_residual_mlp.py
 
 # Tensor and sequence parallelism: examples/train_tensor_parallel.py on 2 CPU ranks (gloo),
 # torchrun --standalone (a free local port), one OpenMP thread per rank, at most 10 minutes.

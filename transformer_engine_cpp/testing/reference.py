@@ -174,24 +174,29 @@ def linear(x, weight, bias=None):
 
 
 class PreNormMLP(torch.nn.Module):
-    """Plain-PyTorch pre-norm residual MLP block: x + fc2(act(fc1(LayerNorm(x)))), the twin of
-    the te.ops block in examples/ and bench/ (act: tanh GELU, or SwiGLU with fc1 -> 2 * ffn)."""
+    """Plain-PyTorch pre-norm residual MLP block: x + scale * fc2(act(fc1(LayerNorm(x)))), the
+    twin of the te.ops block in examples/ and bench/ (act: tanh GELU, or SwiGLU with fc1 -> 2 *
+    ffn; ``fc2_bias=False`` and ``scale`` give the demo's [..., BasicLinear, ConstantScale]
+    ending)."""
 
     def __init__(self, hidden: int, ffn: int, *, activation: str = "gelu", residual: bool = True,
-                 dtype=None, device=None):
+                 scale: float = 1.0, fc2_bias: bool = True, dtype=None, device=None):
         super().__init__()
         kw = dict(dtype=dtype, device=device)
         self.norm = torch.nn.LayerNorm(hidden, **kw)
         self.activation = activation
         self.residual = residual
+        self.scale = scale
         fc1_out = 2 * ffn if activation == "swiglu" else ffn
         self.fc1 = torch.nn.Linear(hidden, fc1_out, **kw)
-        self.fc2 = torch.nn.Linear(ffn, hidden, **kw)
+        self.fc2 = torch.nn.Linear(ffn, hidden, bias=fc2_bias, **kw)
 
     def forward(self, x):
         h = self.fc1(self.norm(x))
         h = swiglu(h) if self.activation == "swiglu" else gelu(h)
         y = self.fc2(h)
+        if self.scale != 1.0:
+            y = y * self.scale
         return x + y if self.residual else y
 
 
