@@ -4,7 +4,9 @@ and the per-tensor quantize / dequantize kernels against a plain-torch emulation
     block:  x + fc2(GELU(fc1(LayerNorm(x))))   (bf16 params and input)
     ours bf16:  te.ops.Sequential(MakeExtraOutput, LayerNorm, Linear, GELU, Linear, AddExtraInput)
     ours fp8:   the same module under te.autocast(recipe=te.recipe.Float8CurrentScaling())
-                (its Linears run exactly-emulated FP8 GEMMs: quantize, dequantize to fp32, mm)
+                (its Linears run exactly-emulated FP8 GEMMs: te_cpp.fp8_gemm, on a CPU with
+                native bfloat16 products a bf16 GEMM of the raw FP8 values, else dequantize to
+                fp32 and an fp32 mm; docs/quantization.md)
     torch bf16: plain PyTorch eager, for reference
 
     quantize:   torch.ops.te_cpp.fp8_quantize (E4M3, per-tensor current scaling), mxfp8_quantize
