@@ -1,6 +1,8 @@
 # The README's commands. `make test` and `make demo` prepare the environment themselves.
 SHELL := /bin/bash
 export MAX_JOBS ?= 2
+# `make build` installs the checkout into the environment (editable); the PYTHONPATH makes every
+# target use the checkout it runs in even where the environment's install is another checkout's
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 # inductor's parallel compile workers only compete for the 2 cores of the dev machines
 export TORCHINDUCTOR_COMPILE_THREADS ?= 1
@@ -9,9 +11,11 @@ PY = $(shell ./scripts/python_env.sh)
 
 .PHONY: build test demo demo-tp bench cuda-build clean
 
-# Incremental build of transformer_engine_cpp/_C.so in place (ninja: only changed files).
+# Incremental build of transformer_engine_cpp/_C.so in place (ninja: only changed files, one
+# progress line each; silent when nothing changed), then the editable install of the checkout
+# into the environment (once: scripts/install_editable.sh).
 build:
-	@py=$(PY); $$py setup.py -q build_ext --inplace
+	@py=$(PY); $$py setup.py -q build_ext --inplace && ./scripts/install_editable.sh $$py
 
 test: build
 	@py=$(PY); $$py -m pytest -q $(PYTEST_ARGS)
