@@ -9,7 +9,7 @@ export TORCHINDUCTOR_COMPILE_THREADS ?= 1
 
 PY = $(shell ./scripts/python_env.sh)
 
-.PHONY: build test demo demo-tp bench cuda-build clean
+.PHONY: build test demo demo-tp bench bench-report cuda-build clean
 
 # Incremental build of transformer_engine_cpp/_C.so in place (ninja: only changed files, one
 # progress line each; silent when nothing changed), then the editable install of the checkout
@@ -30,13 +30,17 @@ demo-tp: build
 	@py=$(PY); OMP_NUM_THREADS=1 timeout 600 $$py -m torch.distributed.run --standalone \
 		--nproc-per-node 2 examples/train_tensor_parallel.py $(DEMO_TP_ARGS)
 
-# Benchmarks (never part of `make test`): the suite, bench/suite.py. Quick by default (under 5
-# minutes once the compile cache is warm); BENCH_ARGS=--full for the full run. It writes
-# bench/out/suite.csv and renders bench/README.md + bench/ratios.png (matplotlib: installed here).
+# Benchmarks (never part of `make test`): the suite, bench/suite.py (matplotlib: installed here).
+# `make bench`: the quick run (under 5 minutes once the compile cache is warm), into bench/out/
+# only (suite.csv, suite.md, ratios.png). `make bench-report`: the full run, which also renders
+# the committed report, bench/README.md + bench/ratios.png (as BENCH_ARGS=--full does).
 BENCH_ARGS ?= --quick
 bench: build
 	@py=$(PY); $$py -c "import matplotlib" 2>/dev/null || $$py -m pip install -q matplotlib >&2; \
 		OMP_NUM_THREADS=2 $$py bench/suite.py $(BENCH_ARGS)
+
+bench-report: BENCH_ARGS = --full
+bench-report: bench
 
 # Compile-only CUDA build (no GPU needed): .venv-cuda's CUDA 13.0 torch (scripts/cuda_env.sh
 # creates it and finds CUDA_HOME), sm_90 code plus PTX, into build/cuda/lib; never in place, so
