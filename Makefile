@@ -1,17 +1,21 @@
 # The README's commands. `make test` and `make demo` prepare the environment themselves.
 SHELL := /bin/bash
 export MAX_JOBS ?= 2
+# `make build` installs the checkout into the environment (editable); the PYTHONPATH makes every
+# target use the checkout it runs in even where the environment's install is another checkout's
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 # inductor's parallel compile workers only compete for the 2 cores of the dev machines
 export TORCHINDUCTOR_COMPILE_THREADS ?= 1
 
 PY = $(shell ./scripts/python_env.sh)
 
-.PHONY: build test demo demo-tp bench cuda-build clean
+.PHONY: build test demo demo-tp bench bench-report cuda-build clean
 
-# Incremental build of transformer_engine_cpp/_C.so in place (ninja: only changed files).
+# Incremental build of transformer_engine_cpp/_C.so in place (ninja: only changed files, one
+# progress line each; silent when nothing changed), then the editable install of the checkout
+# into the environment (once: scripts/install_editable.sh).
 build:
-	@py=$(PY); $$py setup.py -q build_ext --inplace
+	@py=$(PY); $$py setup.py -q build_ext --inplace && ./scripts/install_editable.sh $$py
 
 test: build
 	@py=$(PY); $$py -m pytest -q $(PYTEST_ARGS)
@@ -30,13 +34,17 @@ demo-tp: build
 	@py=$(PY); OMP_NUM_THREADS=1 timeout 600 $$py -m torch.distributed.run --standalone \
 		--nproc-per-node 2 examples/train_tensor_parallel.py $(DEMO_TP_ARGS)
 
-# Benchmarks (never part of `make test`): the suite, bench/suite.py. Quick by default (under 5
-# minutes once the compile cache is warm); BENCH_ARGS=--full for the full run. It writes
-# bench/out/suite.csv and renders bench/README.md + bench/ratios.png (matplotlib: installed here).
+# Benchmarks (never part of `make test`): the suite, bench/suite.py (matplotlib: installed here).
+# `make bench`: the quick run (under 5 minutes once the compile cache is warm), into bench/out/
+# only (suite.csv, suite.md, ratios.png). `make bench-report`: the full run, which also renders
+# the committed report, bench/README.md + bench/ratios.png (as BENCH_ARGS=--full does).
 BENCH_ARGS ?= --quick
 bench: build
 	@py=$(PY); $$py -c "import matplotlib" 2>/dev/null || $$py -m pip install -q matplotlib >&2; \
 		OMP_NUM_THREADS=2 $$py bench/suite.py $(BENCH_ARGS)
+
+bench-report: BENCH_ARGS = --full
+bench-report: bench
 
 # Compile-only CUDA build (no GPU needed): .venv-cuda's CUDA 13.0 torch (scripts/cuda_env.sh
 # creates it and finds CUDA_HOME), sm_90 code plus PTX, into build/cuda/lib; never in place, so

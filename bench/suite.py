@@ -17,7 +17,9 @@ the peak memory allocated during a step.
     python bench/suite.py --quick      # 2 threads, fp32 + bf16, short rounds (< 5 min warm)
     python bench/suite.py              # full: + DRAM-size and odd shapes, + the 1-thread table
 
-Writes bench/out/suite.csv, and renders bench/README.md with bench/ratios.png.
+Every run writes bench/out/suite.csv and renders its report beside it (bench/out/suite.md,
+bench/out/ratios.png); the full run also renders the committed report, bench/README.md with
+bench/ratios.png (--readme chooses another path, or none).
 """
 
 from __future__ import annotations
@@ -486,7 +488,7 @@ def run_case_dtype(case: Case, dtype, threads: int, rounds: int, min_run_time: f
     return results
 
 
-def main() -> None:
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true",
@@ -501,10 +503,17 @@ def main() -> None:
     parser.add_argument("--callgrind", action=argparse.BooleanOptionalAction, default=None,
                         help="also count host instructions with bench/callgrind.py (default: "
                         "in the full run only; needs valgrind)")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out", "suite"))
-    parser.add_argument("--readme", default=os.path.join(os.path.dirname(__file__), "README.md"),
-                        help="where to render the report ('' to skip)")
-    a = parser.parse_args()
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out", "suite"),
+                        help="this run's outputs: OUT.csv, OUT.md and ratios.png in OUT's folder "
+                        "(default: bench/out/suite)")
+    parser.add_argument("--readme", default=None,
+                        help="also render the report here (default: the committed bench/README.md "
+                        "for the full run, nowhere for --quick; '' for nowhere)")
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    a = parse_args()
     quick = a.quick
     rounds, mrt = (3, 0.05) if quick else (7, 0.2)
     rounds = a.rounds or rounds
@@ -540,10 +549,10 @@ def main() -> None:
             stem = os.path.join(os.path.dirname(a.out), "callgrind")
             callgrind.write_outputs(callgrind_rows, stem)
             callgrind.print_table(callgrind_rows)
-    if a.readme:
-        import report
-        report.render(results, env, a.readme, quick=quick, callgrind_rows=callgrind_rows)
-        print(f"wrote {a.readme} ({time.perf_counter() - t_start:.0f} s in all)")
+    import report
+    for path in report.report_paths(a.out, quick=quick, readme=a.readme):
+        report.render(results, env, path, quick=quick, callgrind_rows=callgrind_rows)
+        print(f"wrote {path} ({time.perf_counter() - t_start:.0f} s in all)")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 # * A python3 that already has torch >= 2.11 (an activated venv, or the GPU machine's system
 #   python) is used as it is; only missing test tools are installed, when pip can reach an index.
 # * Otherwise a virtual environment is created in .venv with the CPU build of torch==2.13.0.
-# All progress goes to stderr; stdout carries only the interpreter path.
+# All progress goes to stderr; stdout carries only the interpreter path. `make build` then
+# installs the checkout into that interpreter's environment (scripts/install_editable.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,0 +1,74 @@
+"""Where the benchmark suite writes (no timing): every run renders its own report beside its CSV
+in bench/out/; the committed report, bench/README.md + bench/ratios.png, changes only in the
+full run (`make bench-report`, `bench/suite.py --full`) or when a path is asked for."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench")
+OUT = os.path.join(BENCH, "out", "suite")
+COMMITTED = os.path.join(BENCH, "README.md")
+
+# bench/suite.py's arguments -> the reports it renders (bench/report.py's report_paths), in a
+# subprocess: importing bench/suite.py re-executes the process with the benchmark allocator
+# settings unless TECPP_BENCH_SYSTEM_MALLOC is set, and puts bench/ modules on sys.path
+_PATHS = """
+import json, sys
+sys.path.insert(0, "bench")
+import report, suite
+out = {}
+for argv in json.loads(sys.argv[1]):
+    a = suite.parse_args(argv)
+    out[" ".join(argv)] = [a.out + ".csv"] + report.report_paths(a.out, quick=a.quick,
+                                                                 readme=a.readme)
+print(json.dumps(out))
+"""
+
+
+def test_suite_output_paths(tmp_path):
+    stem = str(tmp_path / "run")
+    argvs = [["--quick"], [], ["--full"], ["--quick", "--readme", str(tmp_path / "r.md")],
+             ["--full", "--readme", ""], ["--quick", "--out", stem], ["--full", "--out", stem]]
+    env = dict(os.environ, TECPP_BENCH_SYSTEM_MALLOC="1")
+    res = subprocess.run([sys.executable, "-c", _PATHS, json.dumps(argvs)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = {k: [os.path.abspath(p) for p in v]
+           for k, v in json.loads(res.stdout.splitlines()[-1]).items()}
+    run = [OUT + ".csv", OUT + ".md"]
+    assert got["--quick"] == run  # `make bench`: bench/out/ only
+    assert got[""] == run + [COMMITTED]
+    assert got["--full"] == run + [COMMITTED]  # `make bench-report`
+    assert got[f"--quick --readme {tmp_path / 'r.md'}"] == run + [str(tmp_path / "r.md")]
+    assert got["--full --readme "] == run
+    assert got[f"--quick --out {stem}"] == [stem + ".csv", stem + ".md"]
+    assert got[f"--full --out {stem}"] == [stem + ".csv", stem + ".md", COMMITTED]
+
+
+def test_report_plot_beside_its_markdown(tmp_path):
+    """bench/report.py renders a CSV into the Markdown file asked for, with the plot
+    (ratios.png, when matplotlib is installed) in the same folder, never in bench/."""
+    csv_path = tmp_path / "suite.csv"
+    header = ("case,dtype,shape,mode,threads,provider,median_us,ratio_vs_ours,ratio_min,"
+              "ratio_max,bytes_moved,gbps,copy_efficiency,copy_gbps,p20_us,p80_us,case_id,"
+              "compile_s,saved_bytes,peak_bytes,target_vs_eager,target_vs_compile,target_copy,"
+              "target_compiled,target_note")
+    rows = [f"GELU,float32,8x8,fwd,2,{p},{t},{r},{r},{r},0,0,0,0,{t},{t},C3,0,-1,-1,"
+            "nan,nan,nan,nan," for p, t, r in (("torch", 2.0, 2.0), ("ours", 1.0, 1.0))]
+    csv_path.write_text("\n".join(["# test machine", header, *rows]) + "\n")
+    before = os.path.getmtime(COMMITTED)
+    res = subprocess.run([sys.executable, os.path.join(BENCH, "report.py"), str(csv_path),
+                          "--quick"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    text = (tmp_path / "suite.md").read_text()
+    assert "| C3 GELU | fwd | float32 | 8x8 |" in text
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert not (tmp_path / "ratios.png").exists()
+    else:
+        assert (tmp_path / "ratios.png").exists() and "![speedups](ratios.png)" in text
+    assert os.path.getmtime(COMMITTED) == before
