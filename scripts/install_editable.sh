@@ -43,7 +43,9 @@ if [ -n "$found" ] && [ -f "$found" ] && [ -f "$(dirname "$(dirname "$found")")/
   exit 0
 fi
 echo "[install] pip install --no-build-isolation --no-deps -e . into $py's environment" >&2
-if ! "$py" -m pip install -q --no-build-isolation --no-deps -e . >&2; then
+# (setuptools' banner about editable installs and same-named folders says nothing actionable)
+if ! PYTHONWARNINGS="ignore:Editable installation" \
+    "$py" -m pip install -q --no-build-isolation --no-deps -e . >&2; then
   echo "[install] warning: the editable install failed; make still uses this checkout" \
     "(PYTHONPATH), other commands need PYTHONPATH=$PWD" >&2
 fi

@@ -244,7 +244,7 @@ void fp8_gemm_cuda(const Fp8GemmArgs& f) {
   // the bias added to D's rows by our kernel, where cuBLASLt does not take it as an epilogue
   const auto add_bias_rows = [&] {
     const int64_t total = f.m * f.n;
-    TE_DISPATCH_FLOAT(f.out_dtype, op, [&] {
+    TE_DISPATCH_FLOAT(f.out_dtype, "fp8_gemm", [&] {
       using T = scalar_t;
       bias_rows_kernel<T><<<blocks_for(total), kThreads, 0, current_stream()>>>(
           static_cast<T*>(f.d), static_cast<const T*>(f.bias), f.m, f.n, f.n);
