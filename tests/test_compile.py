@@ -243,3 +243,65 @@ def test_no_grad_under_compile():
     x = torch.randn(2, 8)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), **COMPILED_VS_EAGER)
+
+
+def _train_eval_fp8_loop(compiled, model, make_recipe, features, reps=2):
+    """Train steps, eval steps (no_grad) and eval steps under te.autocast, ``reps`` times,
+    with eager calls of the same model in between; each compiled FP8 eval equals eager."""
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    for _ in range(reps):
+        for _ in range(2):
+            compiled(torch.randn(16, features)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        with torch.no_grad():
+            for _ in range(2):
+                compiled(torch.randn(16, features))
+            model(torch.randn(16, features))  # eager in between
+        with torch.no_grad(), te.autocast(recipe=make_recipe()):  # a new recipe object
+            for _ in range(2):
+                x = torch.randn(16, features)
+                torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "default"])
+def test_train_eval_fp8_eval_loop_compiles_one_graph_per_configuration(fullgraph):
+    """Three configurations (grad mode on, off, off under Float8CurrentScaling): three
+    graphs, however often the loop switches between them. Nothing a graph is guarded on
+    (the fuser's plan cache, the ops' quantizers) changes when another configuration runs."""
+    from transformer_engine_cpp.testing.reference import te_prenorm_mlp
+    torch.manual_seed(0)
+    model = te_prenorm_mlp(32, 64)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter, fullgraph=fullgraph)
+    _train_eval_fp8_loop(compiled, model, te.recipe.Float8CurrentScaling, 32)
+    assert counter.frame_count == 3
+
+
+def test_op_called_alone_compiles_one_graph_per_configuration():
+    """An op called on its own builds its one-op fuser on the first call, also when that call
+    is compiled: the second call does not recompile."""
+    torch.manual_seed(0)
+    op = te.ops.BasicLinear(32, 32)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(op, backend=counter, fullgraph=True)
+    _train_eval_fp8_loop(compiled, op, te.recipe.MXFP8BlockScaling, 32)
+    assert counter.frame_count == 3
+
+
+def test_recipe_settings_change_compiles_a_graph_of_its_own():
+    """A recipe with other settings is another configuration (other quantizers): its own graph,
+    with its own result; switching back reuses the first graph."""
+    torch.manual_seed(0)
+    model = init_params(te.ops.Sequential(te.ops.Linear(32, 32)))
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    x = torch.randn(16, 32) * 3
+    outs = []
+    with torch.no_grad():
+        for pow2 in (False, True, False):
+            with te.autocast(recipe=te.recipe.Float8CurrentScaling(use_power_2_scales=pow2)):
+                outs.append(compiled(x))
+                torch.testing.assert_close(outs[-1], model(x), rtol=0, atol=0)
+    assert counter.frame_count == 2
+    assert not torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])

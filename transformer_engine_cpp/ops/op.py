@@ -135,10 +135,16 @@ class FusibleOperation(torch.nn.Module, metaclass=abc.ABCMeta):
         return new
 
     def _run_alone(self, input_, extra_inputs, basic_op_kwargs):
-        """``op(x)``: a one-op fuser, built on the first call (the op's channels lock)."""
-        fuser = self.__dict__.get("_single_op_fuser")
-        if fuser is None:
-            fuser = self.__dict__["_single_op_fuser"] = self.fuser_class([self])
+        """``op(x)``: a one-op fuser, built on the first call (the op's channels lock). Under
+        torch.compile it is built at trace time outside Dynamo's view (a first call that
+        found it missing would leave a guard that the next call fails)."""
+        if torch.compiler.is_compiling():
+            _build_single_op_fuser(self)
+            fuser = self._single_op_fuser
+        else:
+            fuser = self.__dict__.get("_single_op_fuser")
+            if fuser is None:
+                fuser = self.__dict__["_single_op_fuser"] = self.fuser_class([self])
         return fuser(input_, *extra_inputs, basic_op_kwargs=basic_op_kwargs)
 
     @property
@@ -195,6 +201,19 @@ class FusibleOperation(torch.nn.Module, metaclass=abc.ABCMeta):
     def compile_unsupported_reason(self) -> Optional[str]:
         """Why this op cannot run inside ``torch.compile``, or ``None`` if it can."""
         return None
+
+
+# The recipe states an op keeps (per recipe settings); the oldest goes first.
+_MAX_RECIPE_STATES = 16
+
+
+@torch._dynamo.assume_constant_result
+def _build_single_op_fuser(op: FusibleOperation) -> bool:
+    """Builds ``op``'s one-op fuser if missing. Dynamo runs it at trace time and keeps its
+    result as a constant, so the check leaves no guard."""
+    if "_single_op_fuser" not in op.__dict__:
+        op.__dict__["_single_op_fuser"] = op.fuser_class([op])
+    return True
 
 
 class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
@@ -333,22 +352,38 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
         return 0
 
     def reset_recipe_state(self, *, recipe) -> None:
-        """Build the quantizers for ``recipe`` (``None``: no quantization).
+        """Make ``recipe``'s quantization state (``_fp8_metas``, ``_quantizers``) the current
+        one (``None``: no quantization).
 
-        Unlike TransformerEngine, which keeps its quantizers while the recipe *class* is unchanged,
-        any change of the recipe (format, power-of-2 scales, epsilon, ...) rebuilds them."""
+        The state is built on the first use of a recipe with these settings
+        (:meth:`recipe_state`) and kept: switching back to those settings (training
+        unquantized, evaluating under FP8, training again) finds the same objects, so a
+        torch.compile graph traced with them stays valid. A recipe with other settings (format,
+        power-of-2 scales, epsilon, ...) gets a state of its own; TransformerEngine instead
+        keeps its quantizers while the recipe class is unchanged."""
+        self._fp8_metas, self._quantizers = self.recipe_state(recipe)
+        if "_pending_fp8_state" in self.__dict__:
+            self._apply_pending_fp8_state()
+
+    def recipe_state(self, recipe) -> tuple:
+        """``(fp8_metas, quantizers)`` of this op for ``recipe``, built on first use and kept
+        per :meth:`Recipe.state_key`; ``(None, None)`` without a recipe or quantizers."""
+        if recipe is None:
+            return None, None
         n_fwd, n_bwd = self.num_quantizers("forward"), self.num_quantizers("backward")
-        if recipe is None or (n_fwd == 0 and n_bwd == 0):
-            self._fp8_metas = None
-            self._quantizers = None
-            return
-        if self._fp8_metas is not None and self._fp8_metas["recipe"] == recipe:
-            return
-        states = {mode: RecipeState.create(recipe, mode=mode, num_quantizers=n)
-                  for mode, n in (("forward", n_fwd), ("backward", n_bwd)) if n > 0}
-        self._fp8_metas = {"recipe": recipe, **states}
-        self._quantizers = {mode: state.make_quantizers() for mode, state in states.items()}
-        self._apply_pending_fp8_state()
+        if n_fwd == 0 and n_bwd == 0:
+            return None, None
+        cache = self.__dict__.setdefault("_recipe_states", {})
+        key = recipe.state_key()
+        state = cache.get(key)
+        if state is None:
+            if len(cache) >= _MAX_RECIPE_STATES:  # e.g. a new lambda in each recipe object
+                del cache[next(iter(cache))]
+            states = {mode: RecipeState.create(recipe, mode=mode, num_quantizers=n)
+                      for mode, n in (("forward", n_fwd), ("backward", n_bwd)) if n > 0}
+            state = cache[key] = ({"recipe": recipe, **states},
+                                  {mode: st.make_quantizers() for mode, st in states.items()})
+        return state
 
     def backward_override(self) -> Optional[str]:
         """The active recipe's ``backward_override`` (None without a recipe): "high_precision"
