@@ -305,3 +305,83 @@ def test_recipe_settings_change_compiles_a_graph_of_its_own():
                 torch.testing.assert_close(outs[-1], model(x), rtol=0, atol=0)
     assert counter.frame_count == 2
     assert not torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def _first_line_raised(fn, *args):
+    with pytest.raises(te.ops.CompileUnsupportedError) as info:
+        fn(*args)
+    assert isinstance(info.value, RuntimeError)
+    return str(info.value).splitlines()[0]
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "default"])
+def test_delayed_scaling_refusal_names_the_problem_and_the_fix_first(fullgraph):
+    """The user reads our reason and the recipes to use on the first line, not Dynamo's
+    "Observed exception" with the reason under "Developer debug context"."""
+    model = te.ops.Sequential(te.ops.Linear(32, 32), te.ops.GELU())
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=fullgraph)
+
+    def call():
+        with te.autocast(recipe=te.recipe.DelayedScaling()):
+            compiled(torch.randn(4, 32, requires_grad=True))
+
+    first = _first_line_raised(call)
+    assert first.startswith("DelayedScaling cannot be compiled; use Float8CurrentScaling or "
+                            "MXFP8BlockScaling (or Float8BlockScaling, NVFP4BlockScaling) "
+                            "under torch.compile, or run the model eagerly.")
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "default"])
+def test_op_refusal_is_the_first_line(fullgraph):
+    model = te.ops.Sequential(te.ops.GELU(), Unsupported())
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=fullgraph)
+    assert _first_line_raised(compiled, torch.randn(2, 3)) == (
+        "Unsupported cannot run under torch.compile: it keeps global state (test op)")
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "default"])
+def test_meta_model_compiled_before_its_first_call_says_what_to_do(fullgraph):
+    """The first line names the ops and the ways out (an eager call first, or
+    reset_parameters()); following either, the compiled model runs."""
+    def make():
+        return te.ops.Sequential(te.ops.Linear(16, 16, device="meta"), te.ops.GELU())
+
+    model = make()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=fullgraph)
+    first = _first_line_raised(compiled, torch.randn(4, 16))
+    assert first.startswith('BasicLinear, Bias built with device="meta": parameters on the meta '
+                            "device cannot be materialised under torch.compile; run the model "
+                            "once eagerly before compiling it, or call reset_parameters() on "
+                            "each such op first")
+    x = torch.randn(4, 16)
+    y = model(x)  # one eager call
+    torch.testing.assert_close(compiled(x), y, rtol=0, atol=0)
+    model = make()
+    for op in model[0].basic_ops:
+        op.reset_parameters()
+    y = torch.compile(model, backend="aot_eager", fullgraph=fullgraph)(x)
+    torch.testing.assert_close(y, model(x), rtol=0, atol=0)
+
+
+def test_constant_result_mark_is_torchs_and_import_stays_light():
+    """Our functions run at trace time as torch.compiler.assume_constant_result's would (the
+    same mark), and importing the package does not import torch._dynamo (the error class
+    deriving from one of its classes is made on first use)."""
+    import subprocess
+    import sys
+
+    from transformer_engine_cpp.ops import op as op_module
+
+    def f():
+        return 0
+
+    def g():
+        return 0
+
+    torch.compiler.assume_constant_result(f)
+    op_module.mark_constant_result(g)
+    assert f.__dict__ == g.__dict__ == {"_dynamo_marked_constant": True}
+    code = ("import sys, transformer_engine_cpp as te; assert 'torch._dynamo' not in sys.modules; "
+            "e = te.ops.CompileUnsupportedError; assert issubclass(e, RuntimeError); "
+            "import pickle; assert pickle.loads(pickle.dumps(e)) is e")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -16,7 +16,8 @@ from ..quantization.autocast import FP8GlobalStateManager
 from ..recipe import Recipe
 from . import _pipeline, _torch_shim
 from ._plan import FusionFunction, Plan, Routing, build_plan, compute_dtypes, plan_key
-from .op import BasicOperation, FusibleOperation
+from .op import (DELAYED_SCALING_UNDER_COMPILE, BasicOperation, FusibleOperation,
+                 compile_unsupported_error, mark_constant_result)
 
 __all__ = [
     "OperationFuser",
@@ -196,7 +197,9 @@ class OperationFuser:
         params = [p for d in self._param_dicts for p in d.values()]
         if self._pre_forward_ops:
             run_hooks = self._other_pre_forward_hooks
-            if not run_hooks:
+            if compiling:  # raises for meta parameters, outside the traced code
+                _refuse_meta_parameters(self)
+            elif not run_hooks:
                 for p in params:
                     if p is not None and p.is_meta:
                         run_hooks = True
@@ -227,11 +230,6 @@ class OperationFuser:
                 op._fp8_metas = metas
                 op._quantizers = quantizers
             self._last_recipe = _STATES_SET_BY_A_GRAPH  # the next eager call re-applies its own
-            for op, _ in plan.forward_ops + plan.backward_ops:
-                reason = op.compile_unsupported_reason()
-                if reason is not None:
-                    raise RuntimeError(f"{op.__class__.__name__} cannot run under "
-                                       f"torch.compile: {reason}")
         # the last plan while the configuration is unchanged (eager: under compile its fields
         # would become guards that any eager call in between invalidates)
         elif (recipe is None and self._last_recipe is None
@@ -307,7 +305,7 @@ class OperationFuser:
 _STATES_SET_BY_A_GRAPH = object()
 
 
-@torch._dynamo.assume_constant_result
+@mark_constant_result
 def _compiled_configuration(fuser: OperationFuser, recipe_key, first: int, dtypes: tuple,
                             registry_version: int) -> tuple:
     """Builds the plan and the ops' recipe states for a compiled call on a cache miss and
@@ -324,7 +322,33 @@ def _compiled_configuration(fuser: OperationFuser, recipe_key, first: int, dtype
             op.recipe_state(recipe) for op in fuser._basic_ops)
     fuser._compiled[id(plan)] = plan
     fuser._compiled[id(states)] = states
+    # Refusals are raised here, not in the traced code, so the caller gets them as they are.
+    if recipe is not None and recipe.delayed() and any(q is not None for _, q in states):
+        raise compile_unsupported_error()(DELAYED_SCALING_UNDER_COMPILE)
+    for op, _ in plan.forward_ops + plan.backward_ops:
+        reason = op.compile_unsupported_reason()
+        if reason is not None:
+            raise compile_unsupported_error()(
+                f"{op.__class__.__name__} cannot run under torch.compile: {reason}")
     return id(plan), id(states)
+
+
+@mark_constant_result
+def _refuse_meta_parameters(fuser: OperationFuser) -> bool:
+    """Raises for a compiled call of a fuser whose parameters are still on the meta device:
+    materialising them (``reset_parameters()``) creates parameters, which a trace cannot.
+    Dynamo runs it at trace time (a materialisation changes the parameters, which the graph
+    guards anyway)."""
+    names = sorted({type(op).__name__ for op, params in zip(fuser._basic_ops, fuser._param_dicts)
+                    if any(p is not None and p.is_meta for p in params.values())})
+    if not names:
+        return True
+    raise compile_unsupported_error()(
+        f"{', '.join(names)} built with device=\"meta\": parameters on the meta device cannot "
+        "be materialised under torch.compile; run the model once eagerly before compiling it, "
+        "or call reset_parameters() on each such op first (or model.to_empty(device=...), "
+        "then reset_parameters()). Materialising creates new Parameters: build the optimizer "
+        "afterwards.")
 
 
 def _register(registry: list, func: FusionFunction, prepend: bool) -> FusionFunction:

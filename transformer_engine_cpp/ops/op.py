@@ -25,6 +25,51 @@ from ..quantization import (FP8GlobalStateManager, RecipeState,
 from ..quantization.tensor import module_cast
 
 
+def mark_constant_result(fn):
+    """``torch.compiler.assume_constant_result(fn)``: Dynamo calls ``fn`` while tracing and
+    keeps its result as a constant, without tracing (or guarding) what it reads. The decorator
+    only sets this attribute; setting it here keeps ``import torch._dynamo`` (about 1.5 s) out
+    of our import (tests/test_compile.py checks that the two agree)."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+_COMPILE_UNSUPPORTED_ERROR: Optional[type] = None
+
+
+def compile_unsupported_error() -> type:
+    """The class ``CompileUnsupportedError``, defined on first use (it derives from a
+    torch._dynamo class, and importing torch._dynamo takes about 1.5 s)."""
+    global _COMPILE_UNSUPPORTED_ERROR  # pylint: disable=global-statement
+    if _COMPILE_UNSUPPORTED_ERROR is None:
+        import torch._dynamo.exc  # pylint: disable=import-outside-toplevel
+
+        class CompileUnsupportedError(torch._dynamo.exc.UserError):
+            """What cannot run under ``torch.compile`` (a DelayedScaling recipe, parameters
+            still on the meta device, an op whose ``compile_unsupported_reason()`` says why),
+            with what to do instead. A RuntimeError. The fuser raises it outside the traced
+            code, from a function Dynamo runs at trace time, so that Dynamo passes it to the
+            caller as it is (a UserError: "valid in eager, not supported in TorchDynamo"),
+            with this message on the first line, under ``fullgraph=True`` and the default
+            alike; raised inside the traced code it would reach the caller as ``Unsupported:
+            Observed exception`` (or, without ``fullgraph``, become a graph break)."""
+
+            def __init__(self, msg: str) -> None:
+                super().__init__(torch._dynamo.exc.UserErrorType.INVALID_INPUT, msg)
+
+        # importable as transformer_engine_cpp.ops.op.CompileUnsupportedError (pickle)
+        CompileUnsupportedError.__module__ = __name__
+        CompileUnsupportedError.__qualname__ = "CompileUnsupportedError"
+        _COMPILE_UNSUPPORTED_ERROR = CompileUnsupportedError
+    return _COMPILE_UNSUPPORTED_ERROR
+
+
+def __getattr__(name: str):
+    if name == "CompileUnsupportedError":
+        return compile_unsupported_error()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 @dataclasses.dataclass
 class OperationContext:
     """State a basic operation keeps between its forward and backward passes.
@@ -203,11 +248,18 @@ class FusibleOperation(torch.nn.Module, metaclass=abc.ABCMeta):
         return None
 
 
+# Why DelayedScaling cannot be compiled, and what to use instead.
+DELAYED_SCALING_UNDER_COMPILE = (
+    "DelayedScaling cannot be compiled; use Float8CurrentScaling or MXFP8BlockScaling "
+    "(or Float8BlockScaling, NVFP4BlockScaling) under torch.compile, or run the model "
+    "eagerly. DelayedScaling keeps amax histories and scales that every call reads and updates "
+    "outside the graph (process-wide state).")
+
 # The recipe states an op keeps (per recipe settings); the oldest goes first.
 _MAX_RECIPE_STATES = 16
 
 
-@torch._dynamo.assume_constant_result
+@mark_constant_result
 def _build_single_op_fuser(op: FusibleOperation) -> bool:
     """Builds ``op``'s one-op fuser if missing. Dynamo runs it at trace time and keeps its
     result as a constant, so the check leaves no guard."""
@@ -471,9 +523,7 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
     def compile_unsupported_reason(self) -> Optional[str]:
         metas = self._fp8_metas
         if metas is not None and metas["recipe"].delayed():
-            return ("DelayedScaling keeps amax histories and scales that every call reads and "
-                    "updates (process-wide state); use Float8CurrentScaling or "
-                    "MXFP8BlockScaling under torch.compile")
+            return DELAYED_SCALING_UNDER_COMPILE
         return None
 
     def get_quantizer(self, mode: str, index: int):
