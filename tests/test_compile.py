@@ -385,3 +385,19 @@ def test_constant_result_mark_is_torchs_and_import_stays_light():
             "e = te.ops.CompileUnsupportedError; assert issubclass(e, RuntimeError); "
             "import pickle; assert pickle.loads(pickle.dumps(e)) is e")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_pickled_and_deep_copied_ops_compile_after_compiled_fp8_calls():
+    """A copy drops the one-op fuser and the recipe states (rebuilt on use); compiled, it
+    builds them at trace time again and equals eager."""
+    import pickle
+
+    torch.manual_seed(0)
+    op = te.ops.BasicLinear(16, 16)
+    x = torch.randn(4, 16)
+    with torch.no_grad(), te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+        torch.compile(op, backend="aot_eager", fullgraph=True)(x)
+        for other in (copy.deepcopy(op), pickle.loads(pickle.dumps(op))):
+            y = torch.compile(other, backend="aot_eager", fullgraph=True)(x)
+            torch.testing.assert_close(y, other(x), rtol=0, atol=0)
+            torch.testing.assert_close(y, op(x), rtol=0, atol=0)

@@ -263,7 +263,7 @@ _MAX_RECIPE_STATES = 16
 def _build_single_op_fuser(op: FusibleOperation) -> bool:
     """Builds ``op``'s one-op fuser if missing. Dynamo runs it at trace time and keeps its
     result as a constant, so the check leaves no guard."""
-    if "_single_op_fuser" not in op.__dict__:
+    if op.__dict__.get("_single_op_fuser") is None:  # None in a copy (see _derived_state)
         op.__dict__["_single_op_fuser"] = op.fuser_class([op])
     return True
 
@@ -287,10 +287,11 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
     #: The class of the context the pipeline creates for this op on every forward; an op that
     #: keeps more than tensors between its passes declares a subclass with typed fields.
     context_type: type = OperationContext
-    #: The recipe state and its quantizers are rebuilt by the next quantized call; a pickle or
+    #: The recipe states and their quantizers are rebuilt by the next quantized call; a pickle or
     #: deepcopy keeps delayed scaling's scales and amax histories as pending state (as
     #: ``set_extra_state`` does), applied when that state is built.
-    _derived_state = (*FusibleOperation._derived_state, "_fp8_metas", "_quantizers")
+    _derived_state = (*FusibleOperation._derived_state, "_fp8_metas", "_quantizers",
+                      "_recipe_states")
 
     def __init__(self) -> None:
         super().__init__()
@@ -425,7 +426,9 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
         n_fwd, n_bwd = self.num_quantizers("forward"), self.num_quantizers("backward")
         if n_fwd == 0 and n_bwd == 0:
             return None, None
-        cache = self.__dict__.setdefault("_recipe_states", {})
+        cache = self.__dict__.get("_recipe_states")
+        if cache is None:  # the first quantized call, or a copy (see _derived_state)
+            cache = self.__dict__["_recipe_states"] = {}
         key = recipe.state_key()
         state = cache.get(key)
         if state is None:
