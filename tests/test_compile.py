@@ -243,3 +243,161 @@ def test_no_grad_under_compile():
     x = torch.randn(2, 8)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), **COMPILED_VS_EAGER)
+
+
+def _train_eval_fp8_loop(compiled, model, make_recipe, features, reps=2):
+    """Train steps, eval steps (no_grad) and eval steps under te.autocast, ``reps`` times,
+    with eager calls of the same model in between; each compiled FP8 eval equals eager."""
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    for _ in range(reps):
+        for _ in range(2):
+            compiled(torch.randn(16, features)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        with torch.no_grad():
+            for _ in range(2):
+                compiled(torch.randn(16, features))
+            model(torch.randn(16, features))  # eager in between
+        with torch.no_grad(), te.autocast(recipe=make_recipe()):  # a new recipe object
+            for _ in range(2):
+                x = torch.randn(16, features)
+                torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "default"])
+def test_train_eval_fp8_eval_loop_compiles_one_graph_per_configuration(fullgraph):
+    """Three configurations (grad mode on, off, off under Float8CurrentScaling): three
+    graphs, however often the loop switches between them. Nothing a graph is guarded on
+    (the fuser's plan cache, the ops' quantizers) changes when another configuration runs."""
+    from transformer_engine_cpp.testing.reference import te_prenorm_mlp
+    torch.manual_seed(0)
+    model = te_prenorm_mlp(32, 64)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter, fullgraph=fullgraph)
+    _train_eval_fp8_loop(compiled, model, te.recipe.Float8CurrentScaling, 32)
+    assert counter.frame_count == 3
+
+
+def test_op_called_alone_compiles_one_graph_per_configuration():
+    """An op called on its own builds its one-op fuser on the first call, also when that call
+    is compiled: the second call does not recompile."""
+    torch.manual_seed(0)
+    op = te.ops.BasicLinear(32, 32)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(op, backend=counter, fullgraph=True)
+    _train_eval_fp8_loop(compiled, op, te.recipe.MXFP8BlockScaling, 32)
+    assert counter.frame_count == 3
+
+
+def test_recipe_settings_change_compiles_a_graph_of_its_own():
+    """A recipe with other settings is another configuration (other quantizers): its own graph,
+    with its own result; switching back reuses the first graph."""
+    torch.manual_seed(0)
+    model = init_params(te.ops.Sequential(te.ops.Linear(32, 32)))
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    x = torch.randn(16, 32) * 3
+    outs = []
+    with torch.no_grad():
+        for pow2 in (False, True, False):
+            with te.autocast(recipe=te.recipe.Float8CurrentScaling(use_power_2_scales=pow2)):
+                outs.append(compiled(x))
+                torch.testing.assert_close(outs[-1], model(x), rtol=0, atol=0)
+    assert counter.frame_count == 2
+    assert not torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def _first_line_raised(fn, *args):
+    with pytest.raises(te.ops.CompileUnsupportedError) as info:
+        fn(*args)
+    assert isinstance(info.value, RuntimeError)
+    return str(info.value).splitlines()[0]
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "default"])
+def test_delayed_scaling_refusal_names_the_problem_and_the_fix_first(fullgraph):
+    """The user reads our reason and the recipes to use on the first line, not Dynamo's
+    "Observed exception" with the reason under "Developer debug context"."""
+    model = te.ops.Sequential(te.ops.Linear(32, 32), te.ops.GELU())
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=fullgraph)
+
+    def call():
+        with te.autocast(recipe=te.recipe.DelayedScaling()):
+            compiled(torch.randn(4, 32, requires_grad=True))
+
+    first = _first_line_raised(call)
+    assert first.startswith("DelayedScaling cannot be compiled; use Float8CurrentScaling or "
+                            "MXFP8BlockScaling (or Float8BlockScaling, NVFP4BlockScaling) "
+                            "under torch.compile, or run the model eagerly.")
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "default"])
+def test_op_refusal_is_the_first_line(fullgraph):
+    model = te.ops.Sequential(te.ops.GELU(), Unsupported())
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=fullgraph)
+    assert _first_line_raised(compiled, torch.randn(2, 3)) == (
+        "Unsupported cannot run under torch.compile: it keeps global state (test op)")
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "default"])
+def test_meta_model_compiled_before_its_first_call_says_what_to_do(fullgraph):
+    """The first line names the ops and the ways out (an eager call first, or
+    reset_parameters()); following either, the compiled model runs."""
+    def make():
+        return te.ops.Sequential(te.ops.Linear(16, 16, device="meta"), te.ops.GELU())
+
+    model = make()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=fullgraph)
+    first = _first_line_raised(compiled, torch.randn(4, 16))
+    assert first.startswith('BasicLinear, Bias built with device="meta": parameters on the meta '
+                            "device cannot be materialised under torch.compile; run the model "
+                            "once eagerly before compiling it, or call reset_parameters() on "
+                            "each such op first")
+    x = torch.randn(4, 16)
+    y = model(x)  # one eager call
+    torch.testing.assert_close(compiled(x), y, rtol=0, atol=0)
+    model = make()
+    for op in model[0].basic_ops:
+        op.reset_parameters()
+    y = torch.compile(model, backend="aot_eager", fullgraph=fullgraph)(x)
+    torch.testing.assert_close(y, model(x), rtol=0, atol=0)
+
+
+def test_constant_result_mark_is_torchs_and_import_stays_light():
+    """Our functions run at trace time as torch.compiler.assume_constant_result's would (the
+    same mark), and importing the package does not import torch._dynamo (the error class
+    deriving from one of its classes is made on first use)."""
+    import subprocess
+    import sys
+
+    from transformer_engine_cpp.ops import op as op_module
+
+    def f():
+        return 0
+
+    def g():
+        return 0
+
+    torch.compiler.assume_constant_result(f)
+    op_module.mark_constant_result(g)
+    assert f.__dict__ == g.__dict__ == {"_dynamo_marked_constant": True}
+    code = ("import sys, transformer_engine_cpp as te; assert 'torch._dynamo' not in sys.modules; "
+            "e = te.ops.CompileUnsupportedError; assert issubclass(e, RuntimeError); "
+            "import pickle; assert pickle.loads(pickle.dumps(e)) is e")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_pickled_and_deep_copied_ops_compile_after_compiled_fp8_calls():
+    """A copy drops the one-op fuser and the recipe states (rebuilt on use); compiled, it
+    builds them at trace time again and equals eager."""
+    import pickle
+
+    torch.manual_seed(0)
+    op = te.ops.BasicLinear(16, 16)
+    x = torch.randn(4, 16)
+    with torch.no_grad(), te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+        torch.compile(op, backend="aot_eager", fullgraph=True)(x)
+        for other in (copy.deepcopy(op), pickle.loads(pickle.dumps(op))):
+            y = torch.compile(other, backend="aot_eager", fullgraph=True)(x)
+            torch.testing.assert_close(y, other(x), rtol=0, atol=0)
+            torch.testing.assert_close(y, op(x), rtol=0, atol=0)

@@ -119,6 +119,28 @@ class Recipe:
     def custom(cls) -> bool:
         return False
 
+    def state_key(self) -> tuple:
+        """What the ops' quantization state depends on: ``(class, ((field, value), ...))``
+        over every field, a nested setting such as QParams as ``(class, ((field, value),
+        ...))`` of its own. Hashable, and made of plain values: recipes with equal settings
+        share the ops' state, and under torch.compile Dynamo guards the key by value (a new
+        recipe object with the same settings reuses the compiled graph). ``from_state_key``
+        rebuilds an equal recipe."""
+        items = []
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if dataclasses.is_dataclass(v):
+                v = (type(v), tuple((g.name, getattr(v, g.name)) for g in dataclasses.fields(v)))
+            items.append((f.name, v))
+        return (type(self), tuple(items))
+
+    @staticmethod
+    def from_state_key(key: tuple) -> "Recipe":
+        """A recipe equal to the one whose :meth:`state_key` is ``key``."""
+        cls, items = key
+        kwargs = {name: (v[0](**dict(v[1])) if isinstance(v, tuple) else v) for name, v in items}
+        return cls(**kwargs)
+
 
 def _check_format(recipe: str, fmt) -> None:
     if not isinstance(fmt, Format):

@@ -12,3 +12,10 @@ from .fuser import (
 from .linear import Linear
 from .op import BasicOperation, FusedOperation, FusibleOperation, OperationContext
 from .sequential import Sequential
+
+
+def __getattr__(name: str):
+    # CompileUnsupportedError is defined on first use (see op.compile_unsupported_error)
+    if name == "CompileUnsupportedError":
+        return op.compile_unsupported_error()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,9 +13,11 @@ from typing import Any, Optional
 import torch
 
 from ..quantization.autocast import FP8GlobalStateManager
+from ..recipe import Recipe
 from . import _pipeline, _torch_shim
 from ._plan import FusionFunction, Plan, Routing, build_plan, compute_dtypes, plan_key
-from .op import BasicOperation, FusibleOperation
+from .op import (DELAYED_SCALING_UNDER_COMPILE, BasicOperation, FusibleOperation,
+                 compile_unsupported_error, mark_constant_result)
 
 __all__ = [
     "OperationFuser",
@@ -66,6 +68,10 @@ class OperationFuser:
             for _, op in self._pre_forward_ops)
         self._first_fuse_done = False
         self._plans: dict[tuple, Plan] = {}
+        # What compiled calls read (see _compiled_configuration): plans and per-op recipe
+        # states by their id, and the states by recipe state key (None: no recipe).
+        self._compiled: dict[int, Any] = {}
+        self._compiled_states: dict[Any, tuple] = {}
         self._last_key: Optional[tuple] = None
         self._last_recipe = None
         self._last_plan: Optional[Plan] = None
@@ -137,8 +143,6 @@ class OperationFuser:
             for op in self._basic_ops:
                 op.reset_recipe_state(recipe=recipe)
         self._last_recipe = recipe
-        if torch.compiler.is_compiling():  # no bookkeeping in a trace (its guards would fail)
-            return plan
         if key != self._last_key:
             self._last_key = key
             self._forward_ops, self._backward_ops = plan.forward_ops, plan.backward_ops
@@ -193,7 +197,9 @@ class OperationFuser:
         params = [p for d in self._param_dicts for p in d.values()]
         if self._pre_forward_ops:
             run_hooks = self._other_pre_forward_hooks
-            if not run_hooks:
+            if compiling:  # raises for meta parameters, outside the traced code
+                _refuse_meta_parameters(self)
+            elif not run_hooks:
                 for p in params:
                     if p is not None and p.is_meta:
                         run_hooks = True
@@ -208,22 +214,32 @@ class OperationFuser:
             dtypes = (autocast, *[p.dtype for p in params if p is not None])
         else:
             dtypes = compute_dtypes(input, params)
+        if compiling:
+            # A function Dynamo runs at trace time, keeping its result as a constant, builds
+            # what is missing (the plan, the ops' recipe states) into the caches and returns
+            # their keys; the graph then reads existing entries, which Dynamo guards one by
+            # one (not the caches' sizes), so entries added later for other configurations
+            # leave this graph valid.
+            plan_id, states_id = _compiled_configuration(
+                self, None if recipe is None else recipe.state_key(), first, dtypes,
+                OperationFuser._fusion_registry_version)
+            plan = self._compiled[plan_id]
+            # the graph makes this recipe's states current, as an eager call would; the ops
+            # read them only after these stores, so they are not guarded
+            for op, (metas, quantizers) in zip(self._basic_ops, self._compiled[states_id]):
+                op._fp8_metas = metas
+                op._quantizers = quantizers
+            self._last_recipe = _STATES_SET_BY_A_GRAPH  # the next eager call re-applies its own
         # the last plan while the configuration is unchanged (eager: under compile its fields
         # would become guards that any eager call in between invalidates)
-        if (not compiling and recipe is None and self._last_recipe is None
+        elif (recipe is None and self._last_recipe is None
                 and first == self._last_first
                 and dtypes == self._last_dtypes
                 and self._last_version == OperationFuser._fusion_registry_version):
             plan = self._last_plan
         else:
             plan = self._plan(recipe, first, dtypes)
-        if compiling:
-            for op, _ in plan.forward_ops + plan.backward_ops:
-                reason = op.compile_unsupported_reason()
-                if reason is not None:
-                    raise RuntimeError(f"{op.__class__.__name__} cannot run under "
-                                       f"torch.compile: {reason}")
-        elif recipe is not None and recipe.delayed():
+        if not compiling and recipe is not None and recipe.delayed():
             for op in self._basic_ops:
                 op.register_delayed_scaling_states()
 
@@ -283,6 +299,56 @@ class OperationFuser:
             self._layout_param_ids = frozenset(map(id, live))
             self._layout_all_live = len(live) == len(params)
         return layout, tensors
+
+
+# Stands in the fuser's last-recipe memo after a compiled call set the ops' recipe states.
+_STATES_SET_BY_A_GRAPH = object()
+
+
+@mark_constant_result
+def _compiled_configuration(fuser: OperationFuser, recipe_key, first: int, dtypes: tuple,
+                            registry_version: int) -> tuple:
+    """Builds the plan and the ops' recipe states for a compiled call on a cache miss and
+    returns their keys in ``fuser._compiled`` (integers: Dynamo guards a lookup by such a key
+    on that entry alone). Dynamo calls it while tracing and keeps the result as a constant;
+    ``recipe_key`` is the call's recipe's state key (None: no recipe)."""
+    del registry_version  # part of Dynamo's guards (a registration re-plans)
+    # rebuilt from its key: the traced call's te.autocast may not have run yet for real
+    recipe = None if recipe_key is None else Recipe.from_state_key(recipe_key)
+    plan = fuser._plan(recipe, first, dtypes)
+    states = fuser._compiled_states.get(recipe_key)
+    if states is None:
+        states = fuser._compiled_states[recipe_key] = tuple(
+            op.recipe_state(recipe) for op in fuser._basic_ops)
+    fuser._compiled[id(plan)] = plan
+    fuser._compiled[id(states)] = states
+    # Refusals are raised here, not in the traced code, so the caller gets them as they are.
+    if recipe is not None and recipe.delayed() and any(q is not None for _, q in states):
+        raise compile_unsupported_error()(DELAYED_SCALING_UNDER_COMPILE)
+    for op, _ in plan.forward_ops + plan.backward_ops:
+        reason = op.compile_unsupported_reason()
+        if reason is not None:
+            raise compile_unsupported_error()(
+                f"{op.__class__.__name__} cannot run under torch.compile: {reason}")
+    return id(plan), id(states)
+
+
+@mark_constant_result
+def _refuse_meta_parameters(fuser: OperationFuser) -> bool:
+    """Raises for a compiled call of a fuser whose parameters are still on the meta device:
+    materialising them (``reset_parameters()``) creates parameters, which a trace cannot.
+    Dynamo runs it at trace time (a materialisation changes the parameters, which the graph
+    guards anyway)."""
+    names = sorted({type(op).__name__ for op, params in zip(fuser._basic_ops, fuser._param_dicts)
+                    if any(p is not None and p.is_meta for p in params.values())})
+    if not names:
+        return True
+    raise compile_unsupported_error()(
+        f"{', '.join(names)} built with device=\"meta\": parameters on the meta device cannot "
+        "be materialised under torch.compile; run the model once eagerly before compiling it, "
+        "or call reset_parameters() on each such op first (or model.to_empty(device=...), "
+        "then reset_parameters()). Materialising creates new Parameters: build the optimizer "
+        "afterwards.")
 
 
 def _register(registry: list, func: FusionFunction, prepend: bool) -> FusionFunction:

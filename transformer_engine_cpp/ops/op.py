@@ -25,6 +25,51 @@ from ..quantization import (FP8GlobalStateManager, RecipeState,
 from ..quantization.tensor import module_cast
 
 
+def mark_constant_result(fn):
+    """``torch.compiler.assume_constant_result(fn)``: Dynamo calls ``fn`` while tracing and
+    keeps its result as a constant, without tracing (or guarding) what it reads. The decorator
+    only sets this attribute; setting it here keeps ``import torch._dynamo`` (about 1.5 s) out
+    of our import (tests/test_compile.py checks that the two agree)."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+_COMPILE_UNSUPPORTED_ERROR: Optional[type] = None
+
+
+def compile_unsupported_error() -> type:
+    """The class ``CompileUnsupportedError``, defined on first use (it derives from a
+    torch._dynamo class, and importing torch._dynamo takes about 1.5 s)."""
+    global _COMPILE_UNSUPPORTED_ERROR  # pylint: disable=global-statement
+    if _COMPILE_UNSUPPORTED_ERROR is None:
+        import torch._dynamo.exc  # pylint: disable=import-outside-toplevel
+
+        class CompileUnsupportedError(torch._dynamo.exc.UserError):
+            """What cannot run under ``torch.compile`` (a DelayedScaling recipe, parameters
+            still on the meta device, an op whose ``compile_unsupported_reason()`` says why),
+            with what to do instead. A RuntimeError. The fuser raises it outside the traced
+            code, from a function Dynamo runs at trace time, so that Dynamo passes it to the
+            caller as it is (a UserError: "valid in eager, not supported in TorchDynamo"),
+            with this message on the first line, under ``fullgraph=True`` and the default
+            alike; raised inside the traced code it would reach the caller as ``Unsupported:
+            Observed exception`` (or, without ``fullgraph``, become a graph break)."""
+
+            def __init__(self, msg: str) -> None:
+                super().__init__(torch._dynamo.exc.UserErrorType.INVALID_INPUT, msg)
+
+        # importable as transformer_engine_cpp.ops.op.CompileUnsupportedError (pickle)
+        CompileUnsupportedError.__module__ = __name__
+        CompileUnsupportedError.__qualname__ = "CompileUnsupportedError"
+        _COMPILE_UNSUPPORTED_ERROR = CompileUnsupportedError
+    return _COMPILE_UNSUPPORTED_ERROR
+
+
+def __getattr__(name: str):
+    if name == "CompileUnsupportedError":
+        return compile_unsupported_error()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 @dataclasses.dataclass
 class OperationContext:
     """State a basic operation keeps between its forward and backward passes.
@@ -135,10 +180,16 @@ class FusibleOperation(torch.nn.Module, metaclass=abc.ABCMeta):
         return new
 
     def _run_alone(self, input_, extra_inputs, basic_op_kwargs):
-        """``op(x)``: a one-op fuser, built on the first call (the op's channels lock)."""
-        fuser = self.__dict__.get("_single_op_fuser")
-        if fuser is None:
-            fuser = self.__dict__["_single_op_fuser"] = self.fuser_class([self])
+        """``op(x)``: a one-op fuser, built on the first call (the op's channels lock). Under
+        torch.compile it is built at trace time outside Dynamo's view (a first call that
+        found it missing would leave a guard that the next call fails)."""
+        if torch.compiler.is_compiling():
+            _build_single_op_fuser(self)
+            fuser = self._single_op_fuser
+        else:
+            fuser = self.__dict__.get("_single_op_fuser")
+            if fuser is None:
+                fuser = self.__dict__["_single_op_fuser"] = self.fuser_class([self])
         return fuser(input_, *extra_inputs, basic_op_kwargs=basic_op_kwargs)
 
     @property
@@ -197,6 +248,26 @@ class FusibleOperation(torch.nn.Module, metaclass=abc.ABCMeta):
         return None
 
 
+# Why DelayedScaling cannot be compiled, and what to use instead.
+DELAYED_SCALING_UNDER_COMPILE = (
+    "DelayedScaling cannot be compiled; use Float8CurrentScaling or MXFP8BlockScaling "
+    "(or Float8BlockScaling, NVFP4BlockScaling) under torch.compile, or run the model "
+    "eagerly. DelayedScaling keeps amax histories and scales that every call reads and updates "
+    "outside the graph (process-wide state).")
+
+# The recipe states an op keeps (per recipe settings); the oldest goes first.
+_MAX_RECIPE_STATES = 16
+
+
+@mark_constant_result
+def _build_single_op_fuser(op: FusibleOperation) -> bool:
+    """Builds ``op``'s one-op fuser if missing. Dynamo runs it at trace time and keeps its
+    result as a constant, so the check leaves no guard."""
+    if op.__dict__.get("_single_op_fuser") is None:  # None in a copy (see _derived_state)
+        op.__dict__["_single_op_fuser"] = op.fuser_class([op])
+    return True
+
+
 class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
     """A single operation with its own parameters and state.
 
@@ -216,10 +287,11 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
     #: The class of the context the pipeline creates for this op on every forward; an op that
     #: keeps more than tensors between its passes declares a subclass with typed fields.
     context_type: type = OperationContext
-    #: The recipe state and its quantizers are rebuilt by the next quantized call; a pickle or
+    #: The recipe states and their quantizers are rebuilt by the next quantized call; a pickle or
     #: deepcopy keeps delayed scaling's scales and amax histories as pending state (as
     #: ``set_extra_state`` does), applied when that state is built.
-    _derived_state = (*FusibleOperation._derived_state, "_fp8_metas", "_quantizers")
+    _derived_state = (*FusibleOperation._derived_state, "_fp8_metas", "_quantizers",
+                      "_recipe_states")
 
     def __init__(self) -> None:
         super().__init__()
@@ -333,22 +405,40 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
         return 0
 
     def reset_recipe_state(self, *, recipe) -> None:
-        """Build the quantizers for ``recipe`` (``None``: no quantization).
+        """Make ``recipe``'s quantization state (``_fp8_metas``, ``_quantizers``) the current
+        one (``None``: no quantization).
 
-        Unlike TransformerEngine, which keeps its quantizers while the recipe *class* is unchanged,
-        any change of the recipe (format, power-of-2 scales, epsilon, ...) rebuilds them."""
+        The state is built on the first use of a recipe with these settings
+        (:meth:`recipe_state`) and kept: switching back to those settings (training
+        unquantized, evaluating under FP8, training again) finds the same objects, so a
+        torch.compile graph traced with them stays valid. A recipe with other settings (format,
+        power-of-2 scales, epsilon, ...) gets a state of its own; TransformerEngine instead
+        keeps its quantizers while the recipe class is unchanged."""
+        self._fp8_metas, self._quantizers = self.recipe_state(recipe)
+        if "_pending_fp8_state" in self.__dict__:
+            self._apply_pending_fp8_state()
+
+    def recipe_state(self, recipe) -> tuple:
+        """``(fp8_metas, quantizers)`` of this op for ``recipe``, built on first use and kept
+        per :meth:`Recipe.state_key`; ``(None, None)`` without a recipe or quantizers."""
+        if recipe is None:
+            return None, None
         n_fwd, n_bwd = self.num_quantizers("forward"), self.num_quantizers("backward")
-        if recipe is None or (n_fwd == 0 and n_bwd == 0):
-            self._fp8_metas = None
-            self._quantizers = None
-            return
-        if self._fp8_metas is not None and self._fp8_metas["recipe"] == recipe:
-            return
-        states = {mode: RecipeState.create(recipe, mode=mode, num_quantizers=n)
-                  for mode, n in (("forward", n_fwd), ("backward", n_bwd)) if n > 0}
-        self._fp8_metas = {"recipe": recipe, **states}
-        self._quantizers = {mode: state.make_quantizers() for mode, state in states.items()}
-        self._apply_pending_fp8_state()
+        if n_fwd == 0 and n_bwd == 0:
+            return None, None
+        cache = self.__dict__.get("_recipe_states")
+        if cache is None:  # the first quantized call, or a copy (see _derived_state)
+            cache = self.__dict__["_recipe_states"] = {}
+        key = recipe.state_key()
+        state = cache.get(key)
+        if state is None:
+            if len(cache) >= _MAX_RECIPE_STATES:  # e.g. a new lambda in each recipe object
+                del cache[next(iter(cache))]
+            states = {mode: RecipeState.create(recipe, mode=mode, num_quantizers=n)
+                      for mode, n in (("forward", n_fwd), ("backward", n_bwd)) if n > 0}
+            state = cache[key] = ({"recipe": recipe, **states},
+                                  {mode: st.make_quantizers() for mode, st in states.items()})
+        return state
 
     def backward_override(self) -> Optional[str]:
         """The active recipe's ``backward_override`` (None without a recipe): "high_precision"
@@ -436,9 +526,7 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
     def compile_unsupported_reason(self) -> Optional[str]:
         metas = self._fp8_metas
         if metas is not None and metas["recipe"].delayed():
-            return ("DelayedScaling keeps amax histories and scales that every call reads and "
-                    "updates (process-wide state); use Float8CurrentScaling or "
-                    "MXFP8BlockScaling under torch.compile")
+            return DELAYED_SCALING_UNDER_COMPILE
         return None
 
     def get_quantizer(self, mode: str, index: int):
