@@ -161,6 +161,17 @@ __global__ void bias_rows_kernel(T* out, const T* __restrict__ bias, int64_t m, 
   }
 }
 
+// bias_rows_kernel on the current stream, over out and bias of one float dtype.
+void add_bias_rows(at::ScalarType dtype, void* out, const void* bias, int64_t m, int64_t n,
+                   int64_t ld) {
+  TE_DISPATCH_FLOAT(dtype, "bias_rows", [&] {
+    using T = scalar_t;
+    bias_rows_kernel<T><<<blocks_for(m * n), kThreads, 0, current_stream()>>>(
+        static_cast<T*>(out), static_cast<const T*>(bias), m, n, ld);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
 // The product of an empty reduction (k = 0): out = beta C (+ bias), rows ld apart.
 template <typename T>
 __global__ void empty_product_kernel(T* out, const T* c, Acc<T> beta, const T* __restrict__ bias,
@@ -205,15 +216,7 @@ bool gemm_cuda(const GemmArgs& g) {
     TORCH_CHECK(run_plan(g, p), "te_cpp: cuBLASLt has no algorithm for a ", g.dtype, " GEMM (m ",
                 g.m, ", n ", g.n, ", k ", g.k, ")");
   }
-  if (p.bias_left) {
-    const int64_t total = g.m * g.n;
-    TE_DISPATCH_FLOAT(g.dtype, "linear", [&] {
-      using T = scalar_t;
-      bias_rows_kernel<T><<<blocks_for(total), kThreads, 0, current_stream()>>>(
-          static_cast<T*>(p.out), static_cast<const T*>(g.bias), g.m, g.n, g.ldd);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-  }
+  if (p.bias_left) add_bias_rows(g.dtype, p.out, g.bias, g.m, g.n, g.ldd);
   if (p.bgrad_left) {
     // bgrad = the row sums of op(A) = dy^T: the column sums of the stored, contiguous dy
     TORCH_INTERNAL_ASSERT(g.trans_a && g.lda == g.m, "gemm_cuda: kBiasGrad needs A = dy^T");
@@ -241,20 +244,10 @@ void fp8_gemm_cuda(const Fp8GemmArgs& f) {
   TE_CHECK(aligned(f.a) && aligned(f.b) && aligned(f.d), op,
            "the FP8 GEMM needs 16-byte aligned operands (m ", f.m, ", n ", f.n, ", k ", f.k,
            ")");
-  // the bias added to D's rows by our kernel, where cuBLASLt does not take it as an epilogue
-  const auto add_bias_rows = [&] {
-    const int64_t total = f.m * f.n;
-    TE_DISPATCH_FLOAT(f.out_dtype, "fp8_gemm", [&] {
-      using T = scalar_t;
-      bias_rows_kernel<T><<<blocks_for(total), kThreads, 0, current_stream()>>>(
-          static_cast<T*>(f.d), static_cast<const T*>(f.bias), f.m, f.n, f.n);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-  };
   if (f.k == 0) {
     const size_t bytes = static_cast<size_t>(f.m * f.n) * c10::elementSize(f.out_dtype);
     C10_CUDA_CHECK(cudaMemsetAsync(f.d, 0, bytes, current_stream()));
-    if (f.bias != nullptr) add_bias_rows();
+    if (f.bias != nullptr) add_bias_rows(f.out_dtype, f.d, f.bias, f.m, f.n, f.n);
     return;
   }
   // TN: cuBLASLt's A is our b [n, k] read transposed, its B our a [m, k]; both have k
@@ -281,7 +274,8 @@ void fp8_gemm_cuda(const Fp8GemmArgs& f) {
   }
   TE_CHECK(cublaslt::run(mm), op, "cuBLASLt has no FP8 algorithm for m ", f.m, ", n ", f.n,
            ", k ", f.k, " (", f.a_fp8, " x ", f.b_fp8, " -> ", f.out_dtype, ")");
-  if (f.bias != nullptr) add_bias_rows();
+  // the bias by our kernel where cuBLASLt did not take it as an epilogue
+  if (f.bias != nullptr) add_bias_rows(f.out_dtype, f.d, f.bias, f.m, f.n, f.n);
 }
 
 }  // namespace
