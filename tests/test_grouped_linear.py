@@ -183,6 +183,31 @@ def test_bad_split_sizes_are_clear_errors():
         op(torch.randn(6, IN + 1), torch.tensor([2, 2, 2]))
 
 
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+@pytest.mark.parametrize("alone", [True, False], ids=["op", "sequential"])
+def test_split_sizes_not_a_tensor_is_a_clear_error(alone, grad):
+    """TransformerEngine's ops take their extra inputs as tensors (GroupedLinear's split sizes
+    as an integer tensor); a Python list gets a TypeError naming the op, not an
+    AttributeError from inside the fuser."""
+    op = te.ops.GroupedLinear(3, IN, OUT)
+    model = op if alone else te.ops.Sequential(te.ops.Identity(), op)
+    x = torch.randn(6, IN, requires_grad=grad)
+    with torch.set_grad_enabled(grad), pytest.raises(
+            TypeError, match=r"GroupedLinear: extra input 0 must be a torch\.Tensor, got list"):
+        model(x, [2, 2, 2])
+
+
+def test_split_sizes_not_a_tensor_under_compile_is_a_clear_error():
+    """Under torch.compile(fullgraph=True) the same message on the first line (raised at trace
+    time, as te.ops.CompileUnsupportedError), not Dynamo's "Observed exception"."""
+    model = te.ops.Sequential(te.ops.GroupedLinear(3, IN, OUT))
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with pytest.raises(te.ops.CompileUnsupportedError) as info:
+        compiled(torch.randn(6, IN), [2, 2, 2])
+    assert str(info.value).splitlines()[0] == (
+        "GroupedLinear: extra input 0 must be a torch.Tensor, got list")
+
+
 def test_bad_constructor_arguments():
     with pytest.raises(ValueError, match="GroupedLinear: num_groups must be a positive int"):
         te.ops.GroupedLinear(0, 4, 4)

@@ -100,6 +100,19 @@ class OperationFuser:
 
     # ---- planning ---------------------------------------------------------------------------
 
+    def _raise_extra_input_type(self, extra_inputs):
+        """TypeError naming the op whose extra input is not a tensor (TransformerEngine's ops
+        take every extra input as a tensor, GroupedLinear's split sizes included); under
+        torch.compile the same message as a CompileUnsupportedError, raised at trace time so
+        that it reaches the caller first-line."""
+        for (op_idx, slot), t in zip(self._routing.public_extra_inputs, extra_inputs):
+            if not isinstance(t, torch.Tensor):
+                msg = (f"{type(self._basic_ops[op_idx]).__name__}: extra input {slot} must be "
+                       f"a torch.Tensor, got {type(t).__name__}")
+                if torch.compiler.is_compiling():
+                    _raise_at_trace_time(msg)
+                raise TypeError(msg)
+
     def _first_op_requiring_backward(self, input_requires_grad: bool, extra_inputs) -> int:
         """The first basic op the backward reaches: the first whose input, parameters or
         public extra inputs need a gradient."""
@@ -182,6 +195,9 @@ class OperationFuser:
         if len(extra_inputs) != self.num_extra_inputs:
             raise ValueError(f"OperationFuser expected {self.num_extra_inputs} extra inputs, "
                              f"got {len(extra_inputs)}")
+        for t in extra_inputs:
+            if not isinstance(t, torch.Tensor):
+                self._raise_extra_input_type(extra_inputs)
         if basic_op_kwargs is not None:
             basic_op_kwargs = self._check_kwargs(basic_op_kwargs)
         compiling = torch.compiler.is_compiling()
@@ -331,6 +347,13 @@ def _compiled_configuration(fuser: OperationFuser, recipe_key, first: int, dtype
             raise compile_unsupported_error()(
                 f"{op.__class__.__name__} cannot run under torch.compile: {reason}")
     return id(plan), id(states)
+
+
+@mark_constant_result
+def _raise_at_trace_time(msg: str) -> bool:
+    """Raises ``msg`` as a CompileUnsupportedError from a function Dynamo runs at trace time
+    (see _compiled_configuration)."""
+    raise compile_unsupported_error()(msg)
 
 
 @mark_constant_result
