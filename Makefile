@@ -23,8 +23,10 @@ test: build
 # The demo draws its PNG with matplotlib: installed here when an index is reachable (without
 # it the demo says so and skips the picture).
 demo: build
-	@py=$(PY); $$py -c "import matplotlib" 2>/dev/null || $$py -m pip install -q matplotlib >&2 \
-		|| echo "[demo] could not install matplotlib: no PNG this time" >&2; \
+	@py=$(PY); $$py -c "import matplotlib" 2>/dev/null || { \
+		echo "[demo] installing matplotlib (for the plot) ..." >&2; \
+		$$py -m pip install -q matplotlib >&2 \
+		|| echo "[demo] could not install matplotlib: no PNG this time" >&2; }; \
 		$$py examples/train_residual_mlp.py
 
 # Tensor and sequence parallelism: examples/train_tensor_parallel.py on 2 CPU ranks (gloo),
