@@ -221,6 +221,37 @@ def test_compiled_fp8_mlp_block_equals_eager(recipe_name):
     assert sum(gemm in str(n.target) for n in backend.bw_graphs[0].graph.nodes) == 4
 
 
+@pytest.mark.parametrize("make_recipe", [te.recipe.Float8CurrentScaling, te.recipe.MXFP8BlockScaling,
+                                         te.recipe.Float8BlockScaling, te.recipe.NVFP4BlockScaling],
+                         ids=["current", "mxfp8", "block", "nvfp4"])
+def test_compiled_forward_saves_no_more_high_precision_than_eager(make_recipe):
+    """Every compilable recipe: the compiled forward (aot_eager's partition) saves for backward
+    no high-precision tensor that eager does not, beyond the graph's own inputs (a parameter
+    kept for the backward to quantize again costs no memory): the quantized operands cross as
+    their uint8 bytes and scales, not as dequantized fp32 copies. Shapes off the MXFP8 GEMM's
+    blocks (ffn 160) make the linears' GEMMs dequantize inside the graphs."""
+    torch.manual_seed(0)
+    eager = te_prenorm_mlp(64, 160)
+    backend = AotEagerAndRecordGraphs()
+    compiled = torch.compile(copy.deepcopy(eager), backend=backend, fullgraph=True)
+    x = torch.randn(2, 64, 64, requires_grad=True)
+    with te.autocast(recipe=make_recipe()):
+        y = eager(x)
+        compiled(x.detach().clone().requires_grad_())
+
+    def high_precision_bytes(tensors):
+        return sum(t.numel() * t.element_size() for t in tensors if t.is_floating_point())
+
+    saved_eager = [t for t in y.grad_fn.saved_tensors if t is not None]
+    fw = backend.fw_graphs[0]
+    out = next(n for n in fw.graph.nodes if n.op == "output").args[0]
+    saved_compiled = [a.meta["val"] for a in out[1:]
+                      if isinstance(a, torch.fx.Node) and a.op != "placeholder"
+                      and isinstance(a.meta.get("val"), torch.Tensor)]
+    assert any(t.dtype == torch.uint8 for t in saved_compiled)
+    assert high_precision_bytes(saved_compiled) <= high_precision_bytes(saved_eager)
+
+
 @pytest.mark.parametrize("act", ["GELU", "SwiGLU", "ReLU"])
 def test_cache_quantized_input(act):
     """The activation computes on, and saves only, the FP8 (current scaling, E4M3) copy of its
