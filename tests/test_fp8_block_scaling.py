@@ -20,6 +20,7 @@ from transformer_engine_cpp.quantization.fp8_block import (Float8BlockQuantizer,
                                                            Float8BlockScalingRecipeState,
                                                            Float8BlockwiseQTensor,
                                                            Float8BlockwiseQTensorStorage)
+from transformer_engine_cpp.quantization.tensor import as_storage
 from transformer_engine_cpp.testing.reference import te_prenorm_mlp
 from tolerances import COMPILED_VS_EAGER, tols
 
@@ -546,3 +547,48 @@ def test_backward_override(override):
         w_ref, x_ref = fq(w, E4M3, 2), fq(xd, E4M3, 1)
     torch.testing.assert_close(x.grad.double(), dy.double() @ w_ref, **FP32)
     torch.testing.assert_close(op.weight.grad.double(), dy.double().t() @ x_ref, **FP32)
+
+
+def test_quantized_weights_train_compile_cast_and_checkpoint(tmp_path):
+    """te.quantized_model_init under Float8BlockScaling: the weights are Float8BlockwiseQTensors
+    with both copies in 128x128 tiles (what quantizing the weight per call gives, so the same
+    forward), an optimizer step re-quantizes them in place (both copies), compiled equals eager,
+    and a checkpoint loads with torch.load's default weights_only=True."""
+    recipe = te.recipe.Float8BlockScaling()
+    E4M3 = torch.float8_e4m3fn
+
+    def make():
+        torch.manual_seed(0)
+        return te.ops.Sequential(te.ops.Linear(160, 130), te.ops.GELU(), te.ops.Linear(130, 96))
+
+    with te.quantized_model_init(recipe=recipe):
+        model = make()
+    plain = make()
+    w = model[0].weight
+    assert isinstance(w, te.Float8BlockwiseQTensor) and w._is_2D_scaled
+    assert w._rowwise_data is not None and w._columnwise_data is not None
+    x = torch.randn(2, 20, 160, requires_grad=True)
+    with te.autocast(recipe=recipe):
+        y, y_plain = model(x), plain(x)
+    assert torch.equal(y, y_plain)
+    y.sum().backward()
+    before, grad = w.dequantize().detach().clone(), w.grad.clone()
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    w = model[0].weight
+    assert isinstance(w, te.Float8BlockwiseQTensor)  # re-quantized in place, both copies
+    updated = before.clone().add_(grad, alpha=-0.1)  # SGD's update, in fp32
+    torch.testing.assert_close(w.dequantize().double(), fq(updated, E4M3, 2), rtol=0, atol=0)
+    torch.testing.assert_close(as_storage(w).dequantize_columnwise().double(),
+                               fq_cols(updated, E4M3, 2), rtol=0, atol=0)
+    assert not torch.equal(w.dequantize(), before)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with te.autocast(recipe=recipe):
+        assert torch.equal(compiled(x), model(x))
+    torch.save(model.state_dict(), tmp_path / "ckpt.pt")
+    with te.quantized_model_init(recipe=recipe):
+        restored = make()
+    restored.load_state_dict(torch.load(tmp_path / "ckpt.pt"))
+    assert torch.equal(restored[0].weight.dequantize(), w.dequantize())
+    model.bfloat16()
+    assert isinstance(model[0].weight, te.Float8BlockwiseQTensor)
+    assert model[0].weight.dtype == torch.bfloat16

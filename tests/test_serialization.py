@@ -178,7 +178,8 @@ RECIPES = {
     "NVFP4BlockScaling": R.NVFP4BlockScaling,
 }
 #: te.quantized_model_init is implemented for these recipes' weights
-QUANTIZED_WEIGHTS = ("Float8CurrentScaling", "DelayedScaling", "MXFP8BlockScaling")
+QUANTIZED_WEIGHTS = ("Float8CurrentScaling", "DelayedScaling", "MXFP8BlockScaling",
+                     "Float8BlockScaling")
 
 
 def _mlp(recipe=None, seed=0):

@@ -439,6 +439,26 @@ class MXFP8TensorStorage(RowColumnStorage):
             self._columnwise_data = self._columnwise_scale_inv = None
 
 
+def requantize_row_column(t, values: torch.Tensor, op=None) -> None:
+    """Re-quantize ``values`` into the buffers of ``t`` (a tensor with row-wise and column-wise
+    copies: MXFP8Tensor, Float8BlockwiseQTensor), the copies it holds, with its quantizer."""
+    name = type(t).__name__
+    if t._quantizer is None:
+        raise RuntimeError(
+            f"{name}: {_op_name(op)} writes into a {name} of shape {tuple(t.shape)} that has "
+            "no quantizer to re-quantize the result; build it with a quantizer or dequantize() "
+            "it first")
+    fresh = t._quantizer.quantize_storage(
+        values.to(t.dtype), rowwise=t._rowwise_data is not None,
+        columnwise=t._columnwise_data is not None, op=name)
+    with torch.no_grad():
+        for buf in ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data",
+                    "_columnwise_scale_inv"):
+            mine = getattr(t, buf)
+            if mine is not None:
+                mine.copy_(getattr(fresh, buf))
+
+
 class MXFP8Tensor(QuantizedTensorFace, MXFP8TensorStorage, QuantizedTensor):
     """MXFP8 tensor (E8M0 scale per 32 consecutive elements); ``dtype`` is the nominal dtype."""
 
@@ -454,22 +474,7 @@ class MXFP8Tensor(QuantizedTensorFace, MXFP8TensorStorage, QuantizedTensor):
         return self
 
     def _requantize_from(self, values: torch.Tensor, op=None) -> None:
-        """Re-quantize ``values`` into this tensor's buffers (the copies it holds) with its
-        quantizer."""
-        if self._quantizer is None:
-            raise RuntimeError(
-                f"MXFP8Tensor: {_op_name(op)} writes into an MXFP8Tensor of shape "
-                f"{tuple(self.shape)} that has no quantizer to re-quantize the result; build it "
-                "with a quantizer or dequantize() it first")
-        fresh = self._quantizer.quantize_storage(
-            values.to(self.dtype), rowwise=self._rowwise_data is not None,
-            columnwise=self._columnwise_data is not None, op="MXFP8Tensor")
-        with torch.no_grad():
-            for name in ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data",
-                         "_columnwise_scale_inv"):
-                mine = getattr(self, name)
-                if mine is not None:
-                    mine.copy_(getattr(fresh, name))
+        requantize_row_column(self, values, op)
 
     def update_quantizer(self, quantizer) -> None:
         """Re-quantize later in-place updates with ``quantizer`` (an op binds its quantized
@@ -504,14 +509,18 @@ def bind_quantizer(t: "QuantizedTensor", quantizer) -> None:
     delayed-scaling amax ``t``'s previous quantizer recorded is carried over. A function, not a
     method, as ``as_storage``: the fuser binds an op's weight while building a plan, which
     torch.compile may trace."""
+    from .fp8_block import Float8BlockQuantizer, Float8BlockwiseQTensor  # noqa: PLC0415
     from .quantizer import (Float8CurrentScalingQuantizer, Float8Quantizer,  # noqa: PLC0415
                             MXFP8Quantizer)
 
-    kinds = ((Float8CurrentScalingQuantizer, Float8Quantizer) if isinstance(t, Float8Tensor)
-             else (MXFP8Quantizer,))
+    if isinstance(t, Float8Tensor):
+        kinds, what = (Float8CurrentScalingQuantizer, Float8Quantizer), "a per-tensor FP8"
+    elif isinstance(t, Float8BlockwiseQTensor):
+        kinds, what = (Float8BlockQuantizer,), "a Float8BlockQuantizer"
+    else:
+        kinds, what = (MXFP8Quantizer,), "an MXFP8"
     if not isinstance(quantizer, kinds) or quantizer.dtype != t._fp8_dtype:
-        raise ValueError(f"{type(t).__name__}.update_quantizer: expected a "
-                         f"{'per-tensor FP8' if isinstance(t, Float8Tensor) else 'an MXFP8'} "
+        raise ValueError(f"{type(t).__name__}.update_quantizer: expected {what} "
                          f"quantizer of {t._fp8_dtype}, got {quantizer!r}")
     old = t._quantizer
     if old is quantizer:
@@ -533,7 +542,13 @@ def as_storage(t: QuantizedTensorStorage) -> QuantizedTensorStorage:
         return MXFP8TensorStorage(t._rowwise_data, t._rowwise_scale_inv, t._columnwise_data,
                                   t._columnwise_scale_inv, t._fp8_dtype, t.dtype, t.shape,
                                   t._quantizer)
-    return t
+    to_storage = STORAGE_OF.get(type(t))
+    return t if to_storage is None else to_storage(t)
+
+
+# as_storage for the tensor classes defined in other modules (Float8BlockwiseQTensor): the
+# function building the bare storage over a tensor's buffers, by tensor class.
+STORAGE_OF: dict = {}
 
 
 def _mx_detach(t):

@@ -13,6 +13,7 @@ from .._common import (accumulate_main_grad, autocast_dtype, canonicalize_device
                        materialize_device)
 from ... import _comm
 from ...quantization import FP8GlobalStateManager, RecipeState
+from ...quantization.fp8_block import Float8BlockQuantizer
 from ...quantization.quantizer import (Float8CurrentScalingQuantizer, MXFP8Quantizer,
                                        _PerTensorQuantizer, check_mxfp8_shape)
 from ...quantization.tensor import (Float8Tensor, Float8TensorStorage, MXFP8Tensor,
@@ -85,10 +86,14 @@ def _columnwise(q: Float8TensorStorage) -> torch.Tensor:
     return data.t().contiguous()
 
 
-def quantized_weight(w: torch.nn.Parameter, quantizer, who: str) -> torch.nn.Parameter:
+def quantized_weight(w: torch.nn.Parameter, quantizer, who: str,
+                     kinds: tuple = (_PerTensorQuantizer, MXFP8Quantizer, Float8BlockQuantizer)
+                     ) -> torch.nn.Parameter:
     """te.quantized_model_init: ``w`` as a quantized Parameter (a Float8Tensor for the
-    per-tensor recipes, an MXFP8Tensor with both copies for MXFP8BlockScaling)."""
-    if not isinstance(quantizer, (_PerTensorQuantizer, MXFP8Quantizer)):
+    per-tensor recipes, an MXFP8Tensor with both copies for MXFP8BlockScaling, a
+    Float8BlockwiseQTensor with both copies for Float8BlockScaling); ``kinds``: the quantizers
+    the op takes (NotImplementedError naming the op otherwise)."""
+    if not isinstance(quantizer, kinds):
         raise NotImplementedError(f"{who}: quantized weights (te.quantized_model_init) are not "
                                   f"implemented for {type(quantizer).__name__}")
     if isinstance(quantizer, MXFP8Quantizer):

@@ -16,7 +16,7 @@ from .._common import (accumulate_main_grad, autocast_dtype, canonicalize_device
                        materialize_device)
 from ...quantization import FP8GlobalStateManager, RecipeState
 from ...quantization.quantizer import (Float8CurrentScalingQuantizer, Float8Quantizer,
-                                       MXFP8Quantizer)
+                                       MXFP8Quantizer, _PerTensorQuantizer)
 from ...quantization.tensor import (Float8TensorStorage, MXFP8TensorStorage, QuantizedTensor,
                                     QuantizedTensorStorage, as_storage)
 from .. import _quantized
@@ -294,8 +294,8 @@ class GroupedLinear(BasicOperation):
         quantizers = RecipeState.create(recipe, mode="forward",
                                         num_quantizers=2 * self.num_groups).make_quantizers()
         for i, w in enumerate(self.weights()):
-            self.register_parameter(f"weight{i}",
-                                    quantized_weight(w, quantizers[2 * i + 1], "GroupedLinear"))
+            self.register_parameter(f"weight{i}", quantized_weight(
+                w, quantizers[2 * i + 1], "GroupedLinear", (_PerTensorQuantizer, MXFP8Quantizer)))
 
     def reset_recipe_state(self, *, recipe) -> None:
         """Quantized weights re-quantize their in-place updates with this op's weight
