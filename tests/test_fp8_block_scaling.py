@@ -22,6 +22,7 @@ from transformer_engine_cpp.quantization.fp8_block import (Float8BlockQuantizer,
                                                            Float8BlockwiseQTensorStorage)
 from transformer_engine_cpp.quantization.tensor import as_storage
 from transformer_engine_cpp.testing.reference import te_prenorm_mlp
+from harness import check_quantized_weights_compile_checkpoint_cast
 from tolerances import COMPILED_VS_EAGER, tols
 
 ops = torch.ops.te_cpp
@@ -581,14 +582,5 @@ def test_quantized_weights_train_compile_cast_and_checkpoint(tmp_path):
     torch.testing.assert_close(as_storage(w).dequantize_columnwise().double(),
                                fq_cols(updated, E4M3, 2), rtol=0, atol=0)
     assert not torch.equal(w.dequantize(), before)
-    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
-    with te.autocast(recipe=recipe):
-        assert torch.equal(compiled(x), model(x))
-    torch.save(model.state_dict(), tmp_path / "ckpt.pt")
-    with te.quantized_model_init(recipe=recipe):
-        restored = make()
-    restored.load_state_dict(torch.load(tmp_path / "ckpt.pt"))
-    assert torch.equal(restored[0].weight.dequantize(), w.dequantize())
-    model.bfloat16()
-    assert isinstance(model[0].weight, te.Float8BlockwiseQTensor)
-    assert model[0].weight.dtype == torch.bfloat16
+    check_quantized_weights_compile_checkpoint_cast(model, make, recipe, x, tmp_path,
+                                                    te.Float8BlockwiseQTensor)

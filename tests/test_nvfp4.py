@@ -9,6 +9,7 @@ import torch
 
 import transformer_engine_cpp as te
 from device_code import compile_ptx
+from harness import check_quantized_weights_compile_checkpoint_cast
 from transformer_engine_cpp.quantization.nvfp4 import NVFP4Quantizer, NVFP4TensorStorage
 
 ops = torch.ops.te_cpp
@@ -519,3 +520,46 @@ def test_shared_nvfp4_rules_compile_as_cuda_device_code(tmp_path):
     """tests/cpp/nvfp4_math_device.cu calls every function of csrc/common/fp4.h from a CUDA
     kernel: nvcc -ptx refuses a host-only call, and -Werror all-warnings any warning."""
     assert compile_ptx("nvfp4_math_device.cu", tmp_path).count(".entry ") == 1
+
+
+def test_quantized_weights_train_compile_cast_and_checkpoint(tmp_path):
+    """te.quantized_model_init under NVFP4BlockScaling: the weights are NVFP4Tensors with both
+    copies (the recipe's weight quantizer: 16x16 blocks, no transform, no stochastic rounding),
+    the same forward as quantizing the weight per call, an optimizer step re-quantizes both
+    copies in place, compiled equals eager, and a checkpoint loads with torch.load's default
+    weights_only=True."""
+    from transformer_engine_cpp.quantization.tensor import as_storage
+
+    recipe = te.recipe.NVFP4BlockScaling(disable_stochastic_rounding=True)
+
+    def make():
+        torch.manual_seed(0)
+        return te.ops.Sequential(te.ops.Linear(64, 48), te.ops.GELU(), te.ops.Linear(48, 32))
+
+    with te.quantized_model_init(recipe=recipe):
+        model = make()
+    plain = make()
+    w = model[0].weight
+    assert isinstance(w, te.NVFP4Tensor)
+    assert w._rowwise_data is not None and w._columnwise_data is not None
+    assert w._quantizer.with_2d_quantization and not w._quantizer.with_rht
+    x = torch.randn(32, 64, requires_grad=True)
+    with te.autocast(recipe=recipe):
+        y, y_plain = model(x), plain(x)
+    assert torch.equal(y, y_plain)
+    y.sum().backward()
+    before, grad = w.dequantize().detach().clone(), w.grad.clone()
+    quantizer = w._quantizer
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    w = model[0].weight
+    assert isinstance(w, te.NVFP4Tensor)  # re-quantized in place, both copies
+    updated = before.clone().add_(grad, alpha=-0.1)  # SGD's update, in fp32
+    fresh = quantizer.quantize_storage(updated, rowwise=True, columnwise=True)
+    assert torch.equal(w.dequantize(), fresh.dequantize_rowwise())
+    assert torch.equal(as_storage(w).dequantize_columnwise(), fresh.dequantize_columnwise())
+    assert not torch.equal(w.dequantize(), before)
+    check_quantized_weights_compile_checkpoint_cast(model, make, recipe, x, tmp_path,
+                                                    te.NVFP4Tensor)
+    with pytest.raises(ValueError, match="multiples of 16"):
+        with te.quantized_model_init(recipe=recipe):
+            te.ops.Linear(64, 40)

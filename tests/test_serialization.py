@@ -179,7 +179,7 @@ RECIPES = {
 }
 #: te.quantized_model_init is implemented for these recipes' weights
 QUANTIZED_WEIGHTS = ("Float8CurrentScaling", "DelayedScaling", "MXFP8BlockScaling",
-                     "Float8BlockScaling")
+                     "Float8BlockScaling", "NVFP4BlockScaling")
 
 
 def _mlp(recipe=None, seed=0):

@@ -441,7 +441,8 @@ class MXFP8TensorStorage(RowColumnStorage):
 
 def requantize_row_column(t, values: torch.Tensor, op=None) -> None:
     """Re-quantize ``values`` into the buffers of ``t`` (a tensor with row-wise and column-wise
-    copies: MXFP8Tensor, Float8BlockwiseQTensor), the copies it holds, with its quantizer."""
+    copies: MXFP8Tensor, Float8BlockwiseQTensor, NVFP4Tensor; its ``_BUFFER_NAMES``), the
+    copies it holds, with its quantizer."""
     name = type(t).__name__
     if t._quantizer is None:
         raise RuntimeError(
@@ -452,8 +453,7 @@ def requantize_row_column(t, values: torch.Tensor, op=None) -> None:
         values.to(t.dtype), rowwise=t._rowwise_data is not None,
         columnwise=t._columnwise_data is not None, op=name)
     with torch.no_grad():
-        for buf in ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data",
-                    "_columnwise_scale_inv"):
+        for buf in t._BUFFER_NAMES:
             mine = getattr(t, buf)
             if mine is not None:
                 mine.copy_(getattr(fresh, buf))
@@ -510,6 +510,7 @@ def bind_quantizer(t: "QuantizedTensor", quantizer) -> None:
     method, as ``as_storage``: the fuser binds an op's weight while building a plan, which
     torch.compile may trace."""
     from .fp8_block import Float8BlockQuantizer, Float8BlockwiseQTensor  # noqa: PLC0415
+    from .nvfp4 import NVFP4Quantizer, NVFP4Tensor  # noqa: PLC0415
     from .quantizer import (Float8CurrentScalingQuantizer, Float8Quantizer,  # noqa: PLC0415
                             MXFP8Quantizer)
 
@@ -517,11 +518,14 @@ def bind_quantizer(t: "QuantizedTensor", quantizer) -> None:
         kinds, what = (Float8CurrentScalingQuantizer, Float8Quantizer), "a per-tensor FP8"
     elif isinstance(t, Float8BlockwiseQTensor):
         kinds, what = (Float8BlockQuantizer,), "a Float8BlockQuantizer"
+    elif isinstance(t, NVFP4Tensor):
+        kinds, what = (NVFP4Quantizer,), "an NVFP4"
     else:
         kinds, what = (MXFP8Quantizer,), "an MXFP8"
-    if not isinstance(quantizer, kinds) or quantizer.dtype != t._fp8_dtype:
+    fmt = t._fp4_dtype if isinstance(t, NVFP4Tensor) else t._fp8_dtype
+    if not isinstance(quantizer, kinds) or quantizer.dtype != fmt:
         raise ValueError(f"{type(t).__name__}.update_quantizer: expected {what} "
-                         f"quantizer of {t._fp8_dtype}, got {quantizer!r}")
+                         f"quantizer of {fmt}, got {quantizer!r}")
     old = t._quantizer
     if old is quantizer:
         return

@@ -14,6 +14,7 @@ from .._common import (accumulate_main_grad, autocast_dtype, canonicalize_device
 from ... import _comm
 from ...quantization import FP8GlobalStateManager, RecipeState
 from ...quantization.fp8_block import Float8BlockQuantizer
+from ...quantization.nvfp4 import NVFP4Quantizer, check_nvfp4_shape
 from ...quantization.quantizer import (Float8CurrentScalingQuantizer, MXFP8Quantizer,
                                        _PerTensorQuantizer, check_mxfp8_shape)
 from ...quantization.tensor import (Float8Tensor, Float8TensorStorage, MXFP8Tensor,
@@ -87,17 +88,20 @@ def _columnwise(q: Float8TensorStorage) -> torch.Tensor:
 
 
 def quantized_weight(w: torch.nn.Parameter, quantizer, who: str,
-                     kinds: tuple = (_PerTensorQuantizer, MXFP8Quantizer, Float8BlockQuantizer)
-                     ) -> torch.nn.Parameter:
+                     kinds: tuple = (_PerTensorQuantizer, MXFP8Quantizer, Float8BlockQuantizer,
+                                     NVFP4Quantizer)) -> torch.nn.Parameter:
     """te.quantized_model_init: ``w`` as a quantized Parameter (a Float8Tensor for the
     per-tensor recipes, an MXFP8Tensor with both copies for MXFP8BlockScaling, a
-    Float8BlockwiseQTensor with both copies for Float8BlockScaling); ``kinds``: the quantizers
-    the op takes (NotImplementedError naming the op otherwise)."""
+    Float8BlockwiseQTensor for Float8BlockScaling, an NVFP4Tensor for NVFP4BlockScaling, both
+    copies each); ``kinds``: the quantizers the op takes (NotImplementedError naming the op
+    otherwise)."""
     if not isinstance(quantizer, kinds):
         raise NotImplementedError(f"{who}: quantized weights (te.quantized_model_init) are not "
                                   f"implemented for {type(quantizer).__name__}")
     if isinstance(quantizer, MXFP8Quantizer):
         check_mxfp8_shape(who, w.shape, rowwise=True, columnwise=True)
+    if isinstance(quantizer, NVFP4Quantizer):
+        check_nvfp4_shape(who, w.shape, rowwise=True, columnwise=True)
     return torch.nn.Parameter(quantizer.quantize(w.detach()), requires_grad=w.requires_grad)
 
 
