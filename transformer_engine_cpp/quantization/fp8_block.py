@@ -20,9 +20,8 @@ import torch
 
 from .quantizer import Quantizer
 from .recipe_state import RecipeState
-from .tensor import (STORAGE_OF, QuantizedTensor, QuantizedTensorFace, RowColumnStorage,
-                     _mx_clone, _mx_to_copy, _wrapper_mode, aten, bind_quantizer,
-                     check_fp8_dtype, requantize_row_column)
+from .tensor import (QuantizedTensor, QuantizedTensorFace, RowColumnStorage, RowColumnTensor,
+                     check_fp8_dtype, register_row_column_tensor)
 
 __all__ = ["Float8BlockQuantizer", "Float8BlockwiseQTensorStorage", "Float8BlockwiseQTensor",
            "Float8BlockScalingRecipeState"]
@@ -95,7 +94,7 @@ class Float8BlockwiseQTensorStorage(RowColumnStorage):
             self._columnwise_data = self._columnwise_scale_inv = None
 
 
-class Float8BlockwiseQTensor(QuantizedTensorFace, Float8BlockwiseQTensorStorage,
+class Float8BlockwiseQTensor(RowColumnTensor, QuantizedTensorFace, Float8BlockwiseQTensorStorage,
                              QuantizedTensor):
     """Block-scaled FP8 tensor; ``dtype`` is the nominal dtype. ``detach``, ``alias``,
     ``clone`` and ``_to_copy`` keep the buffers; other ops run on the dequantized tensor, and
@@ -115,50 +114,10 @@ class Float8BlockwiseQTensor(QuantizedTensorFace, Float8BlockwiseQTensorStorage,
                                                dtype, shape, is_2D_scaled, quantizer)
         return self
 
-    def _requantize_from(self, values: torch.Tensor, op=None) -> None:
-        requantize_row_column(self, values, op)
-
-    def update_quantizer(self, quantizer) -> None:
-        """Re-quantize later in-place updates with ``quantizer`` (``bind_quantizer``)."""
-        bind_quantizer(self, quantizer)
-
-    def _with_buffers(self, fn, dtype: Optional[torch.dtype] = None):
-        """A new Float8BlockwiseQTensor over ``fn`` of each buffer (None stays None)."""
-        bufs = [None if b is None else fn(b) for b in self.buffers()]
-        with _wrapper_mode(self):
-            return Float8BlockwiseQTensor(*bufs, self._fp8_dtype,
-                                          self.dtype if dtype is None else dtype, self.shape,
-                                          self._is_2D_scaled, self._quantizer)
-
-    # torch.compile support: the subclass flattens to the buffers it holds.
-    _BUFFER_NAMES = ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data",
-                     "_columnwise_scale_inv")
-
-    def __tensor_flatten__(self):
-        names = [n for n in self._BUFFER_NAMES if getattr(self, n) is not None]
-        return names, (self._fp8_dtype, self.dtype, tuple(self.shape), self._is_2D_scaled)
-
-    @staticmethod
-    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
-        fp8_dtype, dtype, shape, is_2d = meta
-        bufs = [inner.get(n) for n in Float8BlockwiseQTensor._BUFFER_NAMES]
-        return Float8BlockwiseQTensor(*bufs, fp8_dtype, dtype, shape, is_2d)
+    _CONSTANT_NAMES = ("_fp8_dtype", "dtype", "shape", "_is_2D_scaled")
 
 
-def _block_detach(t):
-    with _wrapper_mode(t):
-        return Float8BlockwiseQTensor(t._rowwise_data, t._rowwise_scale_inv, t._columnwise_data,
-                                      t._columnwise_scale_inv, t._fp8_dtype, t.dtype, t.shape,
-                                      t._is_2D_scaled, t._quantizer)
-
-
-Float8BlockwiseQTensor._HANDLED = {aten.detach.default: _block_detach,
-                                   aten.alias.default: _block_detach,
-                                   aten.clone.default: _mx_clone,
-                                   aten._to_copy.default: _mx_to_copy}
-STORAGE_OF[Float8BlockwiseQTensor] = lambda t: Float8BlockwiseQTensorStorage(
-    t._rowwise_data, t._rowwise_scale_inv, t._columnwise_data, t._columnwise_scale_inv,
-    t._fp8_dtype, t.dtype, t.shape, t._is_2D_scaled, t._quantizer)
+register_row_column_tensor(Float8BlockwiseQTensor, Float8BlockwiseQTensorStorage)
 
 
 class Float8BlockQuantizer(Quantizer):

@@ -29,9 +29,8 @@ import torch
 
 from ..constants import DType
 from .quantizer import Quantizer
-from .tensor import (STORAGE_OF, QuantizedTensor, QuantizedTensorFace, RowColumnStorage,
-                     _mx_clone, _mx_to_copy, _wrapper_mode, bind_quantizer,
-                     requantize_row_column)
+from .tensor import (QuantizedTensor, QuantizedTensorFace, RowColumnStorage, RowColumnTensor,
+                     register_row_column_tensor)
 
 __all__ = ["NVFP4Quantizer", "NVFP4TensorStorage", "NVFP4Tensor"]
 
@@ -205,7 +204,7 @@ class NVFP4TensorStorage(RowColumnStorage):
             self._columnwise_data = self._columnwise_scale_inv = self._amax_columnwise = None
 
 
-class NVFP4Tensor(QuantizedTensorFace, NVFP4TensorStorage, QuantizedTensor):
+class NVFP4Tensor(RowColumnTensor, QuantizedTensorFace, NVFP4TensorStorage, QuantizedTensor):
     """NVFP4 tensor; ``dtype`` is the nominal high-precision dtype. ``detach``, ``alias``,
     ``clone`` and ``_to_copy`` keep the buffers; other ops run on the dequantized tensor, and
     an in-place op (an optimizer step on a quantized weight) re-quantizes the result into the
@@ -223,44 +222,9 @@ class NVFP4Tensor(QuantizedTensorFace, NVFP4TensorStorage, QuantizedTensor):
                                     dtype, shape, columnwise_rht, quantizer)
         return self
 
-    def _requantize_from(self, values: torch.Tensor, op=None) -> None:
-        requantize_row_column(self, values, op)
-
-    def update_quantizer(self, quantizer) -> None:
-        """Re-quantize later in-place updates with ``quantizer`` (``bind_quantizer``)."""
-        bind_quantizer(self, quantizer)
-
-    def _with_buffers(self, fn, dtype: Optional[torch.dtype] = None):
-        """A new NVFP4Tensor over ``fn`` of each buffer (None stays None)."""
-        bufs = [None if b is None else fn(b) for b in NVFP4TensorStorage.buffers(self)]
-        with _wrapper_mode(self):
-            return NVFP4Tensor(*bufs, self.dtype if dtype is None else dtype, self.shape,
-                               self._columnwise_rht, self._quantizer)
-
-    # torch.compile support: the subclass flattens to the buffers it holds.
     _BUFFER_NAMES = ("_rowwise_data", "_rowwise_scale_inv", "_amax_rowwise",
                      "_columnwise_data", "_columnwise_scale_inv", "_amax_columnwise")
-
-    def __tensor_flatten__(self):
-        names = [n for n in self._BUFFER_NAMES if getattr(self, n) is not None]
-        return names, (self.dtype, tuple(self.shape), self._columnwise_rht)
-
-    @staticmethod
-    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
-        dtype, shape, rht = meta
-        bufs = [inner.get(n) for n in NVFP4Tensor._BUFFER_NAMES]
-        return NVFP4Tensor(*bufs, dtype, shape, rht)
+    _CONSTANT_NAMES = ("dtype", "shape", "_columnwise_rht")
 
 
-def _nvfp4_detach(t):
-    with _wrapper_mode(t):
-        return NVFP4Tensor(*NVFP4TensorStorage.buffers(t), t.dtype, t.shape, t._columnwise_rht,
-                           t._quantizer)
-
-
-NVFP4Tensor._HANDLED = {torch.ops.aten.detach.default: _nvfp4_detach,
-                        torch.ops.aten.alias.default: _nvfp4_detach,
-                        torch.ops.aten.clone.default: _mx_clone,
-                        torch.ops.aten._to_copy.default: _mx_to_copy}
-STORAGE_OF[NVFP4Tensor] = lambda t: NVFP4TensorStorage(
-    *NVFP4TensorStorage.buffers(t), t.dtype, t.shape, t._columnwise_rht, t._quantizer)
+register_row_column_tensor(NVFP4Tensor, NVFP4TensorStorage)

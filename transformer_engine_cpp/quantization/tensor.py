@@ -459,7 +459,60 @@ def requantize_row_column(t, values: torch.Tensor, op=None) -> None:
                 mine.copy_(getattr(fresh, buf))
 
 
-class MXFP8Tensor(QuantizedTensorFace, MXFP8TensorStorage, QuantizedTensor):
+class RowColumnTensor:
+    """What the quantized tensors with row-wise and column-wise copies (MXFP8Tensor,
+    Float8BlockwiseQTensor, NVFP4Tensor) share: their buffers by name (``_BUFFER_NAMES``, in
+    constructor order) and the constants that follow them in the constructor
+    (``_CONSTANT_NAMES``, before the quantizer), from which a copy over other buffers, the
+    compile flattening and the bare storage (``STORAGE_OF``) are built alike."""
+
+    _BUFFER_NAMES = ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data",
+                     "_columnwise_scale_inv")
+    _CONSTANT_NAMES: tuple = ()
+
+    def _constants(self, dtype: Optional[torch.dtype] = None) -> tuple:
+        """The constructor's constants (``dtype`` replacing the nominal dtype when given)."""
+        return tuple((dtype or self.dtype) if n == "dtype" else
+                     tuple(self.shape) if n == "shape" else getattr(self, n)
+                     for n in self._CONSTANT_NAMES)
+
+    def _requantize_from(self, values: torch.Tensor, op=None) -> None:
+        requantize_row_column(self, values, op)
+
+    def update_quantizer(self, quantizer) -> None:
+        """Re-quantize later in-place updates with ``quantizer`` (an op binds its quantized
+        weight to its own weight quantizer; ``bind_quantizer`` as a function)."""
+        bind_quantizer(self, quantizer)
+
+    def _with_buffers(self, fn, dtype: Optional[torch.dtype] = None):
+        """A tensor of this class over ``fn`` of each buffer (None stays None)."""
+        bufs = [getattr(self, n) for n in self._BUFFER_NAMES]
+        bufs = [None if b is None else fn(b) for b in bufs]
+        with _wrapper_mode(self):
+            return type(self)(*bufs, *self._constants(dtype), self._quantizer)
+
+    # torch.compile support: the subclass flattens to the buffers it holds.
+    def __tensor_flatten__(self):
+        names = [n for n in self._BUFFER_NAMES if getattr(self, n) is not None]
+        return names, self._constants()
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, meta, outer_size, outer_stride):
+        return cls(*[inner.get(n) for n in cls._BUFFER_NAMES], *meta)
+
+
+def register_row_column_tensor(cls, storage_cls) -> None:
+    """The handlers that keep a RowColumnTensor's buffers (``detach`` / ``alias`` over the same
+    buffers, ``clone`` / ``_to_copy`` over copies) and its ``as_storage``, which reads
+    attributes only (see as_storage)."""
+    detach = lambda t: t._with_buffers(lambda b: b)  # noqa: E731
+    cls._HANDLED = {aten.detach.default: detach, aten.alias.default: detach,
+                    aten.clone.default: _rc_clone, aten._to_copy.default: _rc_to_copy}
+    names = cls._BUFFER_NAMES + cls._CONSTANT_NAMES + ("_quantizer",)
+    STORAGE_OF[cls] = lambda t: storage_cls(*[getattr(t, n) for n in names])
+
+
+class MXFP8Tensor(RowColumnTensor, QuantizedTensorFace, MXFP8TensorStorage, QuantizedTensor):
     """MXFP8 tensor (E8M0 scale per 32 consecutive elements); ``dtype`` is the nominal dtype."""
 
     @staticmethod
@@ -473,34 +526,7 @@ class MXFP8Tensor(QuantizedTensorFace, MXFP8TensorStorage, QuantizedTensor):
                                     columnwise_scale_inv, fp8_dtype, dtype, shape, quantizer)
         return self
 
-    def _requantize_from(self, values: torch.Tensor, op=None) -> None:
-        requantize_row_column(self, values, op)
-
-    def update_quantizer(self, quantizer) -> None:
-        """Re-quantize later in-place updates with ``quantizer`` (an op binds its quantized
-        weight to its own weight quantizer; ``bind_quantizer`` as a function)."""
-        bind_quantizer(self, quantizer)
-
-    def _with_buffers(self, fn, dtype: Optional[torch.dtype] = None):
-        """A new MXFP8Tensor over ``fn`` of each buffer (None stays None)."""
-        bufs = [None if b is None else fn(b) for b in self.buffers()]
-        with _wrapper_mode(self):
-            return MXFP8Tensor(*bufs, self._fp8_dtype, self.dtype if dtype is None else dtype,
-                               self.shape, self._quantizer)
-
-    # torch.compile support: the subclass flattens to the buffers it holds.
-    _BUFFER_NAMES = ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data",
-                     "_columnwise_scale_inv")
-
-    def __tensor_flatten__(self):
-        names = [n for n in self._BUFFER_NAMES if getattr(self, n) is not None]
-        return names, (self._fp8_dtype, self.dtype, tuple(self.shape))
-
-    @staticmethod
-    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
-        fp8_dtype, dtype, shape = meta
-        bufs = [inner.get(n) for n in MXFP8Tensor._BUFFER_NAMES]
-        return MXFP8Tensor(*bufs, fp8_dtype, dtype, shape)
+    _CONSTANT_NAMES = ("_fp8_dtype", "dtype", "shape")
 
 
 def bind_quantizer(t: "QuantizedTensor", quantizer) -> None:
@@ -542,34 +568,23 @@ def as_storage(t: QuantizedTensorStorage) -> QuantizedTensorStorage:
     is dispatched as a torch function, while reading its attributes traces."""
     if isinstance(t, Float8Tensor):
         return Float8TensorStorage(t._data, t._scale_inv, t._fp8_dtype, t.dtype, t._quantizer)
-    if isinstance(t, MXFP8Tensor):
-        return MXFP8TensorStorage(t._rowwise_data, t._rowwise_scale_inv, t._columnwise_data,
-                                  t._columnwise_scale_inv, t._fp8_dtype, t.dtype, t.shape,
-                                  t._quantizer)
     to_storage = STORAGE_OF.get(type(t))
     return t if to_storage is None else to_storage(t)
 
 
-# as_storage for the tensor classes defined in other modules (Float8BlockwiseQTensor): the
-# function building the bare storage over a tensor's buffers, by tensor class.
+# as_storage of each RowColumnTensor class (register_row_column_tensor): the function building
+# the bare storage over a tensor's buffers.
 STORAGE_OF: dict = {}
 
 
-def _mx_detach(t):
-    with _wrapper_mode(t):
-        return MXFP8Tensor(t._rowwise_data, t._rowwise_scale_inv, t._columnwise_data,
-                           t._columnwise_scale_inv, t._fp8_dtype, t.dtype, t.shape,
-                           t._quantizer)
-
-
-def _mx_clone(t, *, memory_format=None):
+def _rc_clone(t, *, memory_format=None):
     return t._with_buffers(torch.clone)
 
 
-def _mx_to_copy(t, *, dtype=None, layout=None, device=None, pin_memory=None,
+def _rc_to_copy(t, *, dtype=None, layout=None, device=None, pin_memory=None,
                 non_blocking=False, memory_format=None):
-    """As ``_f8_to_copy``: a module cast keeps the MXFP8 buffers and changes the nominal
-    dtype; any other conversion dequantizes first."""
+    """As ``_f8_to_copy``: a module cast keeps a RowColumnTensor's buffers and changes the
+    nominal dtype; any other conversion dequantizes first."""
     same_device = device is None or torch.device(device) == t.device
     if same_device and (dtype is None or dtype == t.dtype or (
             dtype.is_floating_point and _MODULE_CAST.get())):
@@ -577,5 +592,4 @@ def _mx_to_copy(t, *, dtype=None, layout=None, device=None, pin_memory=None,
     return t._dequantize_impl(t.dtype).to(dtype=dtype, device=device)
 
 
-MXFP8Tensor._HANDLED = {aten.detach.default: _mx_detach, aten.alias.default: _mx_detach,
-                        aten.clone.default: _mx_clone, aten._to_copy.default: _mx_to_copy}
+register_row_column_tensor(MXFP8Tensor, MXFP8TensorStorage)
