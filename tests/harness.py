@@ -162,6 +162,17 @@ def random_grads_like(outs, seed=99):
     return [torch.randn(o.shape, dtype=o.dtype).to(o.device) for o in outs]
 
 
+# ATen ops that copy a tensor's bytes: an aot graph holding one copies what eager never does
+# (our eager pipeline hands every op output on as it is)
+COPY_OPS = ("aten.clone.", "aten.copy.", "aten.copy_.", "aten._to_copy.", "aten.contiguous.")
+
+
+def copy_nodes(graph_module) -> list[str]:
+    """The nodes of an aot (forward or backward) graph that copy a tensor, as strings."""
+    return [f"{n.name} = {n.target}" for n in graph_module.graph.nodes
+            if n.op == "call_function" and str(n.target).startswith(COPY_OPS)]
+
+
 def clone_leaf(t):
     return t.detach().clone().requires_grad_(t.requires_grad)
 

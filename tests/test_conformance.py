@@ -19,8 +19,8 @@ from transformer_engine_cpp.ops.basic import ACTIVATIONS
 from cases import (CASE_IDS, CONTIGUOUS_ARGUMENTS, ONE_ELEMENT_OPS, OP_CASES,
                    STANDALONE_OPCHECK_SAMPLES, _is_non_contiguous_sample, _is_zero_size_sample,
                    _non_contiguous, _op_name)
-from harness import (DEVICES, LAYOUTS, as_tuple, build, clone_leaf, eager_run, inputs_for,
-                     random_grads_like, reference_run, skip_missing_cuda_kernel, to_device)
+from harness import (DEVICES, LAYOUTS, as_tuple, build, clone_leaf, copy_nodes, eager_run,
+                     inputs_for, random_grads_like, reference_run, skip_missing_cuda_kernel, to_device)
 from tolerances import COMPILED_VS_EAGER, tols
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -202,6 +202,9 @@ def _compiled_matches_eager(case, device):
 
     # One forward and one backward graph; a backward-only fusion is still used compiled.
     assert len(backend.fw_graphs) == 1 and len(backend.bw_graphs) == 1
+    # functionalization of our schemas adds no copy of an op's output or input
+    for graph in (backend.fw_graphs[0], backend.bw_graphs[0]):
+        assert copy_nodes(graph) == [], graph.code
     bw_code = backend.bw_graphs[0].code
     for fused in case.fused_backward:
         fused_ops = {"BackwardActivationBias": "dbias_d", "BackwardAddRMSNorm": "rmsnorm_bwd_add",
@@ -281,3 +284,18 @@ def test_missing_cuda_kernel_skips_naming_the_op():
     moved = to_device(args, "meta")
     assert moved[0].device.type == "meta" and moved[0].requires_grad
     assert moved[1][0].device.type == "meta" and moved[2:] == (3.0, "gelu")
+
+
+def test_copy_nodes_finds_the_copies_functionalization_makes():
+    """The check above can fail: a function that clones and makes a transpose contiguous
+    gives a forward graph with copy nodes."""
+    backend = AotEagerAndRecordGraphs()
+
+    def f(x):
+        y = (x * 2).clone()
+        y.add_(1)
+        return y.t().contiguous()
+
+    x = torch.randn(4, 3, requires_grad=True)
+    torch.compile(f, backend=backend, fullgraph=True)(x).sum().backward()
+    assert len(copy_nodes(backend.fw_graphs[0])) == 2

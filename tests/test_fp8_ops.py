@@ -18,6 +18,7 @@ from transformer_engine_cpp.ops import _quantized
 from transformer_engine_cpp.quantization.tensor import as_storage
 from transformer_engine_cpp.testing.reference import te_prenorm_mlp
 from test_fp8_quantize import E4M3, E5M2, ref_current, ref_dequant, ref_mx_dequant, ref_mxfp8
+from harness import copy_nodes
 from tolerances import COMPILED_VS_EAGER, tols
 
 FP32 = tols(torch.float32)
@@ -219,6 +220,8 @@ def test_compiled_fp8_mlp_block_equals_eager(recipe_name):
         assert "dequantize" not in graph.code
     # two linears: dgrad and wgrad each
     assert sum(gemm in str(n.target) for n in backend.bw_graphs[0].graph.nodes) == 4
+    for graph in (backend.fw_graphs[0], backend.bw_graphs[0]):
+        assert copy_nodes(graph) == [], graph.code
 
 
 @pytest.mark.parametrize("make_recipe", [te.recipe.Float8CurrentScaling, te.recipe.MXFP8BlockScaling,
