@@ -220,8 +220,11 @@ def test_compiled_fp8_mlp_block_equals_eager(recipe_name):
         assert "dequantize" not in graph.code
     # two linears: dgrad and wgrad each
     assert sum(gemm in str(n.target) for n in backend.bw_graphs[0].graph.nodes) == 4
+    # the only copies are transposes to the column-wise layout (of the FP8 bytes, or of the
+    # input an MXFP8 column-wise quantization reads), which eager makes too
     for graph in (backend.fw_graphs[0], backend.bw_graphs[0]):
-        assert copy_nodes(graph) == [], graph.code
+        copies = [n for n in graph.graph.nodes if f"{n.name} = {n.target}" in copy_nodes(graph)]
+        assert all(n.args[0].target == torch.ops.aten.t.default for n in copies), graph.code
 
 
 @pytest.mark.parametrize("make_recipe", [te.recipe.Float8CurrentScaling, te.recipe.MXFP8BlockScaling,

@@ -241,8 +241,10 @@ class OperationFuser:
                 OperationFuser._fusion_registry_version)
             plan = self._compiled[plan_id]
             # the graph makes this recipe's states current, as an eager call would; the ops
-            # read them only after these stores, so they are not guarded
-            for op, (metas, quantizers) in zip(self._basic_ops, self._compiled[states_id]):
+            # read them only after these stores, so they are not guarded (ops without
+            # quantizers are left out: their state is always None)
+            for i, metas, quantizers in self._compiled[states_id]:
+                op = self._basic_ops[i]
                 op._fp8_metas = metas
                 op._quantizers = quantizers
             self._last_recipe = _STATES_SET_BY_A_GRAPH  # the next eager call re-applies its own
@@ -335,11 +337,12 @@ def _compiled_configuration(fuser: OperationFuser, recipe_key, first: int, dtype
     states = fuser._compiled_states.get(recipe_key)
     if states is None:
         states = fuser._compiled_states[recipe_key] = tuple(
-            op.recipe_state(recipe) for op in fuser._basic_ops)
+            (i, *op.recipe_state(recipe)) for i, op in enumerate(fuser._basic_ops)
+            if op.num_quantizers("forward") or op.num_quantizers("backward"))
     fuser._compiled[id(plan)] = plan
     fuser._compiled[id(states)] = states
     # Refusals are raised here, not in the traced code, so the caller gets them as they are.
-    if recipe is not None and recipe.delayed() and any(q is not None for _, q in states):
+    if recipe is not None and recipe.delayed() and any(q is not None for _, _, q in states):
         raise compile_unsupported_error()(DELAYED_SCALING_UNDER_COMPILE)
     for op, _ in plan.forward_ops + plan.backward_ops:
         reason = op.compile_unsupported_reason()
