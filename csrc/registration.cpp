@@ -184,6 +184,32 @@ TORCH_LIBRARY(te_cpp, m) {
   define(m, "grouped_mxfp8_quantize(Tensor x, Tensor split_sizes, ScalarType fp8_dtype, "
             "bool rowwise, bool columnwise) -> (Tensor rowwise_data, Tensor rowwise_scale, "
             "Tensor columnwise_data, Tensor columnwise_scale)");
+  // Float8BlockScaling of x [T, K] per group: each group's rows quantized as fp8_block_quantize
+  // quantizes them alone (blocks and tiles start at the group's first row; partial ones at its
+  // end), or with columnwise each group's transpose [K, n_g]. data: uint8 [T, K] (columnwise
+  // [K, T], group g in columns offset_g ..). scale_inv float32: the groups' fp8_block_quantize
+  // scales one after the other along the rows axis (columnwise: the second dim), which has T
+  // entries for 1x128 blocks of the rows and otherwise U = (T + 127 G) / 128 (at least the sum
+  // of ceil(n_g / 128)), the unused tail zero: rowwise [T, ceil(K / 128)] (block_dim 1) or
+  // [U, ceil(K / 128)] (2); columnwise [K, U] (1) or [ceil(K / 128), U] (2).
+  define(m, "grouped_fp8_block_quantize(Tensor x, Tensor split_sizes, ScalarType fp8_dtype, "
+            "int block_dim, bool force_pow_2_scales, float amax_epsilon, bool columnwise) "
+            "-> (Tensor data, Tensor scale_inv)");
+  // The values of a grouped_fp8_block_quantize copy, in dtype, in data's shape.
+  define(m, "grouped_fp8_block_dequantize(Tensor data, Tensor split_sizes, Tensor scale_inv, "
+            "ScalarType fp8_dtype, int block_dim, bool columnwise, ScalarType dtype) -> Tensor");
+  // NVFP4 of x [T, K] per group (K % 16 == 0): each group's rows quantized as nvfp4_quantize
+  // quantizes them alone, its own amax (amax float32 [G], 0 for an empty group) and, with
+  // sr_seeds (int64 [G]), its own stochastic-rounding seed; with columnwise each group's
+  // transpose [K, n_g], which needs every split size to be a multiple of 16 (blocks down the
+  // rows must not straddle two groups). data uint8 [T, K / 2] and scale_e4m3 uint8
+  // [T, K / 16]; columnwise [K, T / 2] and [K, T / 16], group g in columns offset_g / 2 ..
+  // and offset_g / 16 ..
+  define(m, "grouped_nvfp4_quantize(Tensor x, Tensor split_sizes, bool columnwise, bool rht, "
+            "bool block_2d, Tensor? sr_seeds) -> (Tensor data, Tensor scale_e4m3, Tensor amax)");
+  // The values of a grouped_nvfp4_quantize copy in dtype: [T, K], columnwise [K, T].
+  define(m, "grouped_nvfp4_dequantize(Tensor data, Tensor split_sizes, Tensor scale_e4m3, "
+            "Tensor amax, bool columnwise, bool rht, ScalarType dtype) -> Tensor");
 
   // ---- L2Normalization: y = x * rsqrt(sum(x^2 over the last dim) + eps) --------------------
   // The forward also returns rsqrt_norm (shape x.shape[:-1], fp32; fp64 for fp64 inputs),

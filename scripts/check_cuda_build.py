@@ -53,7 +53,8 @@ CUDA_OPS = {
     "grouped": [
         "grouped_linear_fwd", "grouped_linear_dgrad", "grouped_linear_wgrad", "grouped_bias_bwd",
         "grouped_fp8_quantize", "grouped_fp8_dequantize", "grouped_mxfp8_quantize",
-        "grouped_fp8_linear_fwd",
+        "grouped_fp8_linear_fwd", "grouped_fp8_block_quantize", "grouped_fp8_block_dequantize",
+        "grouped_nvfp4_quantize", "grouped_nvfp4_dequantize",
     ],
 }
 

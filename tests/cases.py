@@ -859,6 +859,31 @@ def _samples_grouped(dtype):
         for rowwise in (True, False):
             out.append((te_ops.grouped_mxfp8_quantize,
                         (x, split_sizes, torch.float8_e5m2, rowwise, True)))
+    # Float8BlockScaling per group (partial blocks and tiles, both copies) and NVFP4 per group
+    # (the columnwise copy with splits of 16 rows, the transform, a seed per group)
+    for splits in ([130, 0, 3], [0, 0]):
+        split_sizes = torch.tensor(splits, dtype=torch.int64)
+        x = _rand(sum(splits), 144, dtype=dtype)
+        for block_dim, columnwise in ((1, False), (2, False), (1, True), (2, True)):
+            args = (torch.float8_e4m3fn, block_dim, True, 0.0, columnwise)
+            out.append((te_ops.grouped_fp8_block_quantize, (x, split_sizes, *args)))
+            data, scale = te_ops.grouped_fp8_block_quantize(x, split_sizes, *args)
+            out.append((te_ops.grouped_fp8_block_dequantize,
+                        (data, split_sizes, scale, torch.float8_e4m3fn, block_dim, columnwise,
+                         dtype)))
+    for splits in ([16, 0, 32], [0, 0]):
+        split_sizes = torch.tensor(splits, dtype=torch.int64)
+        x = _rand(sum(splits), 32, dtype=dtype)
+        seeds = torch.arange(len(splits), dtype=torch.int64) + 7
+        for columnwise, rht, block_2d, sr in ((False, False, False, None),
+                                              (True, True, False, seeds),
+                                              (True, False, True, None)):
+            out.append((te_ops.grouped_nvfp4_quantize,
+                        (x, split_sizes, columnwise, rht, block_2d, sr)))
+            data, scale, amax = te_ops.grouped_nvfp4_quantize(x, split_sizes, columnwise, rht,
+                                                              block_2d, sr)
+            out.append((te_ops.grouped_nvfp4_dequantize,
+                        (data, split_sizes, scale, amax, columnwise, rht, dtype)))
     return _with_non_contiguous(out)
 
 

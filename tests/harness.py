@@ -193,19 +193,23 @@ def pair_fusion(first: type, second: type, make):
     return fuse
 
 
-def check_quantized_weights_compile_checkpoint_cast(model, make, recipe, x, tmp_path, cls):
+def check_quantized_weights_compile_checkpoint_cast(model, make, recipe, x, tmp_path, cls, *,
+                                                    inputs=None, weight_of=None):
     """The shared end of the quantized-weight tests (te.quantized_model_init): ``model``
     compiled (fullgraph, aot_eager) equals eager under ``recipe``; its state_dict saved and
     loaded with torch.load's default (weights_only=True) into a fresh quantized ``make()``
     gives the same weight values; a bf16 cast keeps the weight a ``cls`` with the new nominal
-    dtype."""
+    dtype. ``inputs``: the model's arguments (default ``(x,)``); ``weight_of(model)``: the
+    quantized weight checked (default ``model[0].weight``)."""
+    inputs = (x,) if inputs is None else inputs
+    weight_of = weight_of or (lambda m: m[0].weight)
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     with te.autocast(recipe=recipe):
-        assert torch.equal(compiled(x), model(x))
+        assert torch.equal(compiled(*inputs), model(*inputs))
     torch.save(model.state_dict(), tmp_path / "ckpt.pt")
     with te.quantized_model_init(recipe=recipe):
         restored = make()
     restored.load_state_dict(torch.load(tmp_path / "ckpt.pt"))
-    assert torch.equal(restored[0].weight.dequantize(), model[0].weight.dequantize())
+    assert torch.equal(weight_of(restored).dequantize(), weight_of(model).dequantize())
     model.bfloat16()
-    assert isinstance(model[0].weight, cls) and model[0].weight.dtype == torch.bfloat16
+    assert isinstance(weight_of(model), cls) and weight_of(model).dtype == torch.bfloat16

@@ -35,15 +35,13 @@ c10::SymDimVector scale_sizes(const Tensor& t, int64_t block_dim) {
   return {ceil_blocks(sym_rows(t)), ceil_blocks(t.sym_size(-1))};
 }
 
-// The value a +inf scale becomes: the input dtype's largest finite value (TransformerEngine's
-// compute_scale_from_types); float64 inputs are quantized as float32.
-float value_for_inf(at::ScalarType dtype) {
+}  // namespace
+
+float fp8_block_value_for_inf(at::ScalarType dtype) {
   if (dtype == at::kBFloat16) return static_cast<float>(std::numeric_limits<c10::BFloat16>::max());
   if (dtype == at::kHalf) return static_cast<float>(std::numeric_limits<c10::Half>::max());
   return fp8::kFltMax;
 }
-
-}  // namespace
 
 void Fp8BlockQuantize::check(const Tensor& x, at::ScalarType fp8_dtype, int64_t block_dim,
                              double amax_epsilon) {
@@ -107,7 +105,7 @@ std::tuple<Tensor, Tensor> fp8_block_quantize(const Tensor& x_in, at::ScalarType
       x.device().type(),
       Fp8BlockQuantizeArgs{x.scalar_type(), fp8_dtype, rows, cols, static_cast<int>(block_dim),
                            force_pow_2_scales, static_cast<float>(amax_epsilon),
-                           value_for_inf(x.scalar_type()), x.const_data_ptr(),
+                           fp8_block_value_for_inf(x.scalar_type()), x.const_data_ptr(),
                            data.mutable_data_ptr<uint8_t>(),
                            scale_inv.mutable_data_ptr<float>()});
   return {data, scale_inv};

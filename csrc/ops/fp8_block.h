@@ -49,6 +49,11 @@ struct Fp8BlockDequantizeArgs {
 };
 TE_DECLARE_STUB(fp8_block_dequantize_stub, void(const Fp8BlockDequantizeArgs&));
 
+// The value a +inf scale becomes for an input of `dtype` (Fp8BlockQuantizeArgs::value_for_inf):
+// the dtype's largest finite value (TransformerEngine's compute_scale_from_types); float64
+// inputs are quantized as float32.
+float fp8_block_value_for_inf(at::ScalarType dtype);
+
 // fp8_block_quantize(x, fp8_dtype, block_dim, force_pow_2_scales, amax_epsilon)
 //   -> (data, scale_inv): data uint8 in x's shape (at least 1-D), scale_inv fp32 as above.
 struct Fp8BlockQuantize {

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <string>
 
+#include "ops/fp8_block.h"
+#include "ops/nvfp4.h"
 #include "ops/quantize.h"
 
 namespace te_cpp {
@@ -311,6 +313,134 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> GroupedQuantize::allocate_mxfp8(const
           rowwise ? at::empty_symint({rows, cols / block}, u8) : none(),
           columnwise ? at::empty_symint({cols, rows}, u8) : none(),
           columnwise ? at::empty_symint({cols, rows / block}, u8) : none()};
+}
+
+void GroupedQuantize::check_fp8_block(const char* op, const Tensor& x, const Tensor& split_sizes,
+                                      at::ScalarType fp8_dtype, int64_t block_dim,
+                                      double amax_epsilon) {
+  check_float(op, "input", x);
+  check_2d(op, "input", x, "[tokens, features]");
+  GroupedLinear::num_groups(op, split_sizes);
+  check_fp8_dtype(op, fp8_dtype);
+  TE_CHECK_VALUE(block_dim == 1 || block_dim == 2, op,
+                 "block_dim must be 1 (1x128 blocks) or 2 (128x128 blocks), got ", block_dim);
+  TE_CHECK_VALUE(std::isfinite(amax_epsilon) && amax_epsilon >= 0.0, op,
+                 "amax_epsilon must be >= 0 and finite, got ", amax_epsilon);
+}
+
+c10::SymDimVector GroupedQuantize::fp8_block_scale_sizes(const c10::SymInt& rows,
+                                                         const c10::SymInt& cols, int64_t groups,
+                                                         int64_t block_dim, bool columnwise) {
+  const int64_t b = fp8::kFp8BlockSize;
+  const c10::SymInt feature_blocks = (cols + (b - 1)) / b;
+  // blocks along the rows axis: one per row (1x128 rowwise), else at most U = (T + 127 G) / 128
+  // (sum over the groups of ceil(n_g / 128) <= (sum of n_g + 127) / 128)
+  const c10::SymInt row_blocks = (rows + (b - 1) * groups) / b;
+  if (!columnwise) {
+    return {block_dim == 1 ? rows : row_blocks, feature_blocks};
+  }
+  return {block_dim == 1 ? cols : feature_blocks, row_blocks};
+}
+
+std::tuple<Tensor, Tensor> GroupedQuantize::allocate_fp8_block(const Tensor& x,
+                                                               const Tensor& split_sizes,
+                                                               int64_t block_dim,
+                                                               bool columnwise) {
+  const c10::SymInt& rows = x.sym_size(0);
+  const c10::SymInt& cols = x.sym_size(1);
+  const int64_t groups = split_sizes.sym_size(0).guard_int(__FILE__, __LINE__);
+  Tensor data = columnwise ? at::empty_symint({cols, rows}, x.options().dtype(at::kByte))
+                           : at::empty_symint({rows, cols}, x.options().dtype(at::kByte));
+  Tensor scale = at::empty_symint(fp8_block_scale_sizes(rows, cols, groups, block_dim, columnwise),
+                                  x.options().dtype(at::kFloat));
+  return {data, scale};
+}
+
+void GroupedQuantize::check_fp8_block_dequantize(const char* op, const Tensor& data,
+                                                 const Tensor& split_sizes,
+                                                 const Tensor& scale_inv,
+                                                 at::ScalarType fp8_dtype, int64_t block_dim,
+                                                 bool columnwise, at::ScalarType dtype) {
+  TE_CHECK(data.defined() && data.scalar_type() == at::kByte, op,
+           "data must be uint8 (raw FP8 bytes), got ",
+           data.defined() ? c10::toString(data.scalar_type()) : "undefined");
+  check_2d(op, "data", data, columnwise ? "[features, tokens]" : "[tokens, features]");
+  const int64_t groups = GroupedLinear::num_groups(op, split_sizes);
+  check_fp8_dtype(op, fp8_dtype);
+  TE_CHECK_VALUE(block_dim == 1 || block_dim == 2, op,
+                 "block_dim must be 1 (1x128 blocks) or 2 (128x128 blocks), got ", block_dim);
+  TE_CHECK(scale_inv.defined() && scale_inv.scalar_type() == at::kFloat, op,
+           "scale_inv must be float32, got ",
+           scale_inv.defined() ? c10::toString(scale_inv.scalar_type()) : "undefined");
+  const c10::SymInt& rows = data.sym_size(columnwise ? 1 : 0);
+  const c10::SymInt& cols = data.sym_size(columnwise ? 0 : 1);
+  const auto expected = fp8_block_scale_sizes(rows, cols, groups, block_dim, columnwise);
+  TE_CHECK(scale_inv.sym_sizes() == c10::SymIntArrayRef(expected), op, "scale_inv must have "
+           "shape ", c10::SymIntArrayRef(expected), " for ", columnwise ? "columnwise " : "",
+           "data of shape ", shape_str(data), ", ", groups, " groups and block_dim ", block_dim,
+           ", got ", shape_str(scale_inv));
+  check_same_device(op, "data", data, "scale_inv", scale_inv);
+  TE_CHECK_VALUE(is_supported_float(dtype), op,
+                 "dtype must be float32, float64, bfloat16 or float16, got ", dtype);
+}
+
+void GroupedQuantize::check_nvfp4(const char* op, const Tensor& x, const Tensor& split_sizes,
+                                  bool columnwise, const std::optional<Tensor>& sr_seeds) {
+  check_float(op, "input", x);
+  check_2d(op, "input", x, "[tokens, features]");
+  const int64_t groups = GroupedLinear::num_groups(op, split_sizes);
+  TE_CHECK(x.sym_size(1) % fp4::kBlock == 0, op,
+           "input's last dimension must be a multiple of 16 (one E4M3 scale per 16 "
+           "consecutive elements), got shape ", shape_str(x));
+  TE_CHECK(!columnwise || x.sym_size(0) % fp4::kBlock == 0, op,
+           "NVFP4's columnwise copy needs the number of rows to be a multiple of 16, got shape ",
+           shape_str(x));
+  if (!sr_seeds.has_value()) return;
+  const Tensor& s = *sr_seeds;
+  TE_CHECK(s.scalar_type() == at::kLong, op, "sr_seeds must be int64, got ", s.scalar_type());
+  TE_CHECK(s.dim() == 1 && s.sym_size(0) == groups, op, "sr_seeds must have shape [", groups,
+           "] (one seed per group), got ", shape_str(s));
+  check_same_device(op, "input", x, "sr_seeds", s);
+}
+
+std::tuple<Tensor, Tensor, Tensor> GroupedQuantize::allocate_nvfp4(const Tensor& x,
+                                                                   const Tensor& split_sizes,
+                                                                   bool columnwise) {
+  const auto u8 = x.options().dtype(at::kByte);
+  const c10::SymInt& rows = x.sym_size(columnwise ? 1 : 0);
+  const c10::SymInt& cols = x.sym_size(columnwise ? 0 : 1);
+  return {at::empty_symint({rows, cols / 2}, u8),
+          at::empty_symint({rows, cols / fp4::kBlock}, u8),
+          at::empty_symint({split_sizes.sym_size(0)}, x.options().dtype(at::kFloat))};
+}
+
+void GroupedQuantize::check_nvfp4_dequantize(const char* op, const Tensor& data,
+                                             const Tensor& split_sizes, const Tensor& scale,
+                                             const Tensor& amax, at::ScalarType dtype) {
+  TE_CHECK(data.defined() && data.scalar_type() == at::kByte, op,
+           "data must be uint8 (two E2M1 codes per byte), got ",
+           data.defined() ? c10::toString(data.scalar_type()) : "undefined");
+  check_2d(op, "data", data, "[rows, columns / 2]");
+  const int64_t groups = GroupedLinear::num_groups(op, split_sizes);
+  TE_CHECK(data.sym_size(1) % (fp4::kBlock / 2) == 0, op,
+           "data's last dimension must be a multiple of 8 (16 packed elements per block), got "
+           "shape ", shape_str(data));
+  TE_CHECK(scale.defined() && scale.scalar_type() == at::kByte, op,
+           "scale_e4m3 must be uint8 (E4M3 bytes), got ",
+           scale.defined() ? c10::toString(scale.scalar_type()) : "undefined");
+  const c10::SymInt scale_cols = data.sym_size(1) / (fp4::kBlock / 2);
+  TE_CHECK(scale.dim() == 2 && scale.sym_size(0) == data.sym_size(0) &&
+               scale.sym_size(1) == scale_cols,
+           op, "scale_e4m3 must have shape [", data.sym_size(0), ", ", scale_cols,
+           "] for data of shape ", shape_str(data), ", got ", shape_str(scale));
+  TE_CHECK(amax.defined() && amax.scalar_type() == at::kFloat, op, "amax must be float32, got ",
+           amax.defined() ? c10::toString(amax.scalar_type()) : "undefined");
+  TE_CHECK(amax.dim() == 1 && amax.sym_size(0) == groups, op, "amax must have shape [", groups,
+           "] (one per group), got ", shape_str(amax));
+  check_same_device(op, "data", data, "scale_e4m3", scale);
+  check_same_device(op, "data", data, "amax", amax);
+  TE_CHECK_VALUE(is_supported_float(dtype), op,
+                 "dtype must be float32, float64, bfloat16 or float16, got ", dtype);
 }
 
 TE_DEFINE_STUB(grouped_gemm_stub, void(c10::ArrayRef<GemmArgs>));
@@ -642,7 +772,196 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> grouped_mxfp8_quantize(const Tensor& 
   return {row_data, row_scale, col_data, col_scale};
 }
 
+// ---- Float8BlockScaling and NVFP4 per group: the per-tensor stubs on each group's rows (or
+// each group's transpose, quantized into temporaries and copied into its columns) ----
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+std::tuple<Tensor, Tensor> grouped_fp8_block_quantize(const Tensor& x_in,
+                                                      const Tensor& split_sizes,
+                                                      at::ScalarType fp8_dtype,
+                                                      int64_t block_dim, bool pow2,
+                                                      double amax_epsilon, bool columnwise) {
+  BelowAutograd below_autograd;
+  const char* op = "grouped_fp8_block_quantize";
+  GroupedQuantize::check_fp8_block(op, x_in, split_sizes, fp8_dtype, block_dim, amax_epsilon);
+  const auto guard = device_guard(x_in);
+  auto [data, scale] =
+      GroupedQuantize::allocate_fp8_block(x_in, split_sizes, block_dim, columnwise);
+  const std::vector<int64_t> off =
+      GroupedLinear::row_offsets(op, split_sizes, x_in.size(0), "input");
+  scale.zero_();  // the blocks past the groups' (an upper bound is allocated) stay 0
+  const Tensor x = quantize_input(x_in);
+  const int64_t b = fp8::kFp8BlockSize;
+  const auto quantize = [&](const Tensor& src, uint8_t* d, float* sc) {
+    fp8_block_quantize_stub(
+        src.device().type(),
+        Fp8BlockQuantizeArgs{src.scalar_type(), fp8_dtype, src.size(0), src.size(1),
+                             static_cast<int>(block_dim), pow2,
+                             static_cast<float>(amax_epsilon),
+                             fp8_block_value_for_inf(src.scalar_type()), src.const_data_ptr(),
+                             d, sc});
+  };
+  int64_t first_block = 0;  // the group's first block along the rows axis
+  for (size_t g = 0; g + 1 < off.size(); ++g) {
+    const int64_t n = off[g + 1] - off[g];
+    if (n == 0 || x.size(1) == 0) continue;
+    const Tensor rows = x.narrow(0, off[g], n);
+    if (!columnwise) {  // the group's rows and scale rows are contiguous: written in place
+      const int64_t scale_row = block_dim == 1 ? off[g] : first_block;
+      quantize(rows, data.mutable_data_ptr<uint8_t>() + off[g] * x.size(1),
+               scale.mutable_data_ptr<float>() + scale_row * scale.size(1));
+    } else {
+      const Tensor t = rows.t().contiguous();
+      auto [d, sc] = Fp8BlockQuantize::allocate(t, block_dim);
+      quantize(t, d.mutable_data_ptr<uint8_t>(), sc.mutable_data_ptr<float>());
+      data.narrow(1, off[g], n).copy_(d);
+      scale.narrow(1, first_block, sc.size(1)).copy_(sc);
+    }
+    first_block += ceil_div(n, b);
+  }
+  return {data, scale};
+}
+
+Tensor grouped_fp8_block_dequantize(const Tensor& data_in, const Tensor& split_sizes,
+                                    const Tensor& scale_in, at::ScalarType fp8_dtype,
+                                    int64_t block_dim, bool columnwise, at::ScalarType dtype) {
+  BelowAutograd below_autograd;
+  const char* op = "grouped_fp8_block_dequantize";
+  GroupedQuantize::check_fp8_block_dequantize(op, data_in, split_sizes, scale_in, fp8_dtype,
+                                              block_dim, columnwise, dtype);
+  const auto guard = device_guard(data_in);
+  Tensor out = at::empty(data_in.sizes(), data_in.options().dtype(dtype));
+  const int axis = columnwise ? 1 : 0;  // the tokens' axis
+  const std::vector<int64_t> off = GroupedLinear::row_offsets(
+      op, split_sizes, data_in.size(axis), columnwise ? "data's columns" : "data");
+  const Tensor data = data_in.contiguous(), scale = scale_in.contiguous();
+  const int64_t b = fp8::kFp8BlockSize;
+  const auto dequantize = [&](const Tensor& d, const Tensor& sc, void* dst) {
+    fp8_block_dequantize_stub(
+        d.device().type(),
+        Fp8BlockDequantizeArgs{fp8_dtype, dtype, d.size(0), d.size(1),
+                               static_cast<int>(block_dim), d.const_data_ptr<uint8_t>(),
+                               sc.const_data_ptr<float>(), dst});
+  };
+  int64_t first_block = 0;
+  for (size_t g = 0; g + 1 < off.size(); ++g) {
+    const int64_t n = off[g + 1] - off[g];
+    if (n == 0 || data.size(1 - axis) == 0) continue;
+    const int64_t nb = ceil_div(n, b);
+    if (!columnwise) {
+      const int64_t scale_rows = block_dim == 1 ? n : nb;
+      dequantize(data.narrow(0, off[g], n),
+                 scale.narrow(0, block_dim == 1 ? off[g] : first_block, scale_rows),
+                 at_elem_mut(out, off[g] * out.size(1)));
+    } else {
+      Tensor part = at::empty({data.size(0), n}, out.options());
+      dequantize(data.narrow(1, off[g], n).contiguous(),
+                 scale.narrow(1, first_block, nb).contiguous(), part.mutable_data_ptr());
+      out.narrow(1, off[g], n).copy_(part);
+    }
+    first_block += nb;
+  }
+  return out;
+}
+
+std::tuple<Tensor, Tensor, Tensor> grouped_nvfp4_quantize(const Tensor& x_in,
+                                                          const Tensor& split_sizes,
+                                                          bool columnwise, bool rht,
+                                                          bool block_2d,
+                                                          const std::optional<Tensor>& seeds_in) {
+  BelowAutograd below_autograd;
+  const char* op = "grouped_nvfp4_quantize";
+  GroupedQuantize::check_nvfp4(op, x_in, split_sizes, columnwise, seeds_in);
+  const auto guard = device_guard(x_in);
+  auto [data, scale, amax] = GroupedQuantize::allocate_nvfp4(x_in, split_sizes, columnwise);
+  const std::vector<int64_t> off =
+      GroupedLinear::row_offsets(op, split_sizes, x_in.size(0), "input");
+  const int64_t block = fp4::kBlock;
+  if (columnwise) {
+    for (size_t g = 0; g + 1 < off.size(); ++g) {
+      const int64_t rows = off[g + 1] - off[g];
+      TE_CHECK_VALUE(rows % block == 0, op, "split_sizes[", g, "] is ", rows,
+                     "; NVFP4's columnwise copy (the operand of the weight-gradient GEMM) "
+                     "quantizes blocks of 16 rows, so every split size must be a multiple "
+                     "of 16 (pad each expert's tokens to a multiple of 16)");
+    }
+  }
+  amax.zero_();  // an empty group's amax is 0, as nvfp4_quantize's of an empty tensor
+  const Tensor x = quantize_input(x_in);
+  const Tensor seeds = seeds_in.has_value() ? seeds_in->contiguous() : Tensor();
+  const auto quantize = [&](const Tensor& src, size_t g, uint8_t* d, uint8_t* sc) {
+    nvfp4_quantize_stub(
+        src.device().type(),
+        Nvfp4QuantizeArgs{src.scalar_type(), src.size(0), src.size(1), src.const_data_ptr(), rht,
+                          block_2d,
+                          seeds.defined() ? seeds.const_data_ptr<int64_t>() + g : nullptr, d,
+                          sc, amax.mutable_data_ptr<float>() + g});
+  };
+  const int64_t k = x.size(1);
+  for (size_t g = 0; g + 1 < off.size(); ++g) {
+    const int64_t n = off[g + 1] - off[g];
+    if (n == 0 || k == 0) continue;
+    const Tensor rows = x.narrow(0, off[g], n);
+    if (!columnwise) {
+      quantize(rows, g, data.mutable_data_ptr<uint8_t>() + off[g] * (k / 2),
+               scale.mutable_data_ptr<uint8_t>() + off[g] * (k / block));
+    } else {
+      const Tensor t = rows.t().contiguous();
+      auto [d, sc, unused_amax] = Nvfp4Quantize::allocate(t);
+      quantize(t, g, d.mutable_data_ptr<uint8_t>(), sc.mutable_data_ptr<uint8_t>());
+      data.narrow(1, off[g] / 2, n / 2).copy_(d);
+      scale.narrow(1, off[g] / block, n / block).copy_(sc);
+    }
+  }
+  return {data, scale, amax};
+}
+
+Tensor grouped_nvfp4_dequantize(const Tensor& data_in, const Tensor& split_sizes,
+                                const Tensor& scale_in, const Tensor& amax_in, bool columnwise,
+                                bool rht, at::ScalarType dtype) {
+  BelowAutograd below_autograd;
+  const char* op = "grouped_nvfp4_dequantize";
+  GroupedQuantize::check_nvfp4_dequantize(op, data_in, split_sizes, scale_in, amax_in, dtype);
+  const auto guard = device_guard(data_in);
+  Tensor out = at::empty({data_in.size(0), data_in.size(1) * 2}, data_in.options().dtype(dtype));
+  const int axis = columnwise ? 1 : 0;
+  const std::vector<int64_t> off = GroupedLinear::row_offsets(
+      op, split_sizes, out.size(axis), columnwise ? "data's (unpacked) columns" : "data");
+  const Tensor data = data_in.contiguous(), scale = scale_in.contiguous();
+  const Tensor amax = amax_in.contiguous();
+  const int64_t block = fp4::kBlock;
+  const auto dequantize = [&](const Tensor& d, const Tensor& sc, size_t g, void* dst) {
+    nvfp4_dequantize_stub(d.device().type(),
+                          Nvfp4DequantizeArgs{dtype, d.size(0), d.size(1) * 2,
+                                              d.const_data_ptr<uint8_t>(),
+                                              sc.const_data_ptr<uint8_t>(),
+                                              amax.const_data_ptr<float>() + g, rht, dst});
+  };
+  for (size_t g = 0; g + 1 < off.size(); ++g) {
+    const int64_t n = off[g + 1] - off[g];
+    if (n == 0 || out.size(1 - axis) == 0) continue;
+    if (!columnwise) {
+      dequantize(data.narrow(0, off[g], n), scale.narrow(0, off[g], n), g,
+                 at_elem_mut(out, off[g] * out.size(1)));
+    } else {
+      TE_CHECK_VALUE(n % block == 0, op, "split_sizes[", g, "] is ", n,
+                     "; a columnwise NVFP4 copy holds groups of a multiple of 16 rows");
+      Tensor part = at::empty({data.size(0), n}, out.options());
+      dequantize(data.narrow(1, off[g] / 2, n / 2).contiguous(),
+                 scale.narrow(1, off[g] / block, n / block).contiguous(), g,
+                 part.mutable_data_ptr());
+      out.narrow(1, off[g], n).copy_(part);
+    }
+  }
+  return out;
+}
+
 void register_front_ends(torch::Library& m) {
+  m.impl("grouped_fp8_block_quantize", grouped_fp8_block_quantize);
+  m.impl("grouped_fp8_block_dequantize", grouped_fp8_block_dequantize);
+  m.impl("grouped_nvfp4_quantize", grouped_nvfp4_quantize);
+  m.impl("grouped_nvfp4_dequantize", grouped_nvfp4_dequantize);
   m.impl("grouped_fp8_quantize", grouped_fp8_quantize);
   m.impl("grouped_fp8_dequantize", grouped_fp8_dequantize);
   m.impl("grouped_fp8_linear_fwd", grouped_fp8_linear_fwd);
@@ -719,9 +1038,49 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> grouped_mxfp8_quantize_meta(
   return GroupedQuantize::allocate_mxfp8(x, rowwise, columnwise);
 }
 
+std::tuple<Tensor, Tensor> grouped_fp8_block_quantize_meta(const Tensor& x,
+                                                           const Tensor& split_sizes,
+                                                           at::ScalarType fp8_dtype,
+                                                           int64_t block_dim, bool,
+                                                           double amax_epsilon,
+                                                           bool columnwise) {
+  GroupedQuantize::check_fp8_block("grouped_fp8_block_quantize", x, split_sizes, fp8_dtype,
+                                   block_dim, amax_epsilon);
+  return GroupedQuantize::allocate_fp8_block(x, split_sizes, block_dim, columnwise);
+}
+
+Tensor grouped_fp8_block_dequantize_meta(const Tensor& data, const Tensor& split_sizes,
+                                         const Tensor& scale_inv, at::ScalarType fp8_dtype,
+                                         int64_t block_dim, bool columnwise,
+                                         at::ScalarType dtype) {
+  GroupedQuantize::check_fp8_block_dequantize("grouped_fp8_block_dequantize", data, split_sizes,
+                                              scale_inv, fp8_dtype, block_dim, columnwise,
+                                              dtype);
+  return at::empty_symint(data.sym_sizes(), data.options().dtype(dtype));
+}
+
+std::tuple<Tensor, Tensor, Tensor> grouped_nvfp4_quantize_meta(
+    const Tensor& x, const Tensor& split_sizes, bool columnwise, bool, bool,
+    const std::optional<Tensor>& sr_seeds) {
+  GroupedQuantize::check_nvfp4("grouped_nvfp4_quantize", x, split_sizes, columnwise, sr_seeds);
+  return GroupedQuantize::allocate_nvfp4(x, split_sizes, columnwise);
+}
+
+Tensor grouped_nvfp4_dequantize_meta(const Tensor& data, const Tensor& split_sizes,
+                                     const Tensor& scale, const Tensor& amax, bool, bool,
+                                     at::ScalarType dtype) {
+  GroupedQuantize::check_nvfp4_dequantize("grouped_nvfp4_dequantize", data, split_sizes, scale,
+                                          amax, dtype);
+  return at::empty_symint({data.sym_size(0), data.sym_size(1) * 2}, data.options().dtype(dtype));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(te_cpp, Meta, m) {
+  m.impl("grouped_fp8_block_quantize", grouped_fp8_block_quantize_meta);
+  m.impl("grouped_fp8_block_dequantize", grouped_fp8_block_dequantize_meta);
+  m.impl("grouped_nvfp4_quantize", grouped_nvfp4_quantize_meta);
+  m.impl("grouped_nvfp4_dequantize", grouped_nvfp4_dequantize_meta);
   m.impl("grouped_fp8_quantize", grouped_fp8_quantize_meta);
   m.impl("grouped_fp8_dequantize", grouped_fp8_dequantize_meta);
   m.impl("grouped_fp8_linear_fwd", grouped_fp8_linear_fwd_meta);

@@ -92,7 +92,9 @@ struct GroupedLinear {
 
 // Checks and allocation of the per-group quantize ops (GroupedLinear under a recipe): x
 // [T, K]; FP8 scale_inv / amax / scales float32 [G]; MXFP8 buffers as mxfp8_quantize's, the
-// columnwise ones of x^T [K, T].
+// columnwise ones of x^T [K, T]. Float8BlockScaling and NVFP4 take one call per copy
+// (`columnwise`: the copy of each group's transpose, data [K, T] with group g in columns
+// offset_g ..); their scale layouts are in registration.cpp.
 struct GroupedQuantize {
   static void check_fp8(const char* op, const Tensor& x, const Tensor& split_sizes,
                         const std::optional<Tensor>& scales, at::ScalarType fp8_dtype,
@@ -112,6 +114,28 @@ struct GroupedQuantize {
                           at::ScalarType fp8_dtype, bool rowwise, bool columnwise);
   static std::tuple<Tensor, Tensor, Tensor, Tensor> allocate_mxfp8(const Tensor& x, bool rowwise,
                                                                    bool columnwise);
+  static void check_fp8_block(const char* op, const Tensor& x, const Tensor& split_sizes,
+                              at::ScalarType fp8_dtype, int64_t block_dim, double amax_epsilon);
+  static std::tuple<Tensor, Tensor> allocate_fp8_block(const Tensor& x,
+                                                       const Tensor& split_sizes,
+                                                       int64_t block_dim, bool columnwise);
+  // the scale_inv shape of grouped_fp8_block_quantize's copy of a [T, K] input (T and K
+  // swapped in `data` for the columnwise copy)
+  static c10::SymDimVector fp8_block_scale_sizes(const c10::SymInt& rows, const c10::SymInt& cols,
+                                                 int64_t groups, int64_t block_dim,
+                                                 bool columnwise);
+  static void check_fp8_block_dequantize(const char* op, const Tensor& data,
+                                         const Tensor& split_sizes, const Tensor& scale_inv,
+                                         at::ScalarType fp8_dtype, int64_t block_dim,
+                                         bool columnwise, at::ScalarType dtype);
+  static void check_nvfp4(const char* op, const Tensor& x, const Tensor& split_sizes,
+                          bool columnwise, const std::optional<Tensor>& sr_seeds);
+  static std::tuple<Tensor, Tensor, Tensor> allocate_nvfp4(const Tensor& x,
+                                                           const Tensor& split_sizes,
+                                                           bool columnwise);
+  static void check_nvfp4_dequantize(const char* op, const Tensor& data,
+                                     const Tensor& split_sizes, const Tensor& scale,
+                                     const Tensor& amax, at::ScalarType dtype);
 };
 
 // The backends' dispatch on the bias scales' type: calls f with a null S* for S = float or

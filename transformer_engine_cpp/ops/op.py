@@ -404,6 +404,12 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
         """Number of quantizers this op uses in ``mode`` ("forward" or "backward")."""
         return 0
 
+    def get_quantizer_roles(self, mode: str) -> Optional[list]:  # pylint: disable=unused-argument
+        """The ``QuantizerRole`` of each of this op's quantizers in ``mode`` (None: the recipe
+        states assign tensor types by position: input, weight, output forward; grad_output,
+        grad_input backward), as TransformerEngine's ops declare them."""
+        return None
+
     def reset_recipe_state(self, *, recipe) -> None:
         """Make ``recipe``'s quantization state (``_fp8_metas``, ``_quantizers``) the current
         one (``None``: no quantization).
@@ -434,7 +440,8 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
         if state is None:
             if len(cache) >= _MAX_RECIPE_STATES:  # e.g. a new lambda in each recipe object
                 del cache[next(iter(cache))]
-            states = {mode: RecipeState.create(recipe, mode=mode, num_quantizers=n)
+            states = {mode: RecipeState.create(recipe, mode=mode, num_quantizers=n,
+                                               roles=self.get_quantizer_roles(mode))
                       for mode, n in (("forward", n_fwd), ("backward", n_bwd)) if n > 0}
             state = cache[key] = ({"recipe": recipe, **states},
                                   {mode: st.make_quantizers() for mode, st in states.items()})

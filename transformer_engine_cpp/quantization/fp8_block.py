@@ -174,10 +174,10 @@ class Float8BlockQuantizer(Quantizer):
 
 
 class Float8BlockScalingRecipeState(RecipeState):
-    """Quantizers per role, as TransformerEngine: forward roles cycle input, weight, output
-    (index % 3 == 1: weight, ``fp8_quant_fwd_weight`` and ``w_block_scaling_dim``; the others
-    ``fp8_quant_fwd_inp`` and ``x_block_scaling_dim``); backward: ``fp8_quant_bwd_grad`` and
-    ``grad_block_scaling_dim``."""
+    """Quantizers per role, as TransformerEngine: forward weights ``fp8_quant_fwd_weight`` and
+    ``w_block_scaling_dim``, inputs and outputs ``fp8_quant_fwd_inp`` and
+    ``x_block_scaling_dim`` (``RecipeState.tensor_type``); backward: ``fp8_quant_bwd_grad``
+    and ``grad_block_scaling_dim``."""
 
     def make_quantizers(self) -> list:
         r = self.recipe
@@ -185,7 +185,7 @@ class Float8BlockScalingRecipeState(RecipeState):
         for i in range(self.num_quantizers):
             if self.mode == "backward":
                 qp, dim = r.fp8_quant_bwd_grad, r.grad_block_scaling_dim
-            elif i % 3 == 1:
+            elif self.tensor_type(i) == "weight":
                 qp, dim = r.fp8_quant_fwd_weight, r.w_block_scaling_dim
             else:
                 qp, dim = r.fp8_quant_fwd_inp, r.x_block_scaling_dim

@@ -94,10 +94,12 @@ class NVFP4Quantizer(Quantizer):
         self.stochastic_rounding = bool(stochastic_rounding)
         self.with_random_sign_mask = True
 
-    def _seed(self, tensor: torch.Tensor):
+    def _seed(self, tensor: torch.Tensor, shape: tuple = ()):
+        """A stochastic-rounding seed (``shape`` of them: one per group of a grouped
+        quantization) drawn from torch's generator, or None without stochastic rounding."""
         if not self.stochastic_rounding:
             return None
-        return torch.randint(0, _SEED_HIGH, (), dtype=torch.int64, device=tensor.device)
+        return torch.randint(0, _SEED_HIGH, shape, dtype=torch.int64, device=tensor.device)
 
     def quantize_storage(self, tensor, *, rowwise=True, columnwise=False, op=None):
         who = op or "NVFP4BlockScaling"

@@ -1,8 +1,11 @@
 """Per-op quantization state built from a recipe (te_ops.md 4.2, 4.4).
 
-``RecipeState.create(recipe, mode=..., num_quantizers=n)`` returns the state for one op and one
-direction ("forward": roles input, weight, output; "backward": grad_output, grad_input), and
-``state.make_quantizers()`` builds its ``n`` quantizers. ``update_delayed_scaling(state)`` is
+``RecipeState.create(recipe, mode=..., num_quantizers=n, roles=...)`` returns the state for one
+op and one direction, and ``state.make_quantizers()`` builds its ``n`` quantizers. Quantizer i
+serves the tensor ``state.tensor_type(i)``: its role's ``tensor_type`` when the op declares
+roles (``QuantizerRole``, as TransformerEngine's ops do), else by position as in
+TransformerEngine ("forward": input, weight, output, repeating; "backward": grad_output,
+grad_input). ``update_delayed_scaling(state)`` is
 delayed scaling's update rule.
 """
 
@@ -20,6 +23,9 @@ __all__ = ["get_fp8_te_dtype", "get_fp8_max", "RecipeState", "DelayedScalingReci
            "NVFP4BlockScalingRecipeState", "update_delayed_scaling"]
 
 _MODES = ("forward", "backward")
+#: the tensor types a role may name, and the positional ones used without a role
+_TENSOR_TYPES = ("input", "weight", "output", "grad_output", "grad_input")
+_POSITIONAL = {"forward": ("input", "weight", "output"), "backward": ("grad_output", "grad_input")}
 
 
 def get_fp8_te_dtype(recipe, fprop_tensor: bool = True) -> torch.dtype:
@@ -42,7 +48,8 @@ class RecipeState:
     num_quantizers = 0
 
     @staticmethod
-    def create(recipe, *, mode: str, num_quantizers: int = 1, device=None) -> "RecipeState":
+    def create(recipe, *, mode: str, num_quantizers: int = 1, device=None,
+               roles=None) -> "RecipeState":
         if mode not in _MODES:
             raise ValueError(f"RecipeState: mode must be 'forward' or 'backward', got {mode!r}")
         if not isinstance(num_quantizers, int) or num_quantizers < 0:
@@ -60,12 +67,16 @@ class RecipeState:
             from .fp8_block import Float8BlockScalingRecipeState as cls  # imports this module
         else:
             raise ValueError(f"RecipeState: unsupported recipe {recipe!r}")
-        return cls(recipe, mode=mode, num_quantizers=num_quantizers, device=device)
+        if roles is not None and len(roles) != num_quantizers:
+            raise ValueError(f"RecipeState: got {len(roles)} roles for {num_quantizers} "
+                             "quantizers")
+        return cls(recipe, mode=mode, num_quantizers=num_quantizers, device=device, roles=roles)
 
-    def __init__(self, recipe, *, mode, num_quantizers, device=None):
+    def __init__(self, recipe, *, mode, num_quantizers, device=None, roles=None):
         self.recipe = recipe
         self.mode = mode
         self.num_quantizers = num_quantizers
+        self.roles = None if roles is None else list(roles)
         self.device = torch.device("cpu") if device is None else torch.device(device)
         self.dtype = (FP4_DTYPE if isinstance(recipe, _recipe.NVFP4BlockScaling)
                       else get_fp8_te_dtype(recipe, mode == "forward"))
@@ -73,13 +84,23 @@ class RecipeState:
     def make_quantizers(self) -> list:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def tensor_type(self, index: int) -> str:
+        """The tensor quantizer ``index`` serves: its role's ``tensor_type`` when that names
+        one of input, weight, output, grad_output, grad_input; otherwise by position."""
+        role = None if self.roles is None else self.roles[index]
+        if role is not None and role.tensor_type in _TENSOR_TYPES:
+            return role.tensor_type
+        positional = _POSITIONAL[self.mode]
+        return positional[index % len(positional)]
+
 
 class DelayedScalingRecipeState(RecipeState):
     """``scale`` (n,) starts at 1; ``amax_history`` (amax_history_len, n) starts at 0.
     Quantizer i casts with ``scale[i]`` and records into ``amax_history[0, i]``."""
 
-    def __init__(self, recipe, *, mode, num_quantizers, device=None):
-        super().__init__(recipe, mode=mode, num_quantizers=num_quantizers, device=device)
+    def __init__(self, recipe, *, mode, num_quantizers, device=None, roles=None):
+        super().__init__(recipe, mode=mode, num_quantizers=num_quantizers, device=device,
+                         roles=roles)
         # normal tensors even when first built inside torch.inference_mode: training updates
         # them in place later
         with torch.inference_mode(False):
@@ -97,7 +118,7 @@ class DelayedScalingRecipeState(RecipeState):
 
 class Float8CurrentScalingRecipeState(RecipeState):
     """Quantizer per role: force_pow_2_scales = recipe.use_power_2_scales; amax_epsilon from
-    the role's QParams (forward: input for roles 0 and 2, weight for role 1; backward:
+    the role's QParams (forward: the weight's for weights, the input's otherwise; backward:
     grad)."""
 
     def make_quantizers(self) -> list:
@@ -107,7 +128,8 @@ class Float8CurrentScalingRecipeState(RecipeState):
             if self.mode == "backward":
                 qp = r.fp8_quant_bwd_grad
             else:
-                qp = r.fp8_quant_fwd_weight if i % 3 == 1 else r.fp8_quant_fwd_inp
+                qp = (r.fp8_quant_fwd_weight if self.tensor_type(i) == "weight"
+                      else r.fp8_quant_fwd_inp)
             out.append(Float8CurrentScalingQuantizer(
                 self.dtype, force_pow_2_scales=r.use_power_2_scales,
                 amax_epsilon=qp.amax_epsilon))
@@ -120,9 +142,8 @@ class MXFP8BlockScalingRecipeState(RecipeState):
 
 
 class NVFP4BlockScalingRecipeState(RecipeState):
-    """Quantizer per role from the recipe's QParams, as TransformerEngine: forward roles 0 and 2
-    (input, output) fp4_quant_fwd_inp, role 1 (weight) fp4_quant_fwd_weight; backward
-    fp4_quant_bwd_grad."""
+    """Quantizer per role from the recipe's QParams, as TransformerEngine: forward weights
+    fp4_quant_fwd_weight, inputs and outputs fp4_quant_fwd_inp; backward fp4_quant_bwd_grad."""
 
     def make_quantizers(self) -> list:
         r = self.recipe
@@ -131,7 +152,8 @@ class NVFP4BlockScalingRecipeState(RecipeState):
             if self.mode == "backward":
                 qp = r.fp4_quant_bwd_grad
             else:
-                qp = r.fp4_quant_fwd_weight if i % 3 == 1 else r.fp4_quant_fwd_inp
+                qp = (r.fp4_quant_fwd_weight if self.tensor_type(i) == "weight"
+                      else r.fp4_quant_fwd_inp)
             out.append(NVFP4Quantizer(
                 FP4_DTYPE, with_rht=qp.random_hadamard_transform,
                 with_post_rht_amax=qp.random_hadamard_transform,

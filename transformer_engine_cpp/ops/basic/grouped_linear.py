@@ -14,9 +14,11 @@ import torch
 from .._common import (accumulate_main_grad, autocast_dtype, canonicalize_device,
                        canonicalize_dtype, check_numel, check_size, init_parameter,
                        materialize_device)
-from ...quantization import FP8GlobalStateManager, RecipeState
+from ...quantization import FP8GlobalStateManager, QuantizerRole, RecipeState
+from ...quantization.fp8_block import Float8BlockQuantizer
+from ...quantization.nvfp4 import NVFP4Quantizer, check_nvfp4_shape
 from ...quantization.quantizer import (Float8CurrentScalingQuantizer, Float8Quantizer,
-                                       MXFP8Quantizer, _PerTensorQuantizer)
+                                       MXFP8Quantizer)
 from ...quantization.tensor import (Float8TensorStorage, MXFP8TensorStorage, QuantizedTensor,
                                     QuantizedTensorStorage, as_storage)
 from .. import _quantized
@@ -51,26 +53,63 @@ class GroupedLinearContext(OperationContext):
 
 
 class _SplitQuantized:
-    """A [T, K] operand quantized per group of rows (TransformerEngine's split-quantize):
-    per-tensor FP8 (one data buffer, a scale per group: ``grouped_fp8_quantize``) or MXFP8 (an
-    ``MXFP8TensorStorage`` whose blocks do not straddle groups: ``grouped_mxfp8_quantize``).
-    The GEMMs read its fp32 dequantization, the values an FP8 GEMM multiplies."""
+    """A [T, K] operand quantized per group of rows (TransformerEngine's split-quantize), one
+    custom op per copy over all groups, whose output shapes do not depend on the split values.
+    ``kind`` and ``buffers``:
 
-    def __init__(self, buffers: tuple, fp8_dtype: torch.dtype, nominal_dtype: torch.dtype,
+    * ``"fp8"``: per-tensor FP8, (data, scale_inv): one data buffer, a scale per group
+      (``grouped_fp8_quantize``);
+    * ``"mxfp8"``: an ``MXFP8TensorStorage``'s four buffers, blocks not straddling groups
+      (``grouped_mxfp8_quantize``);
+    * ``"block"``: Float8BlockScaling, (rowwise data, scale_inv, columnwise data, scale_inv),
+      each group's blocks and tiles starting at its first row (``grouped_fp8_block_quantize``);
+    * ``"nvfp4"``: (rowwise data, scales, amaxes, columnwise data, scales, amaxes), each group
+      with its own amax and stochastic-rounding seed (``grouped_nvfp4_quantize``).
+
+    Absent copies are None. ``fmt``: the FP8 dtype; for "block" also the block dim; for
+    "nvfp4" whether the columnwise copy went through the random Hadamard transform. The GEMMs
+    read the fp32 dequantization, the values a quantized GEMM multiplies."""
+
+    def __init__(self, kind: str, buffers: tuple, fmt, nominal_dtype: torch.dtype,
                  shape) -> None:
-        self.buffers = tuple(buffers)  # (data, scale_inv) or MXFP8's four (None where absent)
-        self.fp8_dtype, self.nominal_dtype, self.shape = fp8_dtype, nominal_dtype, tuple(shape)
+        self.kind, self.buffers, self.fmt = kind, tuple(buffers), fmt
+        self.nominal_dtype, self.shape = nominal_dtype, tuple(shape)
 
     @classmethod
     def quantize(cls, x: torch.Tensor, split_sizes: torch.Tensor, quantizers: list, *,
                  rowwise: bool, columnwise: bool) -> "_SplitQuantized":
+        """Each group's rows with its quantizer (the groups' quantizers share one recipe's
+        settings: the first one's are read, the per-group state of delayed scaling and the
+        epsilons of current scaling are each group's)."""
         q = quantizers[0]
         if isinstance(q, MXFP8Quantizer):
             rd, rs, cd, cs = _ops.grouped_mxfp8_quantize.default(x, split_sizes, q.dtype,
                                                                  rowwise, columnwise)
             buffers = (rd, rs, None, None) if not columnwise else (
                 (rd, rs, cd, cs) if rowwise else (None, None, cd, cs))
-            return cls(buffers, q.dtype, x.dtype, x.shape)
+            return cls("mxfp8", buffers, q.dtype, x.dtype, x.shape)
+        if isinstance(q, Float8BlockQuantizer):
+            args = (x, split_sizes, q.dtype, q.block_scaling_dim, q.force_pow_2_scales,
+                    q.amax_epsilon)
+            rd = rs = cd = cs = None
+            if rowwise:
+                rd, rs = _ops.grouped_fp8_block_quantize.default(*args, False)
+            if columnwise:
+                cd, cs = _ops.grouped_fp8_block_quantize.default(*args, True)
+            return cls("block", (rd, rs, cd, cs), (q.dtype, q.block_scaling_dim), x.dtype,
+                       x.shape)
+        if isinstance(q, NVFP4Quantizer):
+            check_nvfp4_shape("GroupedLinear", x.shape, rowwise=True, columnwise=False)
+            groups = len(quantizers)
+            row = col = (None, None, None)
+            if rowwise:
+                row = _ops.grouped_nvfp4_quantize.default(
+                    x, split_sizes, False, False, q.with_2d_quantization, q._seed(x, (groups,)))
+            if columnwise:
+                col = _ops.grouped_nvfp4_quantize.default(
+                    x, split_sizes, True, q.with_rht, q.with_2d_quantization,
+                    q._seed(x, (groups,)))
+            return cls("nvfp4", (*row, *col), q.with_rht, x.dtype, x.shape)
         if isinstance(q, Float8CurrentScalingQuantizer):  # the recipe's power-of-2 flag
             data, scale_inv, _ = _ops.grouped_fp8_quantize.default(
                 x, split_sizes, None, q.dtype, q.force_pow_2_scales,
@@ -84,36 +123,52 @@ class _SplitQuantized:
                     qg.amax.copy_(torch.maximum(qg.amax, amax[g].reshape(qg.amax.shape)))
         else:
             raise NotImplementedError(f"GroupedLinear: quantization with {type(q).__name__} is "
-                                      "not implemented (Float8CurrentScaling, DelayedScaling "
-                                      "and MXFP8BlockScaling are)")
-        return cls((data, scale_inv), q.dtype, x.dtype, x.shape)
-
-    def _mxfp8(self) -> MXFP8TensorStorage:
-        return MXFP8TensorStorage(*self.buffers, self.fp8_dtype, self.nominal_dtype, self.shape)
+                                      "not implemented")
+        return cls("fp8", (data, scale_inv), q.dtype, x.dtype, x.shape)
 
     def rowwise(self, split_sizes: torch.Tensor) -> torch.Tensor:
         """The fp32 values of the copy blocked along the rows' features (the GEMMs that reduce
         over K)."""
-        if len(self.buffers) == 4:
-            return self._mxfp8().dequantize_rowwise(torch.float32)
-        data, scale_inv = self.buffers
-        return _ops.grouped_fp8_dequantize.default(data, split_sizes, scale_inv, self.fp8_dtype,
-                                                   torch.float32)
+        f32, kind = torch.float32, self.kind
+        if kind == "fp8":
+            data, scale_inv = self.buffers
+            return _ops.grouped_fp8_dequantize.default(data, split_sizes, scale_inv, self.fmt,
+                                                       f32)
+        if kind == "mxfp8":
+            return MXFP8TensorStorage(*self.buffers, self.fmt, self.nominal_dtype,
+                                      self.shape).dequantize_rowwise(f32)
+        if kind == "block":
+            return _ops.grouped_fp8_block_dequantize.default(
+                self.buffers[0], split_sizes, self.buffers[1], *self.fmt, False, f32)
+        data, scales, amax = self.buffers[:3]
+        return _ops.grouped_nvfp4_dequantize.default(data, split_sizes, scales, amax, False,
+                                                     False, f32)
 
     def columnwise(self, split_sizes: torch.Tensor) -> torch.Tensor:
-        """The fp32 values of the copy blocked down the columns (the GEMM that reduces over the
-        rows, wgrad); per-tensor FP8 has one copy for both."""
-        if len(self.buffers) == 4:
-            return self._mxfp8().dequantize_columnwise(torch.float32)
-        return self.rowwise(split_sizes)
+        """The fp32 values of the copy blocked down the columns within each group (the GEMM
+        that reduces over the rows, wgrad), as [T, K]; per-tensor FP8 has one copy for
+        both."""
+        f32, kind = torch.float32, self.kind
+        if kind == "fp8":
+            return self.rowwise(split_sizes)
+        if kind == "mxfp8":
+            return MXFP8TensorStorage(*self.buffers, self.fmt, self.nominal_dtype,
+                                      self.shape).dequantize_columnwise(f32)
+        if kind == "block":
+            return _ops.grouped_fp8_block_dequantize.default(
+                self.buffers[2], split_sizes, self.buffers[3], *self.fmt, True, f32).t()
+        data, scales, amax = self.buffers[3:]
+        return _ops.grouped_nvfp4_dequantize.default(data, split_sizes, scales, amax, True,
+                                                     self.fmt, f32).t()
 
     def metadata(self) -> tuple:
-        return (len(self.buffers), self.fp8_dtype, self.nominal_dtype, self.shape)
+        """(buffer count, kind, format, nominal dtype, shape): constants for the backward."""
+        return (len(self.buffers), self.kind, self.fmt, self.nominal_dtype, self.shape)
 
     @classmethod
     def from_buffers(cls, buffers, metadata) -> "_SplitQuantized":
-        count, fp8_dtype, nominal_dtype, shape = metadata
-        return cls(tuple(buffers)[:count], fp8_dtype, nominal_dtype, shape)
+        count, kind, fmt, nominal_dtype, shape = metadata
+        return cls(kind, tuple(buffers)[:count], fmt, nominal_dtype, shape)
 
 
 class WeightGradStore:
@@ -292,10 +347,12 @@ class GroupedLinear(BasicOperation):
         recipe = FP8GlobalStateManager.get_fp8_model_init_recipe() or self._init_recipe
         self._init_recipe = recipe
         quantizers = RecipeState.create(recipe, mode="forward",
-                                        num_quantizers=2 * self.num_groups).make_quantizers()
+                                        num_quantizers=2 * self.num_groups,
+                                        roles=self.get_quantizer_roles("forward")
+                                        ).make_quantizers()
         for i, w in enumerate(self.weights()):
-            self.register_parameter(f"weight{i}", quantized_weight(
-                w, quantizers[2 * i + 1], "GroupedLinear", (_PerTensorQuantizer, MXFP8Quantizer)))
+            self.register_parameter(f"weight{i}", quantized_weight(w, quantizers[2 * i + 1],
+                                                                   "GroupedLinear"))
 
     def reset_recipe_state(self, *, recipe) -> None:
         """Quantized weights re-quantize their in-place updates with this op's weight
@@ -319,6 +376,17 @@ class GroupedLinear(BasicOperation):
         """TransformerEngine's: per group an input and a weight quantizer forward, a
         grad_output quantizer backward."""
         return 2 * self.num_groups if mode == "forward" else self.num_groups
+
+    def get_quantizer_roles(self, mode: str) -> list:
+        """Forward: group g's input (2g) and weight (2g + 1); backward: each group's
+        grad_output (TransformerEngine's roles), so that every group's quantizers take their
+        role's settings (weights: 128x128 tiles under Float8BlockScaling, 16x16 blocks under
+        NVFP4)."""
+        if mode == "forward":
+            return [QuantizerRole(module_type="linear", tensor_type=t)
+                    for _ in range(self.num_groups) for t in ("input", "weight")]
+        return [QuantizerRole(module_type="linear", tensor_type="grad_output")
+                for _ in range(self.num_groups)]
 
     def compile_unsupported_reason(self) -> Optional[str]:
         if self._accumulate_into_main_grad:
@@ -435,11 +503,11 @@ class GroupedLinear(BasicOperation):
                                               columnwise=need_dgrad and override is None,
                                               op="GroupedLinear"))
         f32 = torch.float32
-        if (len(xq.buffers) == 2 and all(isinstance(wq, Float8TensorStorage) for wq in wqs)
+        if (xq.kind == "fp8" and all(isinstance(wq, Float8TensorStorage) for wq in wqs)
                 and len({wq._fp8_dtype for wq in wqs}) == 1):
             # per-tensor FP8: one op on the quantized buffers
             y = _ops.grouped_fp8_linear_fwd.default(
-                *xq.buffers, xq.fp8_dtype, split_sizes, [wq._data for wq in wqs],
+                *xq.buffers, xq.fmt, split_sizes, [wq._data for wq in wqs],
                 [wq._scale_inv for wq in wqs], wqs[0]._fp8_dtype, bs, scales, ctx.dtype)
         else:
             y = _ops.grouped_linear_fwd.default(
@@ -456,8 +524,11 @@ class GroupedLinear(BasicOperation):
             x_bufs = xq.buffers if ctx.weight_requires_grad else ()
             w_bufs = [t for wq in wqs for t in wq.buffers()] if need_dgrad else []
             ctx.save_for_backward(split_sizes, None, saved_scales, *saved_bs, *x_bufs, *w_bufs)
+            # each weight's (buffer count, storage metadata): storages have 4 buffers (FP8,
+            # MXFP8, Float8BlockScaling) or 6 (NVFP4)
             ctx.quantized_meta = (len(saved_bs), xq.metadata() if x_bufs else None,
-                                  [wq.metadata() for wq in wqs] if w_bufs else None)
+                                  [(len(wq.buffers()), wq.metadata()) for wq in wqs]
+                                  if w_bufs else None)
         return y if y.dtype == ctx.dtype else y.to(ctx.dtype)
 
     def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
@@ -520,8 +591,8 @@ class GroupedLinear(BasicOperation):
                 rest = rest[count:]
                 wgrad = (dy, xq.rowwise(split_sizes).to(ctx.dtype))
             if w_meta is not None:
-                dgrad = (dy, [QuantizedTensorStorage.from_buffers(rest[4 * i:4 * i + 4], meta)
-                              .dequantize_rowwise(ctx.dtype) for i, meta in enumerate(w_meta)])
+                dgrad = (dy, [wq.dequantize_rowwise(ctx.dtype)
+                              for wq in self._saved_weights(rest, w_meta)])
             return bs, dgrad, wgrad
         dyq = _SplitQuantized.quantize(dy, split_sizes, ctx.grad_output_quantizers,
                                        rowwise=w_meta is not None, columnwise=x_meta is not None)
@@ -531,10 +602,19 @@ class GroupedLinear(BasicOperation):
             rest = rest[count:]
             wgrad = (dyq.columnwise(split_sizes), xq.columnwise(split_sizes))
         if w_meta is not None:
-            ws = [QuantizedTensorStorage.from_buffers(rest[4 * i:4 * i + 4], meta)
-                  .dequantize_columnwise(torch.float32) for i, meta in enumerate(w_meta)]
+            ws = [wq.dequantize_columnwise(torch.float32)
+                  for wq in self._saved_weights(rest, w_meta)]
             dgrad = (dyq.rowwise(split_sizes), ws)
         return bs, dgrad, wgrad
+
+    @staticmethod
+    def _saved_weights(buffers, w_meta) -> list:
+        """The weights' quantized storages from their saved buffers, one after the other."""
+        out, start = [], 0
+        for count, meta in w_meta:
+            out.append(QuantizedTensorStorage.from_buffers(buffers[start:start + count], meta))
+            start += count
+        return out
 
     def _finish_wgrads(self, dws) -> list:
         """Each dW as its weight's gradient: added into ``weight{i}.main_grad`` with
