@@ -322,20 +322,43 @@ def _cases():
     return OP_CASES
 
 
-@pytest.mark.parametrize("recipe_cls", [te.recipe.Float8CurrentScaling,
-                                        te.recipe.Float8BlockScaling], ids=["current", "block"])
+#: The recipes whose scale blocks must tile both dims of every GEMM operand, by block size
+#: (MXFP8: 32, NVFP4: 16). Float8BlockScaling's 1x128 and 128x128 blocks take partial blocks at
+#: the edges, so any shape runs under it as under current scaling.
+TILING_BLOCK = {te.recipe.MXFP8BlockScaling: 32, te.recipe.NVFP4BlockScaling: 16}
+#: the leading dims of the inputs under a tiling recipe: 96 rows, a multiple of either block
+TILING_LEAD = (2, 3, 16)
+CONFORMANCE_RECIPES = {"current": te.recipe.Float8CurrentScaling,
+                       "block": te.recipe.Float8BlockScaling,
+                       "mxfp8": te.recipe.MXFP8BlockScaling,
+                       "nvfp4": te.recipe.NVFP4BlockScaling}
+
+
+@pytest.mark.parametrize("recipe_cls", list(CONFORMANCE_RECIPES.values()),
+                         ids=list(CONFORMANCE_RECIPES))
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: c.id)
 def test_op_case_under_a_recipe(case, recipe_cls):
-    """Ops without quantizers give bit-identical results under te.autocast; ops with FP8 GEMMs
-    stay within the FP8 tolerance of the unquantized result, forward and backward (the
-    conformance cases' shapes fit any block size of these recipes)."""
+    """Ops without quantizers give bit-identical results under te.autocast; ops with quantized
+    GEMMs stay within the recipe's tolerance of the unquantized result, forward and backward.
+    Under MXFP8 and NVFP4 a case with a GEMM first gets the op's error at its own sizes (not
+    multiples of the block: TransformerEngine's quantizers refuse them too), then runs at
+    block-multiple sizes (the case's fit_blocks) on 96 rows."""
     from harness import as_tuple, build, clone_leaf, eager_run, inputs_for, random_grads_like
-    from tolerances import FP8_RELATIVE_ERROR
+    from tolerances import QUANTIZED_RELATIVE_ERROR
 
-    if case.id.startswith("Dropout"):
-        pytest.skip("random")
+    quantized = any(isinstance(m, te.ops.BasicLinear) for m in build(case, torch.float32).modules())
+    block = TILING_BLOCK.get(recipe_cls)
+    lead = None
+    if block and quantized:
+        seq = build(case, torch.float32)
+        x, extras = inputs_for(case, torch.float32, "leading_dims")
+        with pytest.raises(ValueError, match=rf"BasicLinear: .* multiples? of {block}\b"):
+            with te.autocast(recipe=recipe_cls()):
+                seq(x, *extras)
+        assert case.fit_blocks is not None, f"{case.id}: a case with a GEMM needs fit_blocks"
+        case, lead = case.fit_blocks(block), TILING_LEAD
     seq = build(case, torch.float32)
-    x, extras = inputs_for(case, torch.float32, "leading_dims")
+    x, extras = inputs_for(case, torch.float32, "leading_dims", lead=lead)
     with torch.no_grad():
         grads = random_grads_like(as_tuple(seq(clone_leaf(x), *[clone_leaf(e) for e in extras])))
     ref = eager_run(seq, clone_leaf(x), [clone_leaf(e) for e in extras], [g.clone() for g in grads])
@@ -344,17 +367,19 @@ def test_op_case_under_a_recipe(case, recipe_cls):
         outs = as_tuple(seq(x, *extras))
     torch.autograd.backward(outs, [g.clone() for g in grads])
     got = (outs, x.grad, [e.grad for e in extras], {n: p.grad for n, p in seq.named_parameters()})
-    quantized = any(isinstance(m, te.ops.BasicLinear) for m in seq.modules())
     pairs = [(a, b, "forward") for a, b in zip(got[0], ref[0])]
     pairs += [(got[1], ref[1], "backward")] + [(a, b, "backward") for a, b in zip(got[2], ref[2])]
     pairs += [(got[3][n], ref[3][n], "backward") for n in ref[3]]
+    tolerance = QUANTIZED_RELATIVE_ERROR[recipe_cls.__name__]
     for a, b, direction in pairs:
         if b is None:
             assert a is None
         elif quantized:
-            assert _rel_err(a, b) < FP8_RELATIVE_ERROR[direction], direction
+            assert _rel_err(a, b) < tolerance[direction], (direction, _rel_err(a, b))
         else:
             assert torch.equal(a, b)
+    if quantized:  # and the recipe did apply
+        assert not torch.equal(got[0][0], ref[0][0])
 
 
 def test_fp8_training_loop_with_inference_steps_and_dtype_cast():
