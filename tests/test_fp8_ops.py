@@ -1,7 +1,8 @@
 """Quantized compute in the ops (te.autocast with an FP8 recipe): BasicLinear's FP8 GEMMs
 against an independent emulation (the references of test_fp8_quantize.py), the Quantize op,
-recipe-driven plans, DelayedScaling in eager and refused under compile, and the pre-norm MLP
-block compiled with fullgraph=True under Float8CurrentScaling and MXFP8BlockScaling."""
+recipe-driven plans, DelayedScaling in eager and refused under compile, the pre-norm MLP
+block compiled with fullgraph=True under Float8CurrentScaling and MXFP8BlockScaling (fp32, and
+bf16 with the bfloat16 fp8_gemm strategy), and every conformance case under each recipe."""
 
 from __future__ import annotations
 
@@ -806,6 +807,70 @@ def test_fp8_linear_backward_fp8_gemm_compiled_equals_eager(monkeypatch):
     assert shapes == [((32, 48), (64, 48)), ((48, 32), (64, 32))]  # wgrad, dgrad
     assert all(n.args[i].meta["val"].dtype == torch.uint8 for n in nodes for i in (0, 3))
     assert not any("fp8_dequantize" in str(n.target) for n in backend.bw_graphs[0].graph.nodes)
+
+
+@pytest.mark.parametrize("recipe_name", list(RECIPES))
+def test_bf16_model_compiled_equals_eager_with_the_bf16_gemm_strategy(recipe_name, monkeypatch):
+    """A bfloat16 pre-norm MLP block with the bfloat16 fp8_gemm strategy forced
+    (TECPP_FP8_GEMM_BF16=1): eager is bitwise reproducible (two runs), and compiled
+    (fullgraph, aot_eager) gives the same bits, output and every gradient. Under current scaling
+    the strategy is in effect (the fp32 one gives other bits); MXFP8's GEMMs (mxfp8_gemm) have
+    one strategy, so the setting changes nothing there."""
+    make_recipe = RECIPES[recipe_name][0]
+    torch.manual_seed(0)
+    eager = mlp_block().bfloat16()
+    compiled_model = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_model, backend="aot_eager", fullgraph=True)
+    x = torch.randn(32, 64).bfloat16()
+    dy = torch.randn(32, 64).bfloat16()
+
+    def run(model):
+        xi = x.clone().requires_grad_()
+        model.zero_grad(set_to_none=True)
+        with te.autocast(recipe=make_recipe()):
+            y = model(xi)
+        y.backward(dy)
+        return [y.detach(), xi.grad, *[p.grad for p in model.parameters()]]
+
+    monkeypatch.setenv("TECPP_FP8_GEMM_BF16", "1")
+    first = run(eager)
+    assert all(t.dtype == torch.bfloat16 for t in first)
+    assert all(torch.equal(a, b) for a, b in zip(first, run(eager)))
+    got = run(compiled)
+    assert len(counters["graph_break"]) == 0
+    assert len(got) == len(first)
+    for a, b in zip(got, first):
+        assert torch.equal(a, b)
+    monkeypatch.setenv("TECPP_FP8_GEMM_BF16", "0")
+    fp32_strategy = run(eager)
+    same = all(torch.equal(a, b) for a, b in zip(fp32_strategy, first))
+    assert same == (recipe_name == "mxfp8")
+
+
+def test_fp8_gemm_bf16_strategy_at_a_realistic_shape(monkeypatch):
+    """The bfloat16 strategy at 512 x 1024 x 1024 (E4M3 x E4M3, bias): bit for bit the
+    documented formula (addmm of the raw FP8 values in bfloat16, alpha = the product of the
+    scales, the bias before the one rounding), and the exact result rounded once to bfloat16
+    but where the fp32 accumulation moved it (every product of two FP8 values and their sum
+    over k = 1024 are exact in float64): at most one bfloat16 ulp plus the fp32 summation bound
+    k 2^-24 sum |products| away, and on fewer than 0.1% of the elements."""
+    monkeypatch.setenv("TECPP_FP8_GEMM_BF16", "1")
+    m, k, n = 512, 1024, 1024
+    a, sa = _quantized_operand((m, k), E4M3, 3)
+    b, sb = _quantized_operand((n, k), E4M3, 4)
+    torch.manual_seed(5)
+    bias = torch.randn(n).bfloat16()
+    y = _fp8_gemm(a, sa, E4M3, b, sb, E4M3, torch.bfloat16, bias)
+    want = torch.addmm(bias.expand(m, n), _raw_bf16(a, E4M3), _raw_bf16(b, E4M3).t(),
+                       alpha=(sa * sb).item())
+    assert torch.equal(y, want)
+    exact = (a.view(E4M3).double() @ b.view(E4M3).double().t()) * (sa * sb).double()
+    exact = exact + bias.double()
+    ref = exact.to(torch.bfloat16)
+    ulp = (ref.double().abs().clamp_min(2.0**-126).log2().floor() - 7).exp2()
+    sum_abs = (a.view(E4M3).double().abs() @ b.view(E4M3).double().abs().t()) * (sa * sb).double()
+    assert ((y.double() - exact).abs() <= ulp + k * 2.0**-24 * sum_abs).all()
+    assert (y != ref).float().mean() < 0.001
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
