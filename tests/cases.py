@@ -15,7 +15,7 @@ import transformer_engine_cpp as te
 from transformer_engine_cpp.testing import reference as ref
 
 from activations import BIAS_ACT, GATED, SCALED, UNARY, op_params, reference
-from opcase import OpCase  # noqa: F401  (the case type, re-exported)
+from opcase import OpCase, with_fit_blocks  # noqa: F401  (OpCase: the case type, re-exported)
 
 te_ops = torch.ops.te_cpp
 
@@ -563,90 +563,95 @@ def _samples_linear(dtype):
     return _with_non_contiguous(out)
 
 
-def _linear_bad_inputs(make, num_extra_inputs):
-    extras = [torch.ones(3, 7)] * num_extra_inputs
+def _linear_bad_inputs(make, num_extra_inputs, in_f, out_f):
+    extras = [torch.ones(3, out_f)] * num_extra_inputs
     return (
-        ("in_features mismatch", lambda: make()(torch.ones(3, 12), *extras), RuntimeError,
-         r"te_cpp\.linear_\w+: input's last dimension \(shape \[3, 12\]\) must equal "
-         r"in_features of the weight \(shape \[7, 13\]\)"),
-        ("integer input", lambda: make()(torch.ones(3, 13, dtype=torch.int64), *extras),
+        ("in_features mismatch", lambda: make()(torch.ones(3, in_f - 1), *extras), RuntimeError,
+         rf"te_cpp\.linear_\w+: input's last dimension \(shape \[3, {in_f - 1}\]\) must equal "
+         rf"in_features of the weight \(shape \[{out_f}, {in_f}\]\)"),
+        ("integer input", lambda: make()(torch.ones(3, in_f, dtype=torch.int64), *extras),
          TypeError, r"BasicLinear: input must be floating point, got torch.int64"),
         ("meta input, cpu parameters",
-         lambda: make()(torch.ones(3, 13, device="meta"), *[e.to("meta") for e in extras]),
+         lambda: make()(torch.ones(3, in_f, device="meta"), *[e.to("meta") for e in extras]),
          RuntimeError, r"te_cpp\.linear_\w+: .*same device, got meta and cpu"),
     )
 
 
-def _linear_case(case_id, make, reference, *, num_extra_inputs=0, fused_forward=(),
-                 fused_backward=(), bad=True):
-    return OpCase(id=case_id, make=make, reference=reference, features=13,
-                  num_extra_inputs=num_extra_inputs, extra_input_tail=(7,),
+def _linear_case(case_id, make, reference, in_f, out_f, *, num_extra_inputs=0,
+                 fused_forward=(), fused_backward=(), bad=True):
+    return OpCase(id=case_id, make=make, reference=reference, features=in_f,
+                  num_extra_inputs=num_extra_inputs, extra_input_tail=(out_f,),
                   opcheck_samples=_samples_linear,
                   fused_forward=fused_forward, fused_backward=fused_backward,
                   bad_inputs=_linear_bad_inputs(lambda: te.ops.Sequential(*make(torch.float32)),
-                                                num_extra_inputs)
+                                                num_extra_inputs, in_f, out_f)
                   if bad else ())
 
 
 def _linear_cases():
+    """The linear cases at 13 -> 7 features, and at (2 block) -> block under a block recipe."""
+    return with_fit_blocks(_sized_linear_cases, (13, 7), lambda block: (2 * block, block))
+
+
+def _sized_linear_cases(in_f, out_f):
     from transformer_engine_cpp.ops import fused as F
 
-    lin = lambda dtype, bias=True: te.ops.Linear(13, 7, bias=bias, dtype=dtype)  # noqa: E731
+    lin = lambda dtype, bias=True: te.ops.Linear(in_f, out_f, bias=bias, dtype=dtype)  # noqa: E731
+    basic = lambda dtype: te.ops.BasicLinear(in_f, out_f, dtype=dtype)  # noqa: E731
+    case = functools.partial(_linear_case, in_f=in_f, out_f=out_f)
     W, B = "0.basic_ops.0.weight", "0.basic_ops.1.bias"
     return [
-        _linear_case("BasicLinear", lambda dtype: [te.ops.BasicLinear(13, 7, dtype=dtype)],
+        case("BasicLinear", lambda dtype: [basic(dtype)],
                      lambda p, x: ref.linear(x, p["0.weight"])),
-        _linear_case("Linear", lambda dtype: [lin(dtype)],
+        case("Linear", lambda dtype: [lin(dtype)],
                      lambda p, x: ref.linear(x, p[W], p[B]),
                      fused_forward=(F.ForwardLinearBiasActivation,),
                      fused_backward=(F.BackwardLinearBias,)),
-        _linear_case("Linear(bias=False)", lambda dtype: [lin(dtype, False)],
+        case("Linear(bias=False)", lambda dtype: [lin(dtype, False)],
                      lambda p, x: ref.linear(x, p[W])),
         # bias and activation in the GEMM's epilogue pass; dbias+dact fused in backward
-        _linear_case("Linear+GELU", lambda dtype: [lin(dtype), te.ops.GELU()],
+        case("Linear+GELU", lambda dtype: [lin(dtype), te.ops.GELU()],
                      # dgelu's output is stored (rounded) before the dgrad/wgrad GEMMs; dbias
                      # is reduced from the unrounded values in the same kernel
                      lambda p, x: ref.gelu(p.round(p.round_grad(ref.linear(x, p[W])) + p[B])),
                      fused_forward=(F.ForwardLinearBiasActivation,),
                      fused_backward=(F.BackwardActivationBias,)),
-        _linear_case("Linear+ReLU", lambda dtype: [lin(dtype), te.ops.ReLU()],
+        case("Linear+ReLU", lambda dtype: [lin(dtype), te.ops.ReLU()],
                      lambda p, x: ref.relu(p.round(p.round_grad(ref.linear(x, p[W])) + p[B])),
                      fused_forward=(F.ForwardLinearBiasActivation,),
                      fused_backward=(F.BackwardActivationBias,)),
-        _linear_case("BasicLinear+SiLU", lambda dtype: [te.ops.BasicLinear(13, 7, dtype=dtype),
-                                                        te.ops.SiLU()],
+        case("BasicLinear+SiLU", lambda dtype: [basic(dtype), te.ops.SiLU()],
                      lambda p, x: ref.silu(p.round(p.round_grad(ref.linear(x, p["0.weight"])))),
                      fused_forward=(F.ForwardLinearBiasActivation,)),
         # the GEMM accumulates into the residual
-        _linear_case("Linear+AddExtraInput", lambda dtype: [lin(dtype), te.ops.AddExtraInput()],
+        case("Linear+AddExtraInput", lambda dtype: [lin(dtype), te.ops.AddExtraInput()],
                      lambda p, x, e: p.round(ref.linear(x, p[W]) + e) + p[B],
                      num_extra_inputs=1, fused_forward=(F.ForwardLinearBiasAdd,),
                      fused_backward=(F.BackwardLinearBias,)),
-        _linear_case("Linear+AddExtraInput(in_place)",
+        case("Linear+AddExtraInput(in_place)",
                      lambda dtype: [lin(dtype), te.ops.AddExtraInput(in_place=True)],
                      lambda p, x, e: p.round(ref.linear(x, p[W]) + e) + p[B],
                      num_extra_inputs=1, fused_forward=(F.ForwardLinearBiasAdd,),
                      fused_backward=(F.BackwardLinearBias,)),
-        _linear_case("BasicLinear+ConstantScale+AddExtraInput",
-                     lambda dtype: [te.ops.BasicLinear(13, 7, dtype=dtype),
-                                    te.ops.ConstantScale(-0.75), te.ops.AddExtraInput()],
+        case("BasicLinear+ConstantScale+AddExtraInput",
+                     lambda dtype: [basic(dtype), te.ops.ConstantScale(-0.75),
+                                    te.ops.AddExtraInput()],
                      lambda p, x, e: e - 0.75 * ref.linear(x, p["0.weight"]),
                      num_extra_inputs=1, fused_forward=(F.ForwardLinearScaleAdd,),
                      fused_backward=(F.BackwardLinearScale,)),
-        _linear_case("BasicLinear+ConstantScale",
-                     lambda dtype: [te.ops.BasicLinear(13, 7, dtype=dtype),
-                                    te.ops.ConstantScale(2.5)],
+        case("BasicLinear+ConstantScale",
+                     lambda dtype: [basic(dtype), te.ops.ConstantScale(2.5)],
                      lambda p, x: 2.5 * p.round(ref.linear(x, p["0.weight"])),
                      fused_backward=(F.BackwardLinearScale,)),
         # dgrad accumulated onto the residual branch's gradient
-        _linear_case("MakeExtraOutput(in_place)+Linear",
+        case("MakeExtraOutput(in_place)+Linear",
                      lambda dtype: [te.ops.MakeExtraOutput(in_place=True), lin(dtype)],
                      lambda p, x: (ref.linear(x, p["1.basic_ops.0.weight"],
                                               p["1.basic_ops.1.bias"]), x),
                      fused_forward=(F.ForwardLinearBiasActivation,),
                      fused_backward=(F.BackwardLinearAdd,), bad=False),
-        _linear_case("MakeExtraOutput+BasicLinear",
-                     lambda dtype: [te.ops.MakeExtraOutput(), te.ops.BasicLinear(13, 7, dtype=dtype)],
+        case("MakeExtraOutput+BasicLinear",
+                     lambda dtype: [te.ops.MakeExtraOutput(), basic(dtype)],
                      lambda p, x: (ref.linear(x, p["1.weight"]), x),
                      fused_backward=(F.BackwardLinearAdd,), bad=False),
     ]

@@ -78,8 +78,11 @@ def as_tuple(out):
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-def inputs_for(case, dtype, layout, seed=4321, device="cpu"):
-    lead, non_contiguous = LAYOUTS[layout]
+def inputs_for(case, dtype, layout, seed=4321, device="cpu", lead=None):
+    """The case's input and extra inputs in ``layout``; ``lead``: leading dims instead of the
+    layout's."""
+    layout_lead, non_contiguous = LAYOUTS[layout]
+    lead = layout_lead if lead is None else lead
     torch.manual_seed(seed)
     x = make_input(lead, case.tail, dtype, non_contiguous=non_contiguous,
                    scale=case.input_scale, device=device)

@@ -14,12 +14,10 @@ import itertools
 import transformer_engine_cpp as te
 from transformer_engine_cpp.testing import reference as ref
 
-from opcase import OpCase
-
-F = 24  # features
+from opcase import OpCase, with_fit_blocks
 
 
-def _middles():
+def _middles(F):
     """(name, make(dtype) -> ops, reference(p, x) of the ops; params from Sequential index 1).
     The branch's output is stored in the working dtype before the residual is added
     (``p.round``), except a BasicLinear's: its GEMM accumulates onto the residual
@@ -42,7 +40,7 @@ def _middles():
     ]
 
 
-def _residual_case(name, middle, middle_ref, make_in_place, add_in_place, public):
+def _residual_case(name, middle, middle_ref, make_in_place, add_in_place, public, F):
     def make(dtype):
         fork = te.ops.MakeExtraOutput(in_place=make_in_place).set_extra_output_channel(
             0, "res", output_to_caller=public)
@@ -61,7 +59,7 @@ def _residual_case(name, middle, middle_ref, make_in_place, add_in_place, public
                   reference=reference, features=F)
 
 
-def _fork_case(make_in_place, public_add_in_place):
+def _fork_case(make_in_place, public_add_in_place, F):
     """x forks on a channel; a public AddExtraInput between gets its own gradient (dy), not
     the fork's accumulated one."""
     def make(dtype):
@@ -79,11 +77,17 @@ def _fork_case(make_in_place, public_add_in_place):
                   num_extra_inputs=1)
 
 
-INPLACE_CASES: list[OpCase] = [
-    _residual_case(name, make, reference, mk, ad, False)
-    for (name, make, reference), (mk, ad) in itertools.product(
-        _middles(), itertools.product((False, True), repeat=2))
-] + [
-    _residual_case(name, make, reference, True, True, True)
-    for name, make, reference in _middles()[:2]
-] + [_fork_case(mk, ad) for mk, ad in itertools.product((False, True), repeat=2)]
+def _cases(F):
+    """Every placement at F features."""
+    return [
+        _residual_case(name, make, reference, mk, ad, False, F)
+        for (name, make, reference), (mk, ad) in itertools.product(
+            _middles(F), itertools.product((False, True), repeat=2))
+    ] + [
+        _residual_case(name, make, reference, True, True, True, F)
+        for name, make, reference in _middles(F)[:2]
+    ] + [_fork_case(mk, ad, F) for mk, ad in itertools.product((False, True), repeat=2)]
+
+
+#: 24 features; the BasicLinear placements at ``block`` features under a block recipe
+INPLACE_CASES: list[OpCase] = with_fit_blocks(_cases, (24,), lambda block: (block,))

@@ -4,6 +4,7 @@ generates the in-place placements)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Optional
 
 import torch
@@ -44,3 +45,20 @@ class OpCase:
     extra_shape: Optional[Callable[[tuple, int], tuple]] = None
     #: whether the extra inputs require grad (False: the op must not compute their grad).
     extra_requires_grad: bool = True
+    #: fit_blocks(block) -> the same case with every dim its quantized GEMMs read (features,
+    #: out_features) a multiple of ``block``, for the recipes whose scale blocks must tile
+    #: both dims of a GEMM operand (MXFP8BlockScaling: 32, NVFP4BlockScaling: 16), which
+    #: refuse other shapes as TransformerEngine does. Required of a case with a quantized GEMM.
+    fit_blocks: Optional[Callable[[int], "OpCase"]] = None
+
+
+def _fitted(make_cases, sizes_for_block, index, block):
+    return make_cases(*sizes_for_block(block))[index]
+
+
+def with_fit_blocks(make_cases, sizes, sizes_for_block):
+    """The cases ``make_cases(*sizes)``, each given ``fit_blocks``: the case at the same
+    position in ``make_cases(*sizes_for_block(block))`` (same id, block-multiple sizes)."""
+    return [dataclasses.replace(case, fit_blocks=functools.partial(
+                _fitted, make_cases, sizes_for_block, i))
+            for i, case in enumerate(make_cases(*sizes))]

@@ -1,7 +1,8 @@
 """Quantized compute in the ops (te.autocast with an FP8 recipe): BasicLinear's FP8 GEMMs
 against an independent emulation (the references of test_fp8_quantize.py), the Quantize op,
-recipe-driven plans, DelayedScaling in eager and refused under compile, and the pre-norm MLP
-block compiled with fullgraph=True under Float8CurrentScaling and MXFP8BlockScaling."""
+recipe-driven plans, DelayedScaling in eager and refused under compile, the pre-norm MLP
+block compiled with fullgraph=True under Float8CurrentScaling and MXFP8BlockScaling (fp32, and
+bf16 with the bfloat16 fp8_gemm strategy), and every conformance case under each recipe."""
 
 from __future__ import annotations
 
@@ -328,20 +329,43 @@ def _cases():
     return OP_CASES
 
 
-@pytest.mark.parametrize("recipe_cls", [te.recipe.Float8CurrentScaling,
-                                        te.recipe.Float8BlockScaling], ids=["current", "block"])
+#: The recipes whose scale blocks must tile both dims of every GEMM operand, by block size
+#: (MXFP8: 32, NVFP4: 16). Float8BlockScaling's 1x128 and 128x128 blocks take partial blocks at
+#: the edges, so any shape runs under it as under current scaling.
+TILING_BLOCK = {te.recipe.MXFP8BlockScaling: 32, te.recipe.NVFP4BlockScaling: 16}
+#: the leading dims of the inputs under a tiling recipe: 96 rows, a multiple of either block
+TILING_LEAD = (2, 3, 16)
+CONFORMANCE_RECIPES = {"current": te.recipe.Float8CurrentScaling,
+                       "block": te.recipe.Float8BlockScaling,
+                       "mxfp8": te.recipe.MXFP8BlockScaling,
+                       "nvfp4": te.recipe.NVFP4BlockScaling}
+
+
+@pytest.mark.parametrize("recipe_cls", list(CONFORMANCE_RECIPES.values()),
+                         ids=list(CONFORMANCE_RECIPES))
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: c.id)
 def test_op_case_under_a_recipe(case, recipe_cls):
-    """Ops without quantizers give bit-identical results under te.autocast; ops with FP8 GEMMs
-    stay within the FP8 tolerance of the unquantized result, forward and backward (the
-    conformance cases' shapes fit any block size of these recipes)."""
+    """Ops without quantizers give bit-identical results under te.autocast; ops with quantized
+    GEMMs stay within the recipe's tolerance of the unquantized result, forward and backward.
+    Under MXFP8 and NVFP4 a case with a GEMM first gets the op's error at its own sizes (not
+    multiples of the block: TransformerEngine's quantizers refuse them too), then runs at
+    block-multiple sizes (the case's fit_blocks) on 96 rows."""
     from harness import as_tuple, build, clone_leaf, eager_run, inputs_for, random_grads_like
-    from tolerances import FP8_RELATIVE_ERROR
+    from tolerances import QUANTIZED_RELATIVE_ERROR
 
-    if case.id.startswith("Dropout"):
-        pytest.skip("random")
+    quantized = any(isinstance(m, te.ops.BasicLinear) for m in build(case, torch.float32).modules())
+    block = TILING_BLOCK.get(recipe_cls)
+    lead = None
+    if block and quantized:
+        seq = build(case, torch.float32)
+        x, extras = inputs_for(case, torch.float32, "leading_dims")
+        with pytest.raises(ValueError, match=rf"BasicLinear: .* multiples? of {block}\b"):
+            with te.autocast(recipe=recipe_cls()):
+                seq(x, *extras)
+        assert case.fit_blocks is not None, f"{case.id}: a case with a GEMM needs fit_blocks"
+        case, lead = case.fit_blocks(block), TILING_LEAD
     seq = build(case, torch.float32)
-    x, extras = inputs_for(case, torch.float32, "leading_dims")
+    x, extras = inputs_for(case, torch.float32, "leading_dims", lead=lead)
     with torch.no_grad():
         grads = random_grads_like(as_tuple(seq(clone_leaf(x), *[clone_leaf(e) for e in extras])))
     ref = eager_run(seq, clone_leaf(x), [clone_leaf(e) for e in extras], [g.clone() for g in grads])
@@ -350,17 +374,19 @@ def test_op_case_under_a_recipe(case, recipe_cls):
         outs = as_tuple(seq(x, *extras))
     torch.autograd.backward(outs, [g.clone() for g in grads])
     got = (outs, x.grad, [e.grad for e in extras], {n: p.grad for n, p in seq.named_parameters()})
-    quantized = any(isinstance(m, te.ops.BasicLinear) for m in seq.modules())
     pairs = [(a, b, "forward") for a, b in zip(got[0], ref[0])]
     pairs += [(got[1], ref[1], "backward")] + [(a, b, "backward") for a, b in zip(got[2], ref[2])]
     pairs += [(got[3][n], ref[3][n], "backward") for n in ref[3]]
+    tolerance = QUANTIZED_RELATIVE_ERROR[recipe_cls.__name__]
     for a, b, direction in pairs:
         if b is None:
             assert a is None
         elif quantized:
-            assert _rel_err(a, b) < FP8_RELATIVE_ERROR[direction], direction
+            assert _rel_err(a, b) < tolerance[direction], (direction, _rel_err(a, b))
         else:
             assert torch.equal(a, b)
+    if quantized:  # and the recipe did apply
+        assert not torch.equal(got[0][0], ref[0][0])
 
 
 def test_fp8_training_loop_with_inference_steps_and_dtype_cast():
@@ -787,6 +813,70 @@ def test_fp8_linear_backward_fp8_gemm_compiled_equals_eager(monkeypatch):
     assert shapes == [((32, 48), (64, 48)), ((48, 32), (64, 32))]  # wgrad, dgrad
     assert all(n.args[i].meta["val"].dtype == torch.uint8 for n in nodes for i in (0, 3))
     assert not any("fp8_dequantize" in str(n.target) for n in backend.bw_graphs[0].graph.nodes)
+
+
+@pytest.mark.parametrize("recipe_name", list(RECIPES))
+def test_bf16_model_compiled_equals_eager_with_the_bf16_gemm_strategy(recipe_name, monkeypatch):
+    """A bfloat16 pre-norm MLP block with the bfloat16 fp8_gemm strategy forced
+    (TECPP_FP8_GEMM_BF16=1): eager is bitwise reproducible (two runs), and compiled
+    (fullgraph, aot_eager) gives the same bits, output and every gradient. Under current scaling
+    the strategy is in effect (the fp32 one gives other bits); MXFP8's GEMMs (mxfp8_gemm) have
+    one strategy, so the setting changes nothing there."""
+    make_recipe = RECIPES[recipe_name][0]
+    torch.manual_seed(0)
+    eager = mlp_block().bfloat16()
+    compiled_model = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_model, backend="aot_eager", fullgraph=True)
+    x = torch.randn(32, 64).bfloat16()
+    dy = torch.randn(32, 64).bfloat16()
+
+    def run(model):
+        xi = x.clone().requires_grad_()
+        model.zero_grad(set_to_none=True)
+        with te.autocast(recipe=make_recipe()):
+            y = model(xi)
+        y.backward(dy)
+        return [y.detach(), xi.grad, *[p.grad for p in model.parameters()]]
+
+    monkeypatch.setenv("TECPP_FP8_GEMM_BF16", "1")
+    first = run(eager)
+    assert all(t.dtype == torch.bfloat16 for t in first)
+    assert all(torch.equal(a, b) for a, b in zip(first, run(eager)))
+    got = run(compiled)
+    assert len(counters["graph_break"]) == 0
+    assert len(got) == len(first)
+    for a, b in zip(got, first):
+        assert torch.equal(a, b)
+    monkeypatch.setenv("TECPP_FP8_GEMM_BF16", "0")
+    fp32_strategy = run(eager)
+    same = all(torch.equal(a, b) for a, b in zip(fp32_strategy, first))
+    assert same == (recipe_name == "mxfp8")
+
+
+def test_fp8_gemm_bf16_strategy_at_a_realistic_shape(monkeypatch):
+    """The bfloat16 strategy at 512 x 1024 x 1024 (E4M3 x E4M3, bias): bit for bit the
+    documented formula (addmm of the raw FP8 values in bfloat16, alpha = the product of the
+    scales, the bias before the one rounding), and the exact result rounded once to bfloat16
+    but where the fp32 accumulation moved it (every product of two FP8 values and their sum
+    over k = 1024 are exact in float64): at most one bfloat16 ulp plus the fp32 summation bound
+    k 2^-24 sum |products| away, and on fewer than 0.1% of the elements."""
+    monkeypatch.setenv("TECPP_FP8_GEMM_BF16", "1")
+    m, k, n = 512, 1024, 1024
+    a, sa = _quantized_operand((m, k), E4M3, 3)
+    b, sb = _quantized_operand((n, k), E4M3, 4)
+    torch.manual_seed(5)
+    bias = torch.randn(n).bfloat16()
+    y = _fp8_gemm(a, sa, E4M3, b, sb, E4M3, torch.bfloat16, bias)
+    want = torch.addmm(bias.expand(m, n), _raw_bf16(a, E4M3), _raw_bf16(b, E4M3).t(),
+                       alpha=(sa * sb).item())
+    assert torch.equal(y, want)
+    exact = (a.view(E4M3).double() @ b.view(E4M3).double().t()) * (sa * sb).double()
+    exact = exact + bias.double()
+    ref = exact.to(torch.bfloat16)
+    ulp = (ref.double().abs().clamp_min(2.0**-126).log2().floor() - 7).exp2()
+    sum_abs = (a.view(E4M3).double().abs() @ b.view(E4M3).double().abs().t()) * (sa * sb).double()
+    assert ((y.double() - exact).abs() <= ulp + k * 2.0**-24 * sum_abs).all()
+    assert (y != ref).float().mean() < 0.001
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

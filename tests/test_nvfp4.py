@@ -105,9 +105,8 @@ def ref_quantize(x, rht=False, block_2d=False, seed=None):
     if rht:
         v = ref_rht(v)
     rows, cols = v.shape
-    amax = v.abs().max() if v.numel() else torch.tensor(0.0)
-    if v.isnan().any():
-        amax = torch.tensor(float("nan"))
+    # NaN elements are skipped (TransformerEngine's amax kernels reduce with fmaxf / __hmax)
+    amax = torch.where(v.isnan(), 0.0, v.abs()).max() if v.numel() else torch.tensor(0.0)
     s_enc = torch.tensor(2688.0) / amax
     s_enc = torch.where(s_enc.isnan() | (s_enc > FLT_MAX), FLT_MAX, s_enc)
     s_enc = torch.where((amax == 0) | (s_enc == 0), 1.0, s_enc)
@@ -232,13 +231,78 @@ def test_quantize_zeros_inf_nan():
     x = torch.randn(4, 32)
     x[1, 3] = float("inf")
     assert_op_matches(x)
-    x[2, 5] = float("nan")  # amax NaN: the global scale saturates to FLT_MAX
+    x[2, 5] = float("nan")
     assert_op_matches(x)
     y = torch.randn(4, 32)
     y[0, 0] = float("nan")
     assert_op_matches(y)
     d, s, a = ops.nvfp4_quantize(y, False, False, None)
-    assert a.isnan().all() and (d[0, 0] & 0xF) == 7
+    assert a.isfinite().all() and (d[0, 0] & 0xF) == 7
+
+
+def _codes(data):
+    """The E2M1 codes of packed data (low nibble first), data's shape with the last dim * 2."""
+    return torch.stack([data & 0xF, data >> 4], -1).reshape(*data.shape[:-1], -1)
+
+
+@pytest.mark.parametrize("block_2d", [False, True], ids=["1d", "2d"])
+@pytest.mark.parametrize("seed", [None, 5], ids=["rne", "sr"])
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_nan_changes_only_its_own_code(block_2d, seed, dtype):
+    """TransformerEngine's NVFP4 quantization on NaN inputs: the tensor amax (nvte_compute_amax,
+    fmaxf / __hmax) and the block amaxes (its cast kernels, fmaxf / __hmax / PTX max) skip NaN,
+    and the NaN element itself converts to positive MAXNORM (CUDA's FP4 conversion: "NaN input
+    values result in positive MAXNORM"), code 7. So NaNs change nothing but their own codes:
+    the same bytes, scales and amax as with zeros in their place."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(32, 48, generator=g) * 2).to(dtype)
+    nan_at = torch.zeros(32, 48, dtype=torch.bool)
+    nan_at[0, 0] = nan_at[5, 17] = nan_at[31, 47] = True
+    nan_at[9, 16:32] = True  # a whole block of NaN
+    seed_t = None if seed is None else torch.tensor(seed)
+    d, s, a = ops.nvfp4_quantize(x.masked_fill(nan_at, float("nan")), False, block_2d, seed_t)
+    d0, s0, a0 = ops.nvfp4_quantize(x.masked_fill(nan_at, 0.0), False, block_2d, seed_t)
+    assert torch.equal(a, a0) and a.isfinite().all()
+    assert torch.equal(s, s0)
+    codes, codes0 = _codes(d), _codes(d0)
+    assert (codes[nan_at] == 7).all()
+    assert torch.equal(codes[~nan_at], codes0[~nan_at])
+    assert_op_matches(x.masked_fill(nan_at, float("nan")), False, block_2d, seed)
+
+
+def test_all_nan_and_nan_under_the_transform():
+    """An all-NaN tensor: amax 0 (nothing left to reduce), zero scales, every code 7. Under the
+    random Hadamard transform a NaN spreads to the 16 transformed values of its run, each code
+    7, while the other runs keep their codes."""
+    d, s, a = ops.nvfp4_quantize(torch.full((16, 32), float("nan")), False, False, None)
+    assert a.item() == 0.0 and (s == 0).all() and (_codes(d) == 7).all()
+    x = torch.randn(16, 64)
+    x[3, 20] = float("nan")
+    assert_op_matches(x, rht=True)
+    d, _, a = ops.nvfp4_quantize(x, True, False, None)
+    assert a.isfinite().all() and (_codes(d)[3, 16:32] == 7).all()
+
+
+@pytest.mark.parametrize("seed", [None, 11], ids=["rne", "sr"])
+def test_negative_zero_keeps_its_sign(seed):
+    """-0.0 and negative values that round to zero give the code of -0 (8), as the hardware
+    conversion keeps the sign of a zero result; dequantized they are -0.0. (TransformerEngine's
+    plain-PyTorch reference quantizer, custom_recipes/quantization_nvfp4.py, gives 8 for a
+    negative value rounding to zero too, but 0 for an exact -0.0, which its tests never feed.)"""
+    x = torch.zeros(16, 32)
+    x[:, 0] = 6.0                    # block amax 6: the elements are scaled by 1
+    x[:, 1] = -0.0
+    x[:, 2] = -1e-3                  # rounds to -0 (to nearest; stochastically almost surely)
+    x[:, 3] = -1e-40                 # an fp32 denormal
+    x[:, 16:32] = -0.0               # an all -0.0 block (zero scale)
+    seed_t = None if seed is None else torch.tensor(seed)
+    d, s, a = ops.nvfp4_quantize(x, False, False, seed_t)
+    codes = _codes(d)
+    assert (codes[:, 1:4] == 8).all() and (codes[:, 16:] == 8).all()
+    out = ops.nvfp4_dequantize(d, s, a, False, F32)
+    assert torch.signbit(out[:, 1:4]).all() and (out[:, 1:4] == 0).all()
+    assert torch.signbit(out[:, 16:]).all()
+    assert_op_matches(x, seed=seed)
 
 
 def test_quantize_rows_not_multiple_of_16_2d():
@@ -294,7 +358,7 @@ def test_stochastic_rounding_bits_and_reproducible():
     assert_op_matches(x, seed=1234)
     assert_op_matches(x, rht=True, seed=2**62 + 5)
     assert_op_matches(x, block_2d=True, seed=-3)
-    x = torch.randn(16, 32)  # finite (a NaN amax saturates every element)
+    x = torch.randn(16, 32)
     assert_op_matches(x, seed=7)
     seed = torch.tensor(99, dtype=torch.int64)
     a = ops.nvfp4_quantize(x, False, False, seed)[0]

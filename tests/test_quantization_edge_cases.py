@@ -443,3 +443,83 @@ def test_mxfp8_shape_error_in_basic_linear_names_the_op():
     with pytest.raises(ValueError, match=r"^BasicLinear: MXFP8 needs .*\(64, 40\)"):
         with te.autocast(recipe=recipe.MXFP8BlockScaling()):
             te.ops.BasicLinear(40, 64)(torch.randn(64, 40))
+
+
+def _buffer_cases():
+    """(label, call, error regex) for a bad raw-buffer argument of each quantized-tensor op."""
+    ops = torch.ops.te_cpp
+    f32 = torch.float32
+    x = torch.randn(4, 64)
+    data, si, _ = ops.fp8_quantize(x, E4M3, False, 0.0)
+    w, wsi, _ = ops.fp8_quantize(torch.randn(32, 64), E4M3, False, 0.0)
+    mx, sc = ops.mxfp8_quantize(x, E4M3)
+    mw, mwsc = ops.mxfp8_quantize(torch.randn(32, 64), E4M3)
+    bd, bs = ops.fp8_block_quantize(x, E4M3, 1, False, 0.0)
+    nd, ns, na = ops.nvfp4_quantize(x, False, False, None)
+    splits = torch.tensor([1, 3])
+    gd, gsi, _ = ops.grouped_fp8_quantize(x, splits, None, E4M3, False, [0.0, 0.0])
+    gw = [w, w]
+    gwsi = [wsi, wsi]
+
+    def grouped_linear(weights=gw, scale_invs=gwsi):
+        return ops.grouped_fp8_linear_fwd(gd, gsi, E4M3, splits, weights, scale_invs, E4M3, [],
+                                          None, f32)
+
+    return [
+        ("fp8 data", lambda: ops.fp8_dequantize(x, si, E4M3, f32),
+         r"te_cpp\.fp8_dequantize: data must be uint8 \(raw FP8 bytes\), got Float"),
+        ("fp8 scale_inv dtype", lambda: ops.fp8_dequantize(data, si.double(), E4M3, f32),
+         r"te_cpp\.fp8_dequantize: scale_inv must be float32, got Double"),
+        ("fp8 scale_inv shape", lambda: ops.fp8_dequantize(data, torch.ones(2), E4M3, f32),
+         r"te_cpp\.fp8_dequantize: scale_inv must have shape \[1\], got \[2\]"),
+        ("fp8_quantize_scaled scale", lambda: ops.fp8_quantize_scaled(x, si.double(), E4M3),
+         r"te_cpp\.fp8_quantize_scaled: scale must be float32, got Double"),
+        ("mxfp8 data", lambda: ops.mxfp8_dequantize(mx.to(torch.int8), sc, E4M3, f32),
+         r"te_cpp\.mxfp8_dequantize: data must be uint8 \(raw FP8 bytes\), got Char"),
+        ("mxfp8 scale", lambda: ops.mxfp8_dequantize(mx, sc.float(), E4M3, f32),
+         r"te_cpp\.mxfp8_dequantize: scale_e8m0 must be uint8 \(biased E8M0 exponents\), "
+         r"got Float"),
+        ("block data", lambda: ops.fp8_block_dequantize(bd.to(torch.int8), bs, E4M3, 1, f32),
+         r"te_cpp\.fp8_block_dequantize: data must be uint8 \(raw FP8 bytes\), got Char"),
+        ("block scale_inv", lambda: ops.fp8_block_dequantize(bd, bs.double(), E4M3, 1, f32),
+         r"te_cpp\.fp8_block_dequantize: scale_inv must be float32, got Double"),
+        ("nvfp4 data", lambda: ops.nvfp4_dequantize(nd.to(torch.int16), ns, na, False, f32),
+         r"te_cpp\.nvfp4_dequantize: data must be uint8 \(two E2M1 codes per byte\), got Short"),
+        ("nvfp4 scale", lambda: ops.nvfp4_dequantize(nd, ns.float(), na, False, f32),
+         r"te_cpp\.nvfp4_dequantize: scale_e4m3 must be uint8 \(E4M3 bytes\), got Float"),
+        ("nvfp4 amax dtype", lambda: ops.nvfp4_dequantize(nd, ns, na.double(), False, f32),
+         r"te_cpp\.nvfp4_dequantize: amax must be float32, got Double"),
+        ("nvfp4 amax shape", lambda: ops.nvfp4_dequantize(nd, ns, torch.ones(1, 1), False, f32),
+         r"te_cpp\.nvfp4_dequantize: amax must have shape \[1\], got \[1, 1\]"),
+        ("fp8_gemm b", lambda: ops.fp8_gemm(data, si, E4M3, w.float(), wsi, E4M3, f32),
+         r"te_cpp\.fp8_gemm: b must be uint8 \(raw FP8 bytes\), got Float"),
+        ("fp8_gemm scale shape", lambda: ops.fp8_gemm(data, si, E4M3, w, torch.ones(1, 1),
+                                                      E4M3, f32),
+         r"te_cpp\.fp8_gemm: b_scale_inv must have shape \[1\], got \[1, 1\]"),
+        ("mxfp8_gemm scale", lambda: ops.mxfp8_gemm(mx, sc.float(), E4M3, mw, mwsc, E4M3, f32),
+         r"te_cpp\.mxfp8_gemm: a_scale must be uint8 \(E8M0 exponents\), got Float"),
+        ("grouped data", lambda: ops.grouped_fp8_dequantize(x, splits, gsi, E4M3, f32),
+         r"te_cpp\.grouped_fp8_dequantize: data must be uint8 \(raw FP8 bytes\), got Float"),
+        ("grouped weight", lambda: grouped_linear(weights=[w, w.float()]),
+         r"te_cpp\.grouped_fp8_linear_fwd: weights\[1\] must be uint8 \(raw FP8 bytes\), "
+         r"got Float"),
+        ("grouped weight scale dtype", lambda: grouped_linear(scale_invs=[wsi.double(), wsi]),
+         r"te_cpp\.grouped_fp8_linear_fwd: weight_scale_invs\[0\] must be float32, got Double"),
+        ("grouped weight scale shape", lambda: grouped_linear(scale_invs=[wsi, torch.ones(2)]),
+         r"te_cpp\.grouped_fp8_linear_fwd: weight_scale_invs\[1\] must have shape \[1\], "
+         r"got \[2\]"),
+        ("delayed scaling scale",
+         lambda: ops.fp8_delayed_scaling_update(torch.ones(2, 3), torch.ones(3).double(), 448.0,
+                                                0, "max"),
+         r"te_cpp\.fp8_delayed_scaling_update: scale must be float32, got Double"),
+    ]
+
+
+@pytest.mark.parametrize("label,call,message", _buffer_cases(),
+                         ids=[c[0] for c in _buffer_cases()])
+def test_quantized_buffer_arguments_are_checked(label, call, message):
+    """Every raw buffer of the quantized-tensor ops (FP8 / FP4 bytes, E8M0 / E4M3 scale bytes,
+    fp32 scales and amaxes) is checked by the shared helpers of csrc/common/common.h: the error
+    names the op, the argument, what it must be and what it got."""
+    with pytest.raises(RuntimeError, match=message):
+        call()

@@ -40,6 +40,38 @@ inline void check_float(const char* op, const char* name, const Tensor& t) {
            " must be float32, float64, bfloat16 or float16, got ", t.scalar_type());
 }
 
+// The output dtype argument of an op must be one the kernels write (fp32, fp64, bf16, fp16).
+inline void check_float_dtype(const char* op, const char* name, at::ScalarType t) {
+  TE_CHECK_VALUE(is_supported_float(t), op, name,
+                 " must be float32, float64, bfloat16 or float16, got ", t);
+}
+
+// torch's name of a buffer dtype ("uint8", "float32"), as the checks below print it.
+inline const char* torch_dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kByte: return "uint8";
+    case at::kFloat: return "float32";
+    default: return c10::toString(t);
+  }
+}
+
+// A raw buffer of the quantized-tensor ops (FP8 / FP4 bytes, E8M0 / E4M3 scale bytes, fp32
+// scales and amaxes) must be defined and of `dtype`; `what` (optional) says what its elements
+// are: "<name> must be uint8 (raw FP8 bytes), got Float".
+inline void check_buffer(const char* op, const char* name, const Tensor& t, at::ScalarType dtype,
+                         const char* what = nullptr) {
+  TE_CHECK(t.defined() && t.scalar_type() == dtype, op, name, " must be ",
+           torch_dtype_name(dtype), what ? " (" : "", what ? what : "", what ? ")" : "",
+           ", got ", t.defined() ? c10::toString(t.scalar_type()) : "undefined");
+}
+
+// A per-tensor scale, scale_inv or amax: a float32 buffer of shape [1].
+inline void check_scalar_buffer(const char* op, const char* name, const Tensor& t) {
+  check_buffer(op, name, t, at::kFloat);
+  TE_CHECK(t.dim() == 1 && t.sym_size(0) == 1, op, name, " must have shape [1], got ",
+           shape_str(t));
+}
+
 inline void check_min_dim(const char* op, const char* name, const Tensor& t, int64_t dim) {
   TE_CHECK(t.dim() >= dim, op, name, " must have at least ", dim, " dimension(s), got shape ",
            shape_str(t));

@@ -44,8 +44,9 @@ C10_HOST_DEVICE inline uint8_t sign_bit(float v) {
 }
 
 // Round to nearest, ties to the even code, saturating (|v| > 6 and +-inf give +-6); the sign
-// is kept (a negative value rounding to zero gives the code of -0); NaN gives +6 (E2M1 has no
-// NaN; the saturating conversion's MAX_NORM).
+// is kept (-0 and a negative value rounding to zero give the code of -0, as the hardware
+// conversion keeps the sign of a zero); NaN gives +6 (E2M1 has no NaN; CUDA's FP4 conversion
+// maps NaN to positive MAXNORM).
 C10_HOST_DEVICE inline uint8_t e2m1_rne(float v) {
   if (fp8::is_nan(v)) return 7;
   const float a = v < 0.0f ? -v : v;

@@ -58,6 +58,14 @@ C10_HOST_DEVICE inline bool is_inf(float v) { return (bits_of(v) & 0x7FFFFFFFu) 
 // integer maximum: a NaN anywhere gives a NaN amax, the largest NaN pattern present).
 C10_HOST_DEVICE inline uint32_t abs_bits(float v) { return bits_of(v) & 0x7FFFFFFFu; }
 
+// abs_bits with NaN counted as 0: the maximum of these is an amax that skips NaN elements
+// (TransformerEngine's amax kernels reduce with fmaxf / __hmax, which return the other
+// operand of a NaN), still an exact, order-free integer maximum.
+C10_HOST_DEVICE inline uint32_t abs_bits_skip_nan(float v) {
+  const uint32_t m = abs_bits(v);
+  return m > 0x7F800000u ? 0u : m;
+}
+
 // Current scaling (TransformerEngine compute_scale_from_amax): amax floored at epsilon; amax 0,
 // inf or NaN gives 1; otherwise fp8_max / amax (one correctly rounded fp32 division), +inf ->
 // FLT_MAX; with pow2, only the sign and exponent bits are kept (rounds down to a power of two).

@@ -31,8 +31,7 @@ std::tuple<Tensor, Tensor> DropoutFwd::allocate(const Tensor& x) {
 void DropoutBwd::check(const Tensor& dy, const Tensor& mask, double p) {
   check_dropout_probability(kName, p);
   check_float(kName, "grad_output", dy);
-  TE_CHECK(mask.scalar_type() == at::kByte, kName, "mask must be uint8 (dropout_fwd's mask), got ",
-           mask.scalar_type());
+  check_buffer(kName, "mask", mask, at::kByte, "dropout_fwd's mask");
   check_same_device(kName, "grad_output", dy, "mask", mask);
   check_same_shape(kName, "grad_output", dy, "mask", mask);
 }

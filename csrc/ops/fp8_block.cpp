@@ -62,12 +62,8 @@ std::tuple<Tensor, Tensor> Fp8BlockQuantize::allocate(const Tensor& x, int64_t b
 void Fp8BlockDequantize::check(const Tensor& data, const Tensor& scale_inv,
                                at::ScalarType fp8_dtype, int64_t block_dim,
                                at::ScalarType dtype) {
-  TE_CHECK(data.defined() && data.scalar_type() == at::kByte, kName,
-           "data must be uint8 (raw FP8 bytes), got ",
-           data.defined() ? c10::toString(data.scalar_type()) : "undefined");
-  TE_CHECK(scale_inv.defined() && scale_inv.scalar_type() == at::kFloat, kName,
-           "scale_inv must be float32, got ",
-           scale_inv.defined() ? c10::toString(scale_inv.scalar_type()) : "undefined");
+  check_buffer(kName, "data", data, at::kByte, "raw FP8 bytes");
+  check_buffer(kName, "scale_inv", scale_inv, at::kFloat);
   check_min_dim(kName, "data", data, 1);
   check_same_device(kName, "data", data, "scale_inv", scale_inv);
   check_fp8_dtype(kName, fp8_dtype);
@@ -76,8 +72,7 @@ void Fp8BlockDequantize::check(const Tensor& data, const Tensor& scale_inv,
   TE_CHECK(scale_inv.sym_sizes() == c10::SymIntArrayRef(expected), kName, "scale_inv must have "
            "shape ", c10::SymIntArrayRef(expected), " for data of shape ", shape_str(data),
            " and block_dim ", block_dim, ", got ", shape_str(scale_inv));
-  TE_CHECK_VALUE(is_supported_float(dtype), kName,
-                 "dtype must be float32, float64, bfloat16 or float16, got ", dtype);
+  check_float_dtype(kName, "dtype", dtype);
 }
 
 Tensor Fp8BlockDequantize::allocate(const Tensor& data, at::ScalarType dtype) {

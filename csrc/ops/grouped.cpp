@@ -199,8 +199,7 @@ void GroupedQuantize::check_fp8(const char* op, const Tensor& x, const Tensor& s
                    "amax_epsilons[", g, "] must be >= 0 and finite, got ", amax_epsilons[g]);
   }
   if (!scales.has_value()) return;
-  TE_CHECK(scales->scalar_type() == at::kFloat, op, "scales must be float32, got ",
-           scales->scalar_type());
+  check_buffer(op, "scales", *scales, at::kFloat);
   TE_CHECK(scales->dim() == 1 && scales->sym_size(0) == groups, op, "scales must have shape [",
            groups, "] (one per group), got ", shape_str(*scales));
   check_same_device(op, "input", x, "scales", *scales);
@@ -217,21 +216,16 @@ std::tuple<Tensor, Tensor, Tensor> GroupedQuantize::allocate_fp8(const Tensor& x
 void GroupedQuantize::check_fp8_dequantize(const char* op, const Tensor& data,
                                            const Tensor& split_sizes, const Tensor& scale_inv,
                                            at::ScalarType fp8_dtype, at::ScalarType dtype) {
-  TE_CHECK(data.defined() && data.scalar_type() == at::kByte, op,
-           "data must be uint8 (raw FP8 bytes), got ",
-           data.defined() ? c10::toString(data.scalar_type()) : "undefined");
+  check_buffer(op, "data", data, at::kByte, "raw FP8 bytes");
   check_2d(op, "data", data, "[tokens, features]");
   const int64_t groups = GroupedLinear::num_groups(op, split_sizes);
-  TE_CHECK(scale_inv.defined() && scale_inv.scalar_type() == at::kFloat, op,
-           "scale_inv must be float32, got ",
-           scale_inv.defined() ? c10::toString(scale_inv.scalar_type()) : "undefined");
+  check_buffer(op, "scale_inv", scale_inv, at::kFloat);
   TE_CHECK(scale_inv.dim() == 1 && scale_inv.sym_size(0) == groups, op,
            "scale_inv must have shape [", groups, "] (one per group), got ",
            shape_str(scale_inv));
   check_same_device(op, "data", data, "scale_inv", scale_inv);
   check_fp8_dtype(op, fp8_dtype);
-  TE_CHECK_VALUE(is_supported_float(dtype), op,
-                 "dtype must be float32, float64, bfloat16 or float16, got ", dtype);
+  check_float_dtype(op, "dtype", dtype);
 }
 
 void GroupedQuantize::check_fp8_linear_fwd(const char* op, const Tensor& x,
@@ -250,14 +244,12 @@ void GroupedQuantize::check_fp8_linear_fwd(const char* op, const Tensor& x,
     const std::string name = indexed("weights", g), sname = indexed("weight_scale_invs", g);
     const Tensor& w = weights[g];
     const Tensor& s = weight_scale_invs[g];
-    TE_CHECK(w.scalar_type() == at::kByte, op, name, " must be uint8 (raw FP8 bytes), got ",
-             w.scalar_type());
+    check_buffer(op, name.c_str(), w, at::kByte, "raw FP8 bytes");
     TE_CHECK(w.dim() == 2 && w.sym_sizes() == weights[0].sym_sizes(), op, name,
              " must be 2-D [out_features, in_features] like weights[0] (shape ",
              shape_str(weights[0]), "), got shape ", shape_str(w));
     check_same_device(op, name.c_str(), w, "x", x);
-    TE_CHECK(s.scalar_type() == at::kFloat && s.dim() == 1 && s.sym_size(0) == 1, op, sname,
-             " must be float32 of shape [1], got ", s.scalar_type(), " ", shape_str(s));
+    check_scalar_buffer(op, sname.c_str(), s);
     check_same_device(op, sname.c_str(), s, "x", x);
   }
   TE_CHECK(x.sym_size(1) == weights[0].sym_size(1), op, "x's last dimension (shape ",
@@ -282,8 +274,7 @@ void GroupedQuantize::check_fp8_linear_fwd(const char* op, const Tensor& x,
              "bias_scales shape ", shape_str(*bias_scales), " must be [tokens] for x shape ",
              shape_str(x));
   }
-  TE_CHECK_VALUE(is_supported_float(out_dtype), op,
-                 "out_dtype must be float32, float64, bfloat16 or float16, got ", out_dtype);
+  check_float_dtype(op, "out_dtype", out_dtype);
 }
 
 void GroupedQuantize::check_mxfp8(const char* op, const Tensor& x, const Tensor& split_sizes,

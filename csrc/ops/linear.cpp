@@ -127,27 +127,16 @@ void Fp8Gemm::check(const Tensor& a, const Tensor& a_scale_inv, at::ScalarType a
     TE_CHECK_VALUE(t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2, kName, name,
                    " must be torch.float8_e4m3fn or torch.float8_e5m2, got ", t);
   };
-  const auto check_data = [](const char* name, const Tensor& t) {
-    TE_CHECK(t.defined() && t.scalar_type() == at::kByte, kName, name,
-             " must be uint8 (raw FP8 bytes), got ",
-             t.defined() ? c10::toString(t.scalar_type()) : "undefined");
-  };
-  const auto check_scale = [&](const char* name, const Tensor& t, const Tensor& data) {
-    TE_CHECK(t.defined() && t.scalar_type() == at::kFloat, kName, name, " must be float32, got ",
-             t.defined() ? c10::toString(t.scalar_type()) : "undefined");
-    TE_CHECK(t.dim() == 1 && t.sym_size(0) == 1, kName, name, " must have shape [1], got ",
-             shape_str(t));
-    check_same_device(kName, name, t, "a", data);
-  };
-  check_data("a", a);
-  check_data("b", b);
+  check_buffer(kName, "a", a, at::kByte, "raw FP8 bytes");
+  check_buffer(kName, "b", b, at::kByte, "raw FP8 bytes");
   check_fp8("a_fp8_dtype", a_fp8);
   check_fp8("b_fp8_dtype", b_fp8);
   check_same_device(kName, "a", a, "b", b);
-  check_scale("a_scale_inv", a_scale_inv, a);
-  check_scale("b_scale_inv", b_scale_inv, a);
-  TE_CHECK_VALUE(is_supported_float(out_dtype), kName,
-                 "out_dtype must be float32, float64, bfloat16 or float16, got ", out_dtype);
+  check_scalar_buffer(kName, "a_scale_inv", a_scale_inv);
+  check_same_device(kName, "a_scale_inv", a_scale_inv, "a", a);
+  check_scalar_buffer(kName, "b_scale_inv", b_scale_inv);
+  check_same_device(kName, "b_scale_inv", b_scale_inv, "a", a);
+  check_float_dtype(kName, "out_dtype", out_dtype);
   check_min_dim(kName, "a", a, 1);
   TE_CHECK(b.dim() == 2, kName, "b must be 2-D [n, k], got shape ", shape_str(b));
   TE_CHECK(a.sym_size(-1) == b.sym_size(1), kName, "a's last dimension (shape ", shape_str(a),
@@ -169,21 +158,16 @@ Tensor Fp8Gemm::allocate(const Tensor& a, const Tensor& b, at::ScalarType out_dt
 void Mxfp8Gemm::check(const Tensor& a, const Tensor& a_scale, at::ScalarType a_fp8,
                       const Tensor& b, const Tensor& b_scale, at::ScalarType b_fp8,
                       at::ScalarType out_dtype) {
-  const auto check_u8 = [](const char* name, const Tensor& t, const char* what) {
-    TE_CHECK(t.defined() && t.scalar_type() == at::kByte, kName, name, " must be uint8 (", what,
-             "), got ", t.defined() ? c10::toString(t.scalar_type()) : "undefined");
-  };
-  check_u8("a", a, "raw FP8 bytes");
-  check_u8("b", b, "raw FP8 bytes");
-  check_u8("a_scale", a_scale, "E8M0 exponents");
-  check_u8("b_scale", b_scale, "E8M0 exponents");
+  check_buffer(kName, "a", a, at::kByte, "raw FP8 bytes");
+  check_buffer(kName, "b", b, at::kByte, "raw FP8 bytes");
+  check_buffer(kName, "a_scale", a_scale, at::kByte, "E8M0 exponents");
+  check_buffer(kName, "b_scale", b_scale, at::kByte, "E8M0 exponents");
   check_fp8_dtype(kName, a_fp8);
   check_fp8_dtype(kName, b_fp8);
   check_same_device(kName, "a", a, "b", b);
   check_same_device(kName, "a", a, "a_scale", a_scale);
   check_same_device(kName, "a", a, "b_scale", b_scale);
-  TE_CHECK_VALUE(is_supported_float(out_dtype), kName,
-                 "out_dtype must be float32, float64, bfloat16 or float16, got ", out_dtype);
+  check_float_dtype(kName, "out_dtype", out_dtype);
   check_min_dim(kName, "a", a, 1);
   TE_CHECK(b.dim() == 2, kName, "b must be 2-D [n, k], got shape ", shape_str(b));
   TE_CHECK(a.sym_size(-1) == b.sym_size(1), kName, "a's last dimension (shape ", shape_str(a),

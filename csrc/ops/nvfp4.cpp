@@ -33,29 +33,20 @@ std::tuple<Tensor, Tensor, Tensor> Nvfp4Quantize::allocate(const Tensor& x) {
 
 void Nvfp4Dequantize::check(const Tensor& data, const Tensor& scale, const Tensor& amax,
                             at::ScalarType dtype) {
-  TE_CHECK(data.defined() && data.scalar_type() == at::kByte, kName,
-           "data must be uint8 (two E2M1 codes per byte), got ",
-           data.defined() ? c10::toString(data.scalar_type()) : "undefined");
+  check_buffer(kName, "data", data, at::kByte, "two E2M1 codes per byte");
   check_min_dim(kName, "data", data, 1);
   TE_CHECK(data.sym_size(-1) % (fp4::kBlock / 2) == 0, kName,
            "data's last dimension must be a multiple of 8 (16 packed elements per block), got "
            "shape ", shape_str(data));
-  TE_CHECK(scale.defined() && scale.scalar_type() == at::kByte, kName,
-           "scale_e4m3 must be uint8 (E4M3 bytes), got ",
-           scale.defined() ? c10::toString(scale.scalar_type()) : "undefined");
+  check_buffer(kName, "scale_e4m3", scale, at::kByte, "E4M3 bytes");
   const auto expected = sizes_with_last(data, data.sym_size(-1) / (fp4::kBlock / 2));
   TE_CHECK(scale.sym_sizes() == c10::SymIntArrayRef(expected), kName,
            "scale_e4m3 must have shape ", c10::SymIntArrayRef(expected), " for data of shape ",
            shape_str(data), ", got ", shape_str(scale));
-  TE_CHECK(amax.defined() && amax.scalar_type() == at::kFloat, kName,
-           "amax must be float32, got ",
-           amax.defined() ? c10::toString(amax.scalar_type()) : "undefined");
-  TE_CHECK(amax.dim() == 1 && amax.sym_size(0) == 1, kName, "amax must have shape [1], got ",
-           shape_str(amax));
+  check_scalar_buffer(kName, "amax", amax);
   check_same_device(kName, "data", data, "scale_e4m3", scale);
   check_same_device(kName, "data", data, "amax", amax);
-  TE_CHECK_VALUE(is_supported_float(dtype), kName,
-                 "dtype must be float32, float64, bfloat16 or float16, got ", dtype);
+  check_float_dtype(kName, "dtype", dtype);
 }
 
 Tensor Nvfp4Dequantize::allocate(const Tensor& data, at::ScalarType dtype) {

@@ -6,7 +6,8 @@
 // nvfp4_quantize(x, rht, block_2d, sr_seed) -> (data, scale_e4m3, amax), on the 2-D view
 // [rows, cols] of x (rows = product of the leading dims, cols % 16 == 0):
 //   v = x in fp32, or with rht each run of 16 along the last dim replaced by fp4::rht16 of it;
-//   amax = max |v| over the tensor (NaN anywhere gives NaN; 0 for an empty tensor), shape [1];
+//   amax = max |v| over the tensor (NaN elements skipped, as TransformerEngine's amax kernels
+//   do; 0 for an empty or all-NaN tensor), shape [1];
 //   S_enc = fp4::global_encode_scale(amax);
 //   per block (16 consecutive elements of a row; with block_2d the 16x16 tile of rows
 //   16g .. 16g + 15 (fewer in the last group) and the same 16 columns, whose scale every row of

@@ -44,9 +44,7 @@ Tensor Fp8Amax::allocate(const Tensor& x) {
 }
 
 void Fp8CurrentScale::check(const Tensor& amax, at::ScalarType fp8_dtype, double amax_epsilon) {
-  TE_CHECK(amax.defined(), kName, "amax is undefined");
-  TE_CHECK(amax.scalar_type() == at::kFloat, kName, "amax must be float32, got ",
-           amax.scalar_type());
+  check_buffer(kName, "amax", amax, at::kFloat);
   TE_CHECK(amax.sym_numel() == 1, kName, "amax must have exactly one element, got shape ",
            shape_str(amax));
   check_fp8_dtype(kName, fp8_dtype);
@@ -60,28 +58,17 @@ Tensor Fp8CurrentScale::allocate(const Tensor& amax) {
 void Fp8QuantizeScaled::check(const Tensor& x, const Tensor& scale, at::ScalarType fp8_dtype) {
   check_float(kName, "input", x);
   check_fp8_dtype(kName, fp8_dtype);
-  TE_CHECK(scale.defined(), kName, "scale is undefined");
-  TE_CHECK(scale.scalar_type() == at::kFloat, kName, "scale must be float32, got ",
-           scale.scalar_type());
-  TE_CHECK(scale.dim() == 1 && scale.sym_size(0) == 1, kName, "scale must have shape [1], got ",
-           shape_str(scale));
+  check_scalar_buffer(kName, "scale", scale);
   check_same_device(kName, "input", x, "scale", scale);
 }
 
 void Fp8Dequantize::check(const Tensor& data, const Tensor& scale_inv,
                           at::ScalarType fp8_dtype, at::ScalarType dtype) {
-  TE_CHECK(data.defined() && data.scalar_type() == at::kByte, kName,
-           "data must be uint8 (raw FP8 bytes), got ",
-           data.defined() ? c10::toString(data.scalar_type()) : "undefined");
-  TE_CHECK(scale_inv.defined() && scale_inv.scalar_type() == at::kFloat, kName,
-           "scale_inv must be float32, got ",
-           scale_inv.defined() ? c10::toString(scale_inv.scalar_type()) : "undefined");
-  TE_CHECK(scale_inv.dim() == 1 && scale_inv.sym_size(0) == 1, kName,
-           "scale_inv must have shape [1], got ", shape_str(scale_inv));
+  check_buffer(kName, "data", data, at::kByte, "raw FP8 bytes");
+  check_scalar_buffer(kName, "scale_inv", scale_inv);
   check_same_device(kName, "data", data, "scale_inv", scale_inv);
   check_fp8_dtype(kName, fp8_dtype);
-  TE_CHECK_VALUE(is_supported_float(dtype), kName,
-                 "dtype must be float32, float64, bfloat16 or float16, got ", dtype);
+  check_float_dtype(kName, "dtype", dtype);
 }
 
 Tensor Fp8Dequantize::allocate(const Tensor& data, at::ScalarType dtype) {
@@ -114,12 +101,8 @@ std::tuple<Tensor, Tensor> Mxfp8Quantize::allocate(const Tensor& x) {
 
 void Mxfp8Dequantize::check(const Tensor& data, const Tensor& scale_e8m0,
                             at::ScalarType fp8_dtype, at::ScalarType dtype) {
-  TE_CHECK(data.defined() && data.scalar_type() == at::kByte, kName,
-           "data must be uint8 (raw FP8 bytes), got ",
-           data.defined() ? c10::toString(data.scalar_type()) : "undefined");
-  TE_CHECK(scale_e8m0.defined() && scale_e8m0.scalar_type() == at::kByte, kName,
-           "scale_e8m0 must be uint8 (biased E8M0 exponents), got ",
-           scale_e8m0.defined() ? c10::toString(scale_e8m0.scalar_type()) : "undefined");
+  check_buffer(kName, "data", data, at::kByte, "raw FP8 bytes");
+  check_buffer(kName, "scale_e8m0", scale_e8m0, at::kByte, "biased E8M0 exponents");
   check_same_device(kName, "data", data, "scale_e8m0", scale_e8m0);
   check_fp8_dtype(kName, fp8_dtype);
   check_mxfp8_last_dim(kName, "data", data);
@@ -127,8 +110,7 @@ void Mxfp8Dequantize::check(const Tensor& data, const Tensor& scale_e8m0,
   TE_CHECK(scale_e8m0.sym_sizes() == c10::SymIntArrayRef(expected), kName,
            "scale_e8m0 must have shape ", c10::SymIntArrayRef(expected), " for data of shape ",
            shape_str(data), ", got ", shape_str(scale_e8m0));
-  TE_CHECK_VALUE(is_supported_float(dtype), kName,
-                 "dtype must be float32, float64, bfloat16 or float16, got ", dtype);
+  check_float_dtype(kName, "dtype", dtype);
 }
 
 Tensor Mxfp8Dequantize::allocate(const Tensor& data, at::ScalarType dtype) {
@@ -139,12 +121,8 @@ void Fp8DelayedScalingUpdate::check(const Tensor& h, const Tensor& scale, double
                                     int64_t margin, c10::string_view algo) {
   TE_CHECK_VALUE(algo == "max" || algo == "most_recent", kName,
                  "amax_compute_algo must be 'max' or 'most_recent', got '", algo, "'");
-  TE_CHECK(h.defined() && h.scalar_type() == at::kFloat, kName,
-           "amax_history must be float32, got ",
-           h.defined() ? c10::toString(h.scalar_type()) : "undefined");
-  TE_CHECK(scale.defined() && scale.scalar_type() == at::kFloat, kName,
-           "scale must be float32, got ",
-           scale.defined() ? c10::toString(scale.scalar_type()) : "undefined");
+  check_buffer(kName, "amax_history", h, at::kFloat);
+  check_buffer(kName, "scale", scale, at::kFloat);
   TE_CHECK(h.dim() == 2, kName, "amax_history must be 2-D (history length, quantizers), got shape ",
            shape_str(h));
   TE_CHECK(scale.dim() == 1 && scale.sym_size(0) == h.sym_size(1), kName, "scale must have shape [",

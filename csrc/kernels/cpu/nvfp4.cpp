@@ -36,7 +36,7 @@ template <typename T>
 void quantize(const Nvfp4QuantizeArgs& a) {
   const T* x = static_cast<const T*>(a.x);
   const int64_t R = a.rows, C = a.cols, nb = C / B;
-  // pass 1: amax = max |v| as the integer maximum of the magnitude bits (NaN wins)
+  // pass 1: amax = max |v| as the integer maximum of the magnitude bits (NaN skipped)
   std::vector<uint32_t> row_max(R, 0u);
   at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
     float v[B];
@@ -44,7 +44,7 @@ void quantize(const Nvfp4QuantizeArgs& a) {
       uint32_t m = 0u;
       for (int64_t b = 0; b < nb; ++b) {
         load_block(x, C, r, b, a.rht, v);
-        for (int64_t j = 0; j < B; ++j) m = std::max(m, fp8::abs_bits(v[j]));
+        for (int64_t j = 0; j < B; ++j) m = std::max(m, fp8::abs_bits_skip_nan(v[j]));
       }
       row_max[r] = m;
     }

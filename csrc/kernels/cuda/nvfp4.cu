@@ -3,7 +3,7 @@
 //
 // Quantize, with no host synchronisation: the amax word is zeroed on the stream, pass 1 takes
 // the maximum of the magnitude bit patterns of the (transformed) values per 16-element block
-// and combines them with an integer atomicMax (exact in any order; a NaN anywhere wins, as on
+// and combines them with an integer atomicMax (exact in any order; NaN elements skipped, as on
 // CPU); pass 2 reads the amax from device memory, one thread per block (per 16x16 tile for 2-D
 // blocks: the tile's amax in a first loop over its rows, the rows quantized in a second).
 #include <cstdint>
@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(kThreads)
     float v[B];
     load_block(x, cols, u / nb, u % nb, rht, v);
 #pragma unroll
-    for (int j = 0; j < B; ++j) m = max(m, fp8::abs_bits(v[j]));
+    for (int j = 0; j < B; ++j) m = max(m, fp8::abs_bits_skip_nan(v[j]));
   }
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
