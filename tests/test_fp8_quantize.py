@@ -353,6 +353,46 @@ def test_dequantize_dtypes(dtype):
         assert_bits_equal(got, ref_dequant(data, scale_inv, fmt, dtype))
 
 
+# the dequantize kernels' multipliers: ordinary, small enough for fp32 denormal products (the
+# bfloat16 rounding of those), fp32 denormal, huge (256 s overflows fp32), zero (0 * inf), and
+# not finite (the scalar path)
+EDGE_SCALES = [1.0, 0.37, -1.5, 2.0 ** -117, 2.0 ** -118, 2.0 ** -126, 2.0 ** -140, 1e-45,
+               2.0 ** 120, 3e38, 0.0, float("inf"), float("nan")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16],
+                         ids=["fp32", "fp64", "bf16", "fp16"])
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+def test_dequantize_every_byte_and_edge_scales(fmt, dtype):
+    """Every byte value (NaN and, for E5M2, inf included) in shuffled order over an odd count
+    (whole vectors with and without a NaN lane, then a tail), times each multiplier."""
+    g = torch.Generator().manual_seed(3)
+    data = torch.arange(256, dtype=torch.uint8).repeat(4)
+    data = data[torch.randperm(data.numel(), generator=g)][:1013]
+    data[:64] = torch.arange(64, dtype=torch.uint8)  # NaN-free vectors first (E4M3 and E5M2)
+    for s in EDGE_SCALES:
+        scale_inv = torch.tensor([s])
+        got = te_ops.fp8_dequantize(data, scale_inv, fmt, dtype)
+        assert_bits_equal(got, ref_dequant(data, scale_inv, fmt, dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16],
+                         ids=["fp32", "fp64", "bf16", "fp16"])
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+def test_mxfp8_dequantize_every_byte_and_edge_exponents(fmt, dtype):
+    """Every byte value under block exponents from 0 (the subnormal 2^-127) to 254, and 255."""
+    g = torch.Generator().manual_seed(4)
+    data = torch.arange(256, dtype=torch.uint8).repeat(4)
+    data = data[torch.randperm(data.numel(), generator=g)].reshape(4, 256)
+    scale = torch.randint(0, 256, (4, 8), dtype=torch.uint8, generator=g)
+    scale[0] = torch.tensor([0, 1, 2, 10, 11, 18, 254, 255], dtype=torch.uint8)
+    got = te_ops.mxfp8_dequantize(data, scale, fmt, dtype)
+    want = ref_mx_dequant(data, scale, fmt, torch.float32)
+    nan_scale = (scale == 255).repeat_interleave(32, dim=1)
+    want = torch.where(nan_scale, torch.tensor(float("nan")), want).to(dtype)
+    assert_bits_equal(got, want)
+
+
 # ---- MXFP8 -------------------------------------------------------------------------------------
 
 
