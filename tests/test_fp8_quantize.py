@@ -415,6 +415,33 @@ def test_mxfp8_matches_reference(shape, dtype, fmt):
 
 
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float64], ids=["fp32", "bf16", "fp16", "fp64"])
+@pytest.mark.parametrize("rows,cols", [(32, 16), (96, 37), (64, 1000), (160, 7), (32, 1)],
+                         ids=str)
+def test_mxfp8_of_a_transposed_view(rows, cols, dtype, fmt):
+    """x.t() of a row-major [rows, cols] (the MXFP8 quantizer's columnwise copy) is read in
+    place by the CPU kernel, in tiles of 16 columns by 64 or 32 rows and a gathered tail:
+    the same bytes as the reference on the transposed copy, over spread magnitudes, zeros,
+    inf, NaN and denormals."""
+    g = torch.Generator().manual_seed(rows * 1000 + cols)
+    x = torch.randn(rows, cols, generator=g)
+    x = x * torch.exp2(torch.randint(-30, 30, (rows, cols), generator=g).float())
+    special = torch.tensor([0.0, float("inf"), -float("inf"), float("nan"), 1e-40, 3e38])
+    idx = torch.randint(0, x.numel(), (max(1, x.numel() // 40),), generator=g)
+    x.view(-1)[idx] = special[torch.randint(0, special.numel(), idx.shape, generator=g)]
+    x[:32, :1] = 0.0  # an all-zero block
+    x = x.to(dtype)
+    xt = x.t()
+    assert xt.stride() == (1, cols)
+    data, scale = te_ops.mxfp8_quantize(xt, fmt)
+    rdata, rscale = ref_mxfp8(xt.contiguous(), fmt)
+    assert_bits_equal(scale, rscale)
+    assert_fp8_bytes_equal(data, rdata, fmt)
+    cdata, cscale = te_ops.mxfp8_quantize(xt.contiguous(), fmt)
+    assert torch.equal(data, cdata) and torch.equal(scale, cscale)
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
 def test_mxfp8_scale_fits_block_amax(fmt):
     """The rule's intent: block_amax * 2^-(e-127) lies in (fp8_max/2, fp8_max]."""
     x = randn((64, 256), torch.float32, 3.0, 5) * torch.exp2(torch.randint(-30, 30, (64, 1)))
