@@ -151,6 +151,25 @@ def test_quantize_matches_the_emulation(shape, block_dim, dtype):
                 torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("out", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("block_dim", [1, 2])
+def test_dequantize_every_byte_and_edge_scales(block_dim, out):
+    """Every byte value (NaN and inf included) over runs of 128 and a partial block of 44 per
+    row, with scale_inv from fp32-denormal-product sizes to huge, zero, inf and NaN."""
+    g = torch.Generator().manual_seed(5)
+    data = torch.randint(0, 256, (130, 300), dtype=torch.uint8, generator=g)
+    data[0, :256] = torch.arange(256, dtype=torch.uint8)
+    rows = 130 if block_dim == 1 else 2
+    edge = torch.tensor([1.0, 2.0 ** -118, 2.0 ** -126, 1e-45, 2.0 ** 120, 0.0, float("inf"),
+                         float("nan"), 0.37])
+    scale_inv = edge[torch.randint(0, edge.numel(), (rows, 3), generator=g)]
+    scale_inv[0] = edge[:3]
+    for fmt in (E4M3, E5M2):
+        got = ops.fp8_block_dequantize(data, scale_inv, fmt, block_dim, out)
+        want = ref_block_dequantize(data, scale_inv, fmt, block_dim, out)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
 def test_special_blocks():
     """The rules one block at a time (E4M3, no pow2): a zero block has scale 1; an inf block
     scale 1 (inf saturates to 448); NaN elements are skipped by the amax and stay NaN; a block

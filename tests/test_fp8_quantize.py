@@ -353,6 +353,46 @@ def test_dequantize_dtypes(dtype):
         assert_bits_equal(got, ref_dequant(data, scale_inv, fmt, dtype))
 
 
+# the dequantize kernels' multipliers: ordinary, small enough for fp32 denormal products (the
+# bfloat16 rounding of those), fp32 denormal, huge (256 s overflows fp32), zero (0 * inf), and
+# not finite (the scalar path)
+EDGE_SCALES = [1.0, 0.37, -1.5, 2.0 ** -117, 2.0 ** -118, 2.0 ** -126, 2.0 ** -140, 1e-45,
+               2.0 ** 120, 3e38, 0.0, float("inf"), float("nan")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16],
+                         ids=["fp32", "fp64", "bf16", "fp16"])
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+def test_dequantize_every_byte_and_edge_scales(fmt, dtype):
+    """Every byte value (NaN and, for E5M2, inf included) in shuffled order over an odd count
+    (whole vectors with and without a NaN lane, then a tail), times each multiplier."""
+    g = torch.Generator().manual_seed(3)
+    data = torch.arange(256, dtype=torch.uint8).repeat(4)
+    data = data[torch.randperm(data.numel(), generator=g)][:1013]
+    data[:64] = torch.arange(64, dtype=torch.uint8)  # NaN-free vectors first (E4M3 and E5M2)
+    for s in EDGE_SCALES:
+        scale_inv = torch.tensor([s])
+        got = te_ops.fp8_dequantize(data, scale_inv, fmt, dtype)
+        assert_bits_equal(got, ref_dequant(data, scale_inv, fmt, dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16],
+                         ids=["fp32", "fp64", "bf16", "fp16"])
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+def test_mxfp8_dequantize_every_byte_and_edge_exponents(fmt, dtype):
+    """Every byte value under block exponents from 0 (the subnormal 2^-127) to 254, and 255."""
+    g = torch.Generator().manual_seed(4)
+    data = torch.arange(256, dtype=torch.uint8).repeat(4)
+    data = data[torch.randperm(data.numel(), generator=g)].reshape(4, 256)
+    scale = torch.randint(0, 256, (4, 8), dtype=torch.uint8, generator=g)
+    scale[0] = torch.tensor([0, 1, 2, 10, 11, 18, 254, 255], dtype=torch.uint8)
+    got = te_ops.mxfp8_dequantize(data, scale, fmt, dtype)
+    want = ref_mx_dequant(data, scale, fmt, torch.float32)
+    nan_scale = (scale == 255).repeat_interleave(32, dim=1)
+    want = torch.where(nan_scale, torch.tensor(float("nan")), want).to(dtype)
+    assert_bits_equal(got, want)
+
+
 # ---- MXFP8 -------------------------------------------------------------------------------------
 
 
@@ -372,6 +412,33 @@ def test_mxfp8_matches_reference(shape, dtype, fmt):
     assert_bits_equal(data, rdata)
     y = te_ops.mxfp8_dequantize(data, scale, fmt, dtype)
     assert_bits_equal(y, ref_mx_dequant(data, scale, fmt, dtype))
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float64], ids=["fp32", "bf16", "fp16", "fp64"])
+@pytest.mark.parametrize("rows,cols", [(32, 16), (96, 37), (64, 1000), (160, 7), (32, 1)],
+                         ids=str)
+def test_mxfp8_of_a_transposed_view(rows, cols, dtype, fmt):
+    """x.t() of a row-major [rows, cols] (the MXFP8 quantizer's columnwise copy) is read in
+    place by the CPU kernel, in tiles of 16 columns by 64 or 32 rows and a gathered tail:
+    the same bytes as the reference on the transposed copy, over spread magnitudes, zeros,
+    inf, NaN and denormals."""
+    g = torch.Generator().manual_seed(rows * 1000 + cols)
+    x = torch.randn(rows, cols, generator=g)
+    x = x * torch.exp2(torch.randint(-30, 30, (rows, cols), generator=g).float())
+    special = torch.tensor([0.0, float("inf"), -float("inf"), float("nan"), 1e-40, 3e38])
+    idx = torch.randint(0, x.numel(), (max(1, x.numel() // 40),), generator=g)
+    x.view(-1)[idx] = special[torch.randint(0, special.numel(), idx.shape, generator=g)]
+    x[:32, :1] = 0.0  # an all-zero block
+    x = x.to(dtype)
+    xt = x.t()
+    assert xt.stride() == (1, cols)
+    data, scale = te_ops.mxfp8_quantize(xt, fmt)
+    rdata, rscale = ref_mxfp8(xt.contiguous(), fmt)
+    assert_bits_equal(scale, rscale)
+    assert_fp8_bytes_equal(data, rdata, fmt)
+    cdata, cscale = te_ops.mxfp8_quantize(xt.contiguous(), fmt)
+    assert torch.equal(data, cdata) and torch.equal(scale, cscale)
 
 
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])

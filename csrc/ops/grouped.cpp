@@ -750,16 +750,24 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> grouped_mxfp8_quantize(const Tensor& 
     }
   }
   const int64_t block = fp8::kMXFP8BlockSize;
-  const auto quantize = [&](const Tensor& src, Tensor& data, Tensor& scale) {
+  // transposed_rows: the rows of the row-major src whose transpose is quantized (CPU), or 0
+  const auto quantize = [&](const Tensor& src, Tensor& data, Tensor& scale,
+                            int64_t transposed_rows) {
     if (src.numel() == 0) return;
     mxfp8_quantize_stub(src.device().type(),
                         Mxfp8QuantizeArgs{src.scalar_type(), fp8_dtype, src.numel() / block,
                                           src.const_data_ptr(), data.mutable_data_ptr<uint8_t>(),
-                                          scale.mutable_data_ptr<uint8_t>()});
+                                          scale.mutable_data_ptr<uint8_t>(), transposed_rows});
   };
   const Tensor x = quantize_input(x_in);
-  if (rowwise) quantize(x, row_data, row_scale);
-  if (columnwise) quantize(x.t().contiguous(), col_data, col_scale);
+  if (rowwise) quantize(x, row_data, row_scale, 0);
+  if (columnwise) {  // the CPU kernel reads x^T in place
+    if (x.is_cpu()) {
+      quantize(x, col_data, col_scale, x.size(0));
+    } else {
+      quantize(x.t().contiguous(), col_data, col_scale, 0);
+    }
+  }
   return {row_data, row_scale, col_data, col_scale};
 }
 

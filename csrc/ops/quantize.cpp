@@ -230,12 +230,18 @@ std::tuple<Tensor, Tensor> mxfp8_quantize(const Tensor& x_in, at::ScalarType fp8
   const auto guard = device_guard(x_in);
   auto [data, scales] = Mxfp8Quantize::allocate(x_in);
   if (data.numel() == 0) return {data, scales};
-  const Tensor x = kernel_input(x_in);
+  // x.t() of a row-major [R, C] (how the MXFP8 quantizer passes its columnwise copy) is read
+  // in place by the CPU kernel, without the transposed copy
+  const bool transposed = x_in.is_cpu() && x_in.dim() == 2 && x_in.scalar_type() != at::kDouble &&
+                          x_in.size(0) > 1 && x_in.stride(0) == 1 &&
+                          x_in.stride(1) == x_in.size(0);
+  const Tensor x = transposed ? x_in : kernel_input(x_in);
   mxfp8_quantize_stub(x.device().type(),
                       Mxfp8QuantizeArgs{x.scalar_type(), fp8_dtype,
                                         x.numel() / fp8::kMXFP8BlockSize, x.const_data_ptr(),
                                         data.mutable_data_ptr<uint8_t>(),
-                                        scales.mutable_data_ptr<uint8_t>()});
+                                        scales.mutable_data_ptr<uint8_t>(),
+                                        transposed ? x_in.size(1) : 0});
   return {data, scales};
 }
 

@@ -81,12 +81,16 @@ TE_DECLARE_STUB(fp8_dequantize_stub, void(const Fp8DequantizeArgs&));
 // MXFP8 quantization of nblocks > 0 consecutive blocks of 32 elements of x (dtype float32,
 // bfloat16 or float16): per block, amax = max |x| skipping NaN elements,
 // e = fp8::mxfp8_block_exponent(amax), scales[b] = e, data = cast_to_fp8(x * e8m0_rcp(e)).
+// transposed_rows > 0 (CPU backend only; the front ends pass 0 to others): x is stored as the
+// row-major [transposed_rows, cols] matrix X (transposed_rows % 32 == 0) and the quantized
+// tensor is its transpose [cols, transposed_rows], read in place.
 struct Mxfp8QuantizeArgs {
   at::ScalarType dtype, fp8_dtype;
   int64_t nblocks;
   const void* x;
   uint8_t* data;
   uint8_t* scales;
+  int64_t transposed_rows = 0;
 };
 TE_DECLARE_STUB(mxfp8_quantize_stub, void(const Mxfp8QuantizeArgs&));
 

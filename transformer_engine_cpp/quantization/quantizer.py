@@ -196,10 +196,9 @@ class MXFP8Quantizer(Quantizer):
         row_data = row_scale = col_data = col_scale = None
         if rowwise:
             row_data, row_scale = _mxfp8_quantize(tensor, self.dtype)
-        if columnwise:
+        if columnwise:  # the op reads the transposed view in place (no transposed copy)
             cols = tensor.shape[-1]
-            col_data, col_scale = _mxfp8_quantize(tensor.reshape(-1, cols).t().contiguous(),
-                                                  self.dtype)
+            col_data, col_scale = _mxfp8_quantize(tensor.reshape(-1, cols).t(), self.dtype)
         return MXFP8TensorStorage(row_data, row_scale, col_data, col_scale, self.dtype,
                                   tensor.dtype, tensor.shape, self)
 

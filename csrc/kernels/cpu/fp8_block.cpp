@@ -3,9 +3,9 @@
 // (NaN skipped), so the result does not depend on the thread count.
 #include <ATen/Parallel.h>
 
-#include <array>
 #include <vector>
 
+#include "kernels/cpu/fp8_vec.h"
 #include "ops/fp8_block.h"
 #include "ops/quantize.h"
 
@@ -80,31 +80,31 @@ void fp8_block_quantize_cpu(const Fp8BlockQuantizeArgs& a) {
   });
 }
 
-template <c10::ScalarType F>
-std::array<float, 256> fp8_values() {
-  std::array<float, 256> t{};
-  for (int i = 0; i < 256; ++i) t[i] = fp8::fp8_to_float<F>(static_cast<uint8_t>(i));
-  return t;
-}
-
+// out = T(fp8_to_float(data) * scale_inv of the element's block), the product in fp32
+// (dequantize_span, per run of up to 128 elements of a row that share a scale).
 void fp8_block_dequantize_cpu(const Fp8BlockDequantizeArgs& a) {
-  static const std::array<float, 256> e4m3 = fp8_values<fp8::kE4M3>();
-  static const std::array<float, 256> e5m2 = fp8_values<fp8::kE5M2>();
-  const auto& table = a.fp8_dtype == fp8::kE4M3 ? e4m3 : e5m2;
   const int64_t rows = a.rows, cols = a.cols, ncb = (cols + kB - 1) / kB;
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
   TE_DISPATCH_FLOAT(a.out_dtype, "fp8_block_dequantize", [&] {
-    scalar_t* out = static_cast<scalar_t*>(a.out);
-    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const float* sr = a.scale_inv + (a.block_dim == 1 ? r : r / kB) * ncb;
-        const uint8_t* dr = a.data + r * cols;
-        scalar_t* orow = out + r * cols;
-        for (int64_t c = 0; c < cols; ++c) {
-          orow[c] = static_cast<scalar_t>(table[dr[c]] * sr[c / kB]);
+    using T = scalar_t;
+    T* out = static_cast<T*>(a.out);
+    auto run = [&](auto Fc) {
+      constexpr c10::ScalarType F = decltype(Fc)::value;
+      at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* sr = a.scale_inv + (a.block_dim == 1 ? r : r / kB) * ncb;
+          for (int64_t b = 0; b < ncb; ++b) {
+            const int64_t c0 = b * kB, len = std::min(cols, c0 + kB) - c0;
+            dequantize_span<F, T>(a.data + r * cols + c0, out + r * cols + c0, len, sr[b]);
+          }
         }
-      }
-    });
+      });
+    };
+    if (a.fp8_dtype == fp8::kE4M3) {
+      run(std::integral_constant<c10::ScalarType, fp8::kE4M3>{});
+    } else {
+      run(std::integral_constant<c10::ScalarType, fp8::kE5M2>{});
+    }
   });
 }
 

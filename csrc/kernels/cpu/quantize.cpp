@@ -10,6 +10,7 @@
 #include <array>
 #include <vector>
 
+#include "kernels/cpu/fp8_vec.h"
 #include "kernels/cpu/vec.h"
 #include "ops/quantize.h"
 
@@ -124,15 +125,16 @@ float amax_of(const T* x, int64_t n) {
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
-// One full vector of fp32 to FP8, stored as 16 bytes at out: the same bytes as
+// One full vector of fp32 to FP8 codes, one per 32-bit lane: the same bytes as
 // fp8::cast_to_fp8 lane by lane (saturate to +-fp8_max, NaN stays NaN, then c10's
-// round-to-nearest-even conversion). Works on the magnitude bits: for non-NaN lanes the
-// saturation is an unsigned integer minimum with fp8_max's bits (same order as the floats);
-// after it, c10's overflow branch is reached only by NaN (0x7F | sign in both formats), and
-// rounding cannot carry past the largest finite code. The denormal and NaN fix-ups are
-// skipped when no lane needs them (rare in real data; the masks are always computed).
+// round-to-nearest-even conversion). Works on the magnitude bits: the saturation is a float
+// minimum that passes NaN through (vminps returns its second operand for NaN); for finite lanes
+// rounding cannot carry past the largest finite code (0x7E / 0x7B), while a NaN lane's
+// magnitude, above +inf, rounds to a code above 0x3B0, so an unsigned minimum with 0x7F makes
+// it NaN (0x7F | sign in both formats) and leaves every finite code as it is. The denormal
+// fix-up is skipped when no lane needs it (rare in real data; the mask is always computed).
 template <c10::ScalarType F>
-inline void store_fp8(uint8_t* out, __m512 v) {
+inline __m512i fp8_codes(__m512 v) {
   constexpr float kMax = fp8::max_norm(F);
   // E4M3: denormal below 2^-6 (exponent 121), 3 mantissa bits (shift 20), bias 7.
   // E5M2: denormal below 2^-14 (exponent 113), 2 mantissa bits (shift 21), bias 15.
@@ -141,16 +143,16 @@ inline void store_fp8(uint8_t* out, __m512 v) {
   constexpr int kShift = F == fp8::kE4M3 ? 20 : 21;
   constexpr uint32_t kBias = F == fp8::kE4M3 ? 7u : 15u;
   const __m512i bits = _mm512_castps_si512(v);
-  const __m512i mag0 = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF));
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(mag0, _mm512_set1_epi32(0x7F800000));
-  const __m512i mag = _mm512_min_epu32(
-      mag0, _mm512_set1_epi32(static_cast<int>(c10::bit_cast<uint32_t>(kMax))));
+  const __m512i mag = _mm512_castps_si512(_mm512_min_ps(
+      _mm512_set1_ps(kMax),
+      _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)))));
   // normal: (mag + ((bias - 127) << 23) + (2^(shift-1) - 1) + odd) >> shift
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(mag, kShift), _mm512_set1_epi32(1));
   const __m512i rnd = _mm512_add_epi32(
       mag, _mm512_set1_epi32(
                static_cast<int>(((kBias - 127u) << 23) + ((1u << (kShift - 1)) - 1u))));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(rnd, odd), kShift);
+  __m512i r = _mm512_min_epu32(_mm512_srli_epi32(_mm512_add_epi32(rnd, odd), kShift),
+                               _mm512_set1_epi32(0x7F));
   const __mmask16 den =
       _mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(static_cast<int>(kDenormExp << 23)));
   if (den) {  // the float sum |v| + 2^(magic - 127) rounds at the right place
@@ -160,10 +162,27 @@ inline void store_fp8(uint8_t* out, __m512 v) {
         magic);
     r = _mm512_mask_mov_epi32(r, den, d);
   }
-  if (nan) r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7F));
   // r | ((bits >> 24) & 0x80): the sign bit into bit 7
-  r = _mm512_ternarylogic_epi32(r, _mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80), 0xF8);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(r));
+  return _mm512_ternarylogic_epi32(r, _mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80),
+                                   0xF8);
+}
+
+// One vector of fp32 to FP8, stored as 16 bytes at out.
+template <c10::ScalarType F>
+inline void store_fp8(uint8_t* out, __m512 v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(fp8_codes<F>(v)));
+}
+
+// Four vectors of fp32 (64 consecutive elements) to FP8, stored as 64 bytes at out: two
+// saturating packs (the codes are 0..255) leave, per 128-bit lane k, the elements 4k..4k+3 of
+// v0, v1, v2, v3 in turn; one dword permutation puts them in order.
+template <c10::ScalarType F>
+inline void store_fp8_x4(uint8_t* out, __m512 v0, __m512 v1, __m512 v2, __m512 v3) {
+  const __m512i p01 = _mm512_packus_epi32(fp8_codes<F>(v0), fp8_codes<F>(v1));
+  const __m512i p23 = _mm512_packus_epi32(fp8_codes<F>(v2), fp8_codes<F>(v3));
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_si512(reinterpret_cast<void*>(out),
+                      _mm512_permutexvar_epi32(idx, _mm512_packus_epi16(p01, p23)));
 }
 #endif
 
@@ -180,9 +199,9 @@ void cast_scaled(const T* x, uint8_t* out, int64_t n, float scale) {
     alignas(64) float buf[W];
     int64_t i = i0;
 #if defined(CPU_CAPABILITY_AVX512)
-    for (; i + 2 * W <= i1; i += 2 * W) {
-      store_fp8<F>(ol + i, load_acc<T>(xl + i) * s);
-      store_fp8<F>(ol + i + W, load_acc<T>(xl + i + W) * s);
+    for (; i + 4 * W <= i1; i += 4 * W) {
+      store_fp8_x4<F>(ol + i, load_acc<T>(xl + i) * s, load_acc<T>(xl + i + W) * s,
+                      load_acc<T>(xl + i + 2 * W) * s, load_acc<T>(xl + i + 3 * W) * s);
     }
     for (; i + W <= i1; i += W) store_fp8<F>(ol + i, load_acc<T>(xl + i) * s);
 #endif
@@ -223,42 +242,32 @@ void fp8_current_scale_cpu(const Fp8CurrentScaleArgs& a) {
                                 a.amax_epsilon);
 }
 
-template <c10::ScalarType F>
-std::array<float, 256> fp8_table() {
-  std::array<float, 256> t{};
-  for (int b = 0; b < 256; ++b) t[b] = fp8::fp8_to_float<F>(static_cast<uint8_t>(b));
-  return t;
-}
-
-const std::array<float, 256>& table_for(at::ScalarType fmt) {
-  static const std::array<float, 256> e4m3 = fp8_table<kE4M3>();
-  static const std::array<float, 256> e5m2 = fp8_table<kE5M2>();
-  return fmt == kE4M3 ? e4m3 : e5m2;
-}
-
-// out[i] = T(table[data[i]] * s(i)), the product in fp32.
-template <typename SFn>
-void dequantize_into(const Fp8DequantizeArgs& a, const SFn& s_of) {
-  const auto& table = table_for(a.fp8_dtype);
-  const uint8_t* dp = a.data;
+// out[i] = T(fp8_to_float(data[i]) * s), the product in fp32 (dequantize_span: vectorised,
+// the same bytes as the scalar expression): s = *scale_inv over the whole tensor, or MXFP8's
+// e8m0_to_float(e8m0[b]) over block b of 32 elements.
+void fp8_dequantize_cpu(const Fp8DequantizeArgs& a) {
+  constexpr int64_t B = fp8::kMXFP8BlockSize;
   TE_DISPATCH_FLOAT(a.out_dtype, "fp8_dequantize", [&] {
-    scalar_t* op = static_cast<scalar_t*>(a.out);
-    at::parallel_for(0, a.n, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) op[i] = static_cast<scalar_t>(table[dp[i]] * s_of(i));
+    using T = scalar_t;
+    T* op = static_cast<T*>(a.out);
+    const uint8_t* dp = a.data;
+    visit_format(a.fp8_dtype, [&](auto Fc) {
+      constexpr c10::ScalarType F = decltype(Fc)::value;
+      if (a.e8m0 == nullptr) {
+        const float s = *a.scale_inv;
+        at::parallel_for(0, a.n, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
+          dequantize_span<F, T>(dp + i0, op + i0, i1 - i0, s);
+        });
+        return;
+      }
+      const uint8_t* sp = a.e8m0;
+      at::parallel_for(0, a.n / B, kParallelGrainElems / B, [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) {
+          dequantize_span<F, T>(dp + b * B, op + b * B, B, fp8::e8m0_to_float(sp[b]));
+        }
+      });
     });
   });
-}
-
-void fp8_dequantize_cpu(const Fp8DequantizeArgs& a) {
-  if (a.e8m0 == nullptr) {
-    const float s = *a.scale_inv;
-    dequantize_into(a, [s](int64_t) { return s; });
-    return;
-  }
-  std::array<float, 256> pow2{};
-  for (int e = 0; e < 256; ++e) pow2[e] = fp8::e8m0_to_float(static_cast<uint8_t>(e));
-  const uint8_t* sp = a.e8m0;
-  dequantize_into(a, [&](int64_t i) { return pow2[sp[i / fp8::kMXFP8BlockSize]]; });
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -283,6 +292,27 @@ inline __m512 max_lanes_16(__m512 m[16]) {
                        _mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+// fp8::float_to_e8m0(amax * max_norm_rcp) and fp8::e8m0_rcp of it lane by lane (16 block
+// maxima, never NaN): the exponents in the 32-bit lanes, the multipliers in rcp.
+inline __m512i mx_exponents(__m512 amax, float max_norm_rcp, __m512& rcp) {
+  const __m512 val = _mm512_mul_ps(amax, _mm512_set1_ps(max_norm_rcp));
+  const __m512i bits = _mm512_castps_si512(val);
+  const __m512i exp = _mm512_srli_epi32(bits, 23);
+  const __m512i mant = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFF));
+  const __mmask16 up = _mm512_test_epi32_mask(mant, mant) &
+                       _mm512_cmpneq_epi32_mask(exp, _mm512_set1_epi32(0xFE)) &
+                       ~(_mm512_cmpeq_epi32_mask(exp, _mm512_setzero_si512()) &
+                         _mm512_cmple_epi32_mask(mant, _mm512_set1_epi32(0x400000)));
+  __m512i e = _mm512_mask_add_epi32(exp, up, exp, _mm512_set1_epi32(1));
+  e = _mm512_mask_mov_epi32(e, _mm512_cmpeq_epi32_mask(exp, _mm512_set1_epi32(0xFF)),
+                            _mm512_set1_epi32(0xFE));  // inf (NaN cannot occur)
+  // 2^(127 - e) as bits (254 - e) << 23, and 1 for e == 0
+  rcp = _mm512_mask_mov_ps(
+      _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(254), e), 23)),
+      _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()), _mm512_set1_ps(1.0f));
+  return e;
+}
+
 // 16 consecutive MXFP8 blocks (16 x 32 elements): the block maxima side by side in one
 // vector, fp8::float_to_e8m0 and fp8::e8m0_rcp lane by lane (the value is never NaN here),
 // then each block's data cast with its lane's multiplier.
@@ -296,29 +326,35 @@ inline void mxfp8_16_blocks(const T* __restrict x, uint8_t* __restrict data,
     // _mm512_max_ps(a, b) returns b when either is NaN: a NaN element is skipped (std::fmax)
     m[j] = _mm512_max_ps(_mm512_abs_ps(v1), _mm512_max_ps(_mm512_abs_ps(v0), _mm512_setzero_ps()));
   }
-  const __m512 val = _mm512_mul_ps(max_lanes_16(m), _mm512_set1_ps(max_norm_rcp));
-  const __m512i bits = _mm512_castps_si512(val);
-  const __m512i exp = _mm512_srli_epi32(bits, 23);
-  const __m512i mant = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFF));
-  const __mmask16 up = _mm512_test_epi32_mask(mant, mant) &
-                       _mm512_cmpneq_epi32_mask(exp, _mm512_set1_epi32(0xFE)) &
-                       ~(_mm512_cmpeq_epi32_mask(exp, _mm512_setzero_si512()) &
-                         _mm512_cmple_epi32_mask(mant, _mm512_set1_epi32(0x400000)));
-  __m512i e = _mm512_mask_add_epi32(exp, up, exp, _mm512_set1_epi32(1));
-  e = _mm512_mask_mov_epi32(e, _mm512_cmpeq_epi32_mask(exp, _mm512_set1_epi32(0xFF)),
-                            _mm512_set1_epi32(0xFE));  // inf (NaN cannot occur)
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(scales), _mm512_cvtepi32_epi8(e));
-  // 2^(127 - e) as bits (254 - e) << 23, and 1 for e == 0
-  const __m512 rcp = _mm512_mask_mov_ps(
-      _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(254), e), 23)),
-      _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()), _mm512_set1_ps(1.0f));
-  for (int j = 0; j < 16; ++j) {
-    const __m512 s = _mm512_permutexvar_ps(_mm512_set1_epi32(j), rcp);
-    store_fp8<F>(data + j * 2 * W, _mm512_mul_ps(load_acc<T>(x + j * 2 * W), s));
-    store_fp8<F>(data + j * 2 * W + W, _mm512_mul_ps(load_acc<T>(x + j * 2 * W + W), s));
+  __m512 rcp;
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(scales),
+                   _mm512_cvtepi32_epi8(mx_exponents(max_lanes_16(m), max_norm_rcp, rcp)));
+  for (int j = 0; j < 16; j += 2) {  // two blocks (64 elements) per store
+    const __m512 s0 = _mm512_permutexvar_ps(_mm512_set1_epi32(j), rcp);
+    const __m512 s1 = _mm512_permutexvar_ps(_mm512_set1_epi32(j + 1), rcp);
+    const T* xj = x + j * 2 * W;
+    store_fp8_x4<F>(data + j * 2 * W, _mm512_mul_ps(load_acc<T>(xj), s0),
+                    _mm512_mul_ps(load_acc<T>(xj + W), s0),
+                    _mm512_mul_ps(load_acc<T>(xj + 2 * W), s1),
+                    _mm512_mul_ps(load_acc<T>(xj + 3 * W), s1));
   }
 }
 #endif
+
+// One MXFP8 block of 32 elements, scalar (fp8::mxfp8_block_exponent and cast_to_fp8).
+template <typename T, c10::ScalarType F>
+inline void mxfp8_block(const T* xb, uint8_t* db, uint8_t* sb) {
+  constexpr int64_t B = fp8::kMXFP8BlockSize;
+  constexpr int64_t W = at::vec::Vectorized<float>::size();
+  alignas(64) float buf[B];
+  for (int64_t j = 0; j < B; j += W) load_acc<T>(xb + j).store(buf + j);
+  float amax = 0.0f;
+  for (int64_t j = 0; j < B; ++j) amax = std::fmax(amax, std::fabs(buf[j]));
+  const uint8_t e = fp8::mxfp8_block_exponent<F>(amax);
+  const float rcp = fp8::e8m0_rcp(e);
+  *sb = e;
+  for (int64_t j = 0; j < B; ++j) db[j] = fp8::cast_to_fp8<F>(buf[j] * rcp);
+}
 
 // MXFP8 (TE quantize_mxfp8.cuh, rowwise): per block of 32 consecutive elements of the last
 // dim, amax = max |x| ignoring NaN (fmaxf); e = float_to_e8m0(amax * float(1/fp8_max));
@@ -354,19 +390,103 @@ void mxfp8_quantize_blocks(const T* x, uint8_t* data, uint8_t* scales, int64_t n
       store_fp8<F>(dl + b * B + W, v1 * rcp);
     }
 #else
-    alignas(64) float buf[B];
     for (int64_t b = b0; b < b1; ++b) {
-      const T* xb = x + b * B;
-      for (int64_t j = 0; j < B; j += W) load_acc<T>(xb + j).store(buf + j);
-      float amax = 0.0f;
-      for (int64_t j = 0; j < B; ++j) amax = std::fmax(amax, std::fabs(buf[j]));
-      const uint8_t e = fp8::mxfp8_block_exponent<F>(amax);
-      const float rcp = fp8::e8m0_rcp(e);
-      scales[b] = e;
-      uint8_t* db = data + b * B;
-      for (int64_t j = 0; j < B; ++j) db[j] = fp8::cast_to_fp8<F>(buf[j] * rcp);
+      mxfp8_block<T, F>(x + b * B, data + b * B, scales + b);
     }
 #endif
+  });
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+// 16 rows of 16 bytes transposed in place (four rounds of byte interleaves of rows i and
+// i + 8: row c then holds byte c of every input row).
+inline void transpose_16x16_bytes(__m128i a[16]) {
+  for (int round = 0; round < 4; ++round) {
+    __m128i t[16];
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm_unpacklo_epi8(a[i], a[i + 8]);
+      t[2 * i + 1] = _mm_unpackhi_epi8(a[i], a[i + 8]);
+    }
+    for (int i = 0; i < 16; ++i) a[i] = t[i];
+  }
+}
+
+// The columnwise copy of one tile, 32 kBlocks rows x 16 columns of the row-major x (row
+// stride ld): column j's block maximum is lane j of the running maximum of a block's 32 rows
+// (NaN skipped as in mxfp8_16_blocks), so the 16 scales need no reduction across lanes; the
+// rows of codes are then transposed as bytes, 16 x 16 at a time, into 16 output rows of
+// 32 kBlocks bytes (out_ld apart; with two blocks, a whole cache line each), the scales
+// written scale_ld apart.
+template <typename T, c10::ScalarType F, int kBlocks>
+inline void mxfp8_tile(const T* __restrict x, int64_t ld, uint8_t* __restrict data,
+                       int64_t out_ld, uint8_t* __restrict scales, int64_t scale_ld) {
+  // Each row is its own stream, a page or more apart, which the hardware prefetchers do not
+  // follow: the rows of the tile 512 bytes ahead are prefetched here.
+  constexpr int64_t kAhead = 512 / sizeof(T);
+  __m512 v[32 * kBlocks];
+  __m512 rcp[kBlocks];
+  for (int blk = 0; blk < kBlocks; ++blk) {
+    __m512 m = _mm512_setzero_ps();
+    for (int r = 32 * blk; r < 32 * blk + 32; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(x + r * ld + kAhead), _MM_HINT_T0);
+      v[r] = load_acc<T>(x + r * ld);
+      m = _mm512_max_ps(_mm512_abs_ps(v[r]), m);
+    }
+    alignas(16) uint8_t e[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(e),
+                    _mm512_cvtepi32_epi8(mx_exponents(m, fp8::max_norm_rcp<F>(), rcp[blk])));
+    for (int j = 0; j < 16; ++j) scales[j * scale_ld + blk] = e[j];
+  }
+  for (int q = 0; q < 2 * kBlocks; ++q) {  // 16 rows at a time
+    __m128i rows[16];
+    for (int r = 0; r < 16; ++r) {
+      rows[r] = _mm512_cvtepi32_epi8(fp8_codes<F>(_mm512_mul_ps(v[q * 16 + r], rcp[q / 2])));
+    }
+    transpose_16x16_bytes(rows);
+    for (int j = 0; j < 16; ++j) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(data + j * out_ld + q * 16), rows[j]);
+    }
+  }
+}
+#endif
+
+// mxfp8_quantize_blocks of the transpose of the row-major [rows, cols] x (rows % 32 == 0)
+// without materialising it: out row c (rows elements) holds column c of x, quantized in blocks
+// of 32 rows, its scales at scales[c * rows / 32 ...]. One band of 32 rows per task unit, two
+// bands read together in tiles of 16 columns; the last cols % 16 columns (and every column
+// without AVX512) gather their 32 elements per block and take the scalar block.
+template <typename T, c10::ScalarType F>
+void mxfp8_quantize_transposed(const T* x, int64_t rows, int64_t cols, uint8_t* data,
+                               uint8_t* scales) {
+  constexpr int64_t B = fp8::kMXFP8BlockSize;
+  const int64_t nbands = rows / B;
+  at::parallel_for(0, nbands, std::max<int64_t>(1, kParallelGrainElems / (B * cols)),
+                   [=](int64_t b0, int64_t b1) {
+    for (int64_t band = b0; band < b1;) {
+      const T* xb = x + band * B * cols;
+      const int64_t nb = band + 2 <= b1 ? 2 : 1;  // two bands (64 rows) at a time
+      int64_t c = 0;
+#if defined(CPU_CAPABILITY_AVX512)
+      for (; c + 16 <= cols; c += 16) {
+        uint8_t* dc = data + c * rows + band * B;
+        uint8_t* sc = scales + c * nbands + band;
+        if (nb == 2) {
+          mxfp8_tile<T, F, 2>(xb + c, cols, dc, rows, sc, nbands);
+        } else {
+          mxfp8_tile<T, F, 1>(xb + c, cols, dc, rows, sc, nbands);
+        }
+      }
+#endif
+      for (; c < cols; ++c) {
+        for (int64_t k = 0; k < nb; ++k) {
+          T col[B];
+          for (int64_t r = 0; r < B; ++r) col[r] = xb[(k * B + r) * cols + c];
+          mxfp8_block<T, F>(col, data + c * rows + (band + k) * B,
+                            scales + c * nbands + band + k);
+        }
+      }
+      band += nb;
+    }
   });
 }
 
@@ -374,8 +494,14 @@ void mxfp8_quantize_cpu(const Mxfp8QuantizeArgs& a) {
   TE_DISPATCH_QUANT_INPUT(a.dtype, "mxfp8_quantize", [&] {
     using T = scalar_t;
     visit_format(a.fp8_dtype, [&](auto F) {
-      mxfp8_quantize_blocks<T, decltype(F)::value>(static_cast<const T*>(a.x), a.data, a.scales,
-                                                    a.nblocks);
+      if (a.transposed_rows > 0) {
+        mxfp8_quantize_transposed<T, decltype(F)::value>(
+            static_cast<const T*>(a.x), a.transposed_rows,
+            a.nblocks * fp8::kMXFP8BlockSize / a.transposed_rows, a.data, a.scales);
+      } else {
+        mxfp8_quantize_blocks<T, decltype(F)::value>(static_cast<const T*>(a.x), a.data,
+                                                      a.scales, a.nblocks);
+      }
     });
   });
 }
