@@ -4,9 +4,10 @@ each device.
 The widths reach every launch shape of the CUDA kernels (csrc/kernels/cuda/row_reduce.cuh): a
 warp per row, a block per row with the row kept in registers, a block that reads a very wide
 row once per pass; rows of whole 16-byte chunks and rows whose last chunk is partial; and
-enough rows that dweight / dbias add several row ranges. Each op's results in fp32 and bf16
+enough rows that dweight / dbias add several row ranges. Each op's results in fp32, bf16 and fp16
 are compared with the same op in float64 on the CPU, must repeat bitwise (deterministic
-reductions), and on a GPU must put NaN and inf where the CPU kernels do.
+reductions), whatever the number of CPU threads, and on a GPU must put NaN and inf where the CPU
+kernels do.
 """
 
 import pytest
@@ -24,7 +25,7 @@ ops = torch.ops.te_cpp
 # wider rows: a block reading the row once per pass. 7, 13, 300, 1000 (bf16), 6001, 20001 leave
 # a partial last chunk (and rows not on 16 bytes).
 WIDTHS = [1, 7, 13, 64, 256, 300, 1000, 4096, 6001, 12000, 20001]
-DTYPES = [torch.float32, torch.bfloat16]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 EPS = 1e-5
 
 
@@ -63,7 +64,7 @@ def _run_all(x, dy, de, w, b, zcg):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("zcg", [False, True], ids=["gamma", "zero_centered_gamma"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("width", WIDTHS)
 def test_norm_ops_against_float64(width, dtype, zcg, device):
     inputs = _inputs(width, dtype, device)
@@ -83,6 +84,31 @@ def test_norm_ops_against_float64(width, dtype, zcg, device):
         else:
             torch.testing.assert_close(value.double().cpu(), ref, **tol,
                                        msg=lambda m: f"{name}: {m}")
+
+
+# Row sums run in vector chunks of 16 (fp32 lanes) added into four accumulators in turn: widths
+# with no, some and a partial group of four chunks after the last whole group
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("width", [17, 64, 80, 300, 1000, 4100])
+def test_cpu_norm_ops_are_bitwise_equal_whatever_the_thread_count(width, dtype):
+    """Enough rows that each op's rows (and dweight / dbias's row blocks) are split over the
+    threads: 1, 2 and 3 threads give the same bits."""
+    g = torch.Generator().manual_seed(width)
+    rows = max(700, 3 * 32768 // width)
+    x, dy, de = ((torch.randn(rows, width, generator=g) * 2 + 0.5).to(dtype) for _ in range(3))
+    w = (torch.rand(width, generator=g) + 0.5).to(dtype)
+    b = torch.randn(width, generator=g).to(dtype)
+    before = torch.get_num_threads()
+    runs = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            runs.append(_run_all(x, dy, de, w, b, False))
+    finally:
+        torch.set_num_threads(before)
+    for name, value in runs[0].items():
+        for threads, other in zip((2, 3), runs[1:]):
+            assert torch.equal(value, other[name]), f"{name}: {threads} threads differ from 1"
 
 
 @pytest.mark.parametrize("device", [p for p in DEVICES if p != "cpu"])

@@ -17,13 +17,37 @@ namespace {
 
 using cpu::for_chunks;
 
+// Sum of v's lanes, in a fixed tree of shuffles (at::vec's; a scalar loop without a vector ISA):
+// a few instructions of latency where a lane-by-lane chain took one addition per lane.
 template <typename A>
 inline A hsum(const at::vec::Vectorized<A>& v) {
-  alignas(64) A buf[at::vec::Vectorized<A>::size()];
-  v.store(buf);
-  A s(0);
-  for (int64_t i = 0; i < at::vec::Vectorized<A>::size(); ++i) s += buf[i];
-  return s;
+  return at::vec::vec_reduce_all<A>(
+      [](const at::vec::Vectorized<A>& x, const at::vec::Vectorized<A>& y) { return x + y; }, v);
+}
+
+// A row's vector sums are kept in kLanes independent accumulators (chunk j of each group of
+// kLanes adds into acc[j]), so consecutive chunks' additions do not wait on each other's latency.
+constexpr int kLanes = 4;
+
+// Calls body(i, k, acc) over [0, n) in chunks of W (k = W but for a partial last chunk), with
+// acc cycling over acc[0 .. kLanes) in whole groups of kLanes chunks; the chunks after the last
+// whole group go to acc[0]. The order depends only on n.
+template <int64_t W, typename Acc, typename Body>
+C10_ALWAYS_INLINE void for_chunks_lanes(int64_t n, Acc (&acc)[kLanes], const Body& body) {
+  int64_t i = 0;
+  for (; i + kLanes * W <= n; i += kLanes * W) {
+    body(i, W, acc[0]);
+    body(i + W, W, acc[1]);
+    body(i + 2 * W, W, acc[2]);
+    body(i + 3 * W, W, acc[3]);
+  }
+  for (; i < n; i += W) body(i, std::min<int64_t>(W, n - i), acc[0]);
+}
+
+// (a0 + a1) + (a2 + a3): the accumulators of for_chunks_lanes combined in a fixed order.
+template <typename V>
+C10_ALWAYS_INLINE V combine_lanes(const V (&a)[kLanes]) {
+  return (a[0] + a[1]) + (a[2] + a[3]);
 }
 
 // gamma (the weight, or 1 + weight) in the accumulation type, once per call.
@@ -43,55 +67,38 @@ std::vector<A> to_acc(const T* p, int64_t n) {
   return out;
 }
 
-// Sum of (v - c)^2 over v[0..n).
+// Sum of (v - c)^2 over v[0..n). The lanes of a partial last chunk past n add exactly 0.
 template <typename A>
 inline A sum_sq_dev(const A* v, int64_t n, A c) {
   using V = at::vec::Vectorized<A>;
   constexpr int64_t W = V::size();
   const V cv(c);
-  V s0(A(0)), s1(A(0));
-  int64_t i = 0;
-  for (; i + 2 * W <= n; i += 2 * W) {
-    const V d0 = V::loadu(v + i) - cv, d1 = V::loadu(v + i + W) - cv;
-    s0 = at::vec::fmadd(d0, d0, s0);
-    s1 = at::vec::fmadd(d1, d1, s1);
-  }
-  for (; i + W <= n; i += W) {
-    const V d = V::loadu(v + i) - cv;
-    s0 = at::vec::fmadd(d, d, s0);
-  }
-  A s = hsum<A>(s0 + s1);
-  for (; i < n; ++i) s += (v[i] - c) * (v[i] - c);
-  return s;
+  V s[kLanes] = {V(A(0)), V(A(0)), V(A(0)), V(A(0))};
+  for_chunks_lanes<W>(n, s, [&](int64_t i, int64_t k, V& acc) {
+    V d = V::loadu(v + i, k) - cv;
+    if (k < W) d = V::set(V(A(0)), d, k);
+    acc = at::vec::fmadd(d, d, acc);
+  });
+  return hsum<A>(combine_lanes(s));
 }
 
-// The first visit of a row: stats accumulation in the accumulation type, with the row
-// converted into scratch on the way for bf16/fp16 (so the later passes read fp32 from L1).
-// kSquares = false: returns sum(x); true: returns sum(x^2).
+// One chunk of a row's first visit: x[i, i + k) loaded from memory in the accumulation type,
+// added (kSquares = false: sum(x)) or its squares added (true: sum(x^2)) into acc, and for
+// bf16/fp16 stored into the fp32 scratch row (so the later passes read fp32 from L1). A partial
+// chunk loads zeros past the row's end, which add nothing.
 template <bool kSquares, typename T, typename A = acc_t<T>>
-inline A first_pass(const T* __restrict row, int64_t n, A* __restrict scratch) {
-  using V = at::vec::Vectorized<A>;
-  constexpr int64_t W = V::size();
-  constexpr bool kConvert = !std::is_same_v<T, A>;
-  V s0(A(0)), s1(A(0));
-  auto step = [&](V& s, int64_t i) {
-    const V v = load_acc<T>(row + i);
-    if constexpr (kConvert) v.store(scratch + i);
-    s = kSquares ? at::vec::fmadd(v, v, s) : s + v;
-  };
-  int64_t i = 0;
-  for (; i + 2 * W <= n; i += 2 * W) {
-    step(s0, i);
-    step(s1, i + W);
+C10_ALWAYS_INLINE void first_pass_chunk(const T* __restrict row, A* __restrict scratch, int64_t i,
+                                        int64_t k, at::vec::Vectorized<A>& acc) {
+  constexpr int64_t W = at::vec::Vectorized<A>::size();
+  const at::vec::Vectorized<A> v = load_acc<T>(row + i, k);
+  if constexpr (!std::is_same_v<T, A>) {
+    if (k == W) {
+      v.store(scratch + i);
+    } else {
+      v.store(scratch + i, k);
+    }
   }
-  for (; i + W <= n; i += W) step(s0, i);
-  A s = hsum<A>(s0 + s1);
-  for (; i < n; ++i) {
-    const A v = static_cast<A>(row[i]);
-    if constexpr (kConvert) scratch[i] = v;
-    s += kSquares ? v * v : v;
-  }
-  return s;
+  acc = kSquares ? at::vec::fmadd(v, v, acc) : acc + v;
 }
 
 // ---- LayerNorm and RMSNorm, one kernel each way -------------------------------------------------
@@ -134,7 +141,11 @@ void norm_fwd_kernel(const NormFwdArgs& a) {
     const A* __restrict be = beta;
     for (int64_t r = r0; r < r1; ++r) {
       const T* __restrict xr = xp + r * n;
-      const A s = first_pass<!kCentered, T>(xr, n, scratch);
+      V lanes[kLanes] = {V(A(0)), V(A(0)), V(A(0)), V(A(0))};
+      for_chunks_lanes<W>(n, lanes, [&](int64_t i, int64_t k, V& acc) {
+        first_pass_chunk<!kCentered, T>(xr, scratch, i, k, acc);
+      });
+      const A s = hsum<A>(combine_lanes(lanes));
       const A* __restrict xa;
       if constexpr (kConvert) {
         xa = scratch;
@@ -189,18 +200,24 @@ void norm_bwd_kernel(const NormBwdArgs& a) {
     const T* __restrict der = dep ? dep + r * n : nullptr;
     const A* __restrict g = gamma;
     const V muv(kCentered ? meanp[r] : A(0)), rsv(rstdp[r]);
-    V sg(A(0)), sgx(A(0));
-    for_chunks<W>(n, [&](int64_t i, int64_t k) {
+    // the row sums of g (LayerNorm) and g xhat, kLanes accumulators each
+    struct Sums {
+      V g, gx;
+    } sums[kLanes];
+    for (Sums& s : sums) s = {V(A(0)), V(A(0))};
+    for_chunks_lanes<W>(n, sums, [&](int64_t i, int64_t k, Sums& s) {
       const V xh = math::norm_xhat<kCentered>(load_acc<T>(xr + i, k), muv, rsv);
       const V d = load_acc<T>(dyr + i, k);
       const V gd = d * V::loadu(g + i, k);
-      sgx = at::vec::fmadd(gd, xh, sgx);
+      s.gx = at::vec::fmadd(gd, xh, s.gx);
       at::vec::fmadd(d, xh, V::loadu(acc + i, k)).store(acc + i, k);
       if constexpr (kCentered) {
-        sg += gd;
+        s.g += gd;
         (V::loadu(acc + n + i, k) + d).store(acc + n + i, k);
       }
     });
+    const V sg = (sums[0].g + sums[1].g) + (sums[2].g + sums[3].g);
+    const V sgx = (sums[0].gx + sums[1].gx) + (sums[2].gx + sums[3].gx);
     // c1 = mean(g), c2 = mean(g xhat), and the row's scale (NaN for a LayerNorm row whose sums
     // are not finite)
     const math::NormBwdRow<A> co =
