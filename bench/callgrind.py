@@ -225,6 +225,11 @@ def _worker(out_dir: str, number: int, include_compile: bool, only_steps: bool) 
     import torch
 
     torch.set_num_threads(1)
+    if include_compile:
+        # inductor compiles with -march=native, whose AVX-512 code valgrind cannot run
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.march = "x86-64-v3"
     cases = step_cases() if only_steps else _cases(include_compile)
     groups = os.environ.get("TECPP_CALLGRIND_GROUPS")  # e.g. "step": only those rows
     if groups:

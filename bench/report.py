@@ -95,6 +95,67 @@ def summary_table(results) -> list[str]:
     return lines
 
 
+# Issue 18's targets, each over every row it covers: (label, case ids, modes, dtypes (None:
+# all), the value from a row's providers (None: not applicable), minimum, format)
+_MEMORY_BOUND = ("C1", "C2", "C3", "C4", "C5", "C10")
+
+
+def _ratio(by, num: str, den: str):
+    """t(den) / t(num), from both providers' ratios to ours (> 1: num is faster)."""
+    if num not in by or den not in by:
+        return None
+    return by[den].ratio_vs_ours / by[num].ratio_vs_ours
+
+
+VERDICTS = (
+    ("ours compiled >= ours eager, memory-bound cases", _MEMORY_BOUND, None, None,
+     lambda by, r: _ratio(by, "ours compiled", "ours"), 1.0, "{:.2f}x"),
+    ("ours eager >= plain eager, memory-bound cases", _MEMORY_BOUND, None, None,
+     lambda by, r: _ratio(by, "ours", "torch"), 1.0, "{:.2f}x"),
+    ("small steps (C9): ours compiled >= torch.compile", ("C9",), None, None,
+     lambda by, r: _ratio(by, "ours compiled", "torch.compile"), 1.0, "{:.2f}x"),
+    ("small steps (C9): ours eager >= plain eager", ("C9",), None, None,
+     lambda by, r: _ratio(by, "ours", "torch"), 1.0, "{:.2f}x"),
+    ("bf16 / fp16 memory-bound kernels >= 60% of copy", None, None, ("bfloat16", "float16"),
+     lambda by, r: r.copy_efficiency if r.copy_efficiency and r.target_copy == r.target_copy
+     else None, 0.6, "{:.0%}"),
+    ("MLP block (C8) forward+backward >= 1.05x plain eager", ("C8",), ("fwd+bwd",), None,
+     lambda by, r: _ratio(by, "ours", "torch"), 1.05, "{:.2f}x"),
+    ("MLP block (C8) forward+backward: ours compiled >= ours eager", ("C8",), ("fwd+bwd",),
+     None, lambda by, r: _ratio(by, "ours compiled", "ours"), 1.0, "{:.2f}x"),
+)
+
+
+def verdict_lines(results) -> list[str]:
+    """One line per target of VERDICTS: met on all its rows, or missed on k of n with the worst
+    row and its value; rows without the providers a target compares are not counted."""
+    groups = list(_group(results).items())
+    lines = []
+    for label, cases, modes, dtypes, value, minimum, fmt in VERDICTS:
+        vals = []
+        for _, by in groups:
+            r = by.get("ours")
+            if (r is None or (cases and r.case_id not in cases) or (modes and r.mode not in modes)
+                    or (dtypes and r.dtype not in dtypes)):
+                continue
+            v = value(by, r)
+            if v is not None:
+                vals.append((v, f"{r.case_id} {r.case} {r.mode} {r.dtype} {r.shape}, "
+                                f"{r.threads} thread{'s' if r.threads > 1 else ''}"))
+        if not vals:
+            lines.append(f"* {label}: not measured in this run")
+            continue
+        missed = [v for v in vals if v[0] < minimum]
+        worst = min(vals)
+        if not missed:
+            lines.append(f"* {label}: **met** on all {len(vals)} rows (lowest "
+                         f"{fmt.format(worst[0])}: {worst[1]})")
+        else:
+            lines.append(f"* {label}: **missed** on {len(missed)} of {len(vals)} rows; worst "
+                         f"{fmt.format(worst[0])} against {fmt.format(minimum)} ({worst[1]})")
+    return lines
+
+
 def memory_table(results) -> list[str]:
     rows = [r for r in results if r.saved_bytes != -1 or r.peak_bytes != -1]
     if not rows:
@@ -214,6 +275,9 @@ def render(results, env: str, readme: str, *, quick: bool, callgrind_rows=()) ->
     ]
     if have_png:
         out += ["![speedups](ratios.png)", ""]
+    out += ["## Verdicts (issue 18's targets)", "", "Each target over every row of this run it "
+            "covers (both thread counts); the tables below have the rows.", ""]
+    out += verdict_lines(results) + [""]
     for th in sorted({r.threads for r in results}, reverse=True):
         sub = [r for r in results if r.threads == th]
         out += [f"## {th} thread{'s' if th > 1 else ''}", ""] + summary_table(sub) + [""]

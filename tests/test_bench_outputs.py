@@ -72,3 +72,34 @@ def test_report_plot_beside_its_markdown(tmp_path):
     else:
         assert (tmp_path / "ratios.png").exists() and "![speedups](ratios.png)" in text
     assert os.path.getmtime(COMMITTED) == before
+
+
+def test_report_verdict_lines():
+    """Each issue-18 target gets one line: met on all its rows, or missed with the count and
+    the worst row; targets whose rows are absent say so."""
+    sys.path.insert(0, BENCH)
+    import types
+
+    import report
+
+    def row(case_id, mode, dtype, provider, ratio, copy=0.0, target_copy=float("nan")):
+        return types.SimpleNamespace(case=f"case {case_id}", case_id=case_id, mode=mode,
+                                     dtype=dtype, shape="4x4", threads=2, provider=provider,
+                                     ratio_vs_ours=ratio, copy_efficiency=copy,
+                                     target_copy=target_copy)
+
+    rows = [row("C1", "fwd", "float32", "torch", 1.3), row("C1", "fwd", "float32", "ours", 1.0),
+            # ours compiled 0.8x ours: t(ours compiled) / t(ours) = 1.25
+            row("C1", "fwd", "float32", "ours compiled", 1.25),
+            row("C1", "fwd", "bfloat16", "torch", 2.0),
+            row("C1", "fwd", "bfloat16", "ours", 1.0, copy=0.33, target_copy=0.6),
+            row("C1", "fwd", "bfloat16", "ours compiled", 0.9)]
+    lines = dict(zip((v[0] for v in report.VERDICTS), report.verdict_lines(rows)))
+    assert "**missed** on 1 of 2 rows; worst 0.80x against 1.00x" in lines[
+        "ours compiled >= ours eager, memory-bound cases"]
+    assert "**met** on all 2 rows (lowest 1.30x" in lines[
+        "ours eager >= plain eager, memory-bound cases"]
+    assert "**missed** on 1 of 1 rows; worst 33% against 60%" in lines[
+        "bf16 / fp16 memory-bound kernels >= 60% of copy"]
+    assert lines["small steps (C9): ours eager >= plain eager"].endswith(
+        "not measured in this run")
