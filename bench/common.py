@@ -50,6 +50,7 @@ class Result:
     case_id: str = ""
     compile_s: float = 0.0  # first calls (compilation for the compiled providers)
     saved_bytes: int = -1  # saved-activation bytes of one forward (-1: not measured)
+    outside_gemm: float = float("nan")  # share of a step's time outside the GEMMs (profiled)
     peak_bytes: int = -1  # peak bytes allocated during one step (-1: not measured)
     # the case's targets, on ours' rows (NaN: none): minimum t_torch / t_ours,
     # t_torch.compile / t_ours, copy efficiency, and t_ours / t_ours_compiled
@@ -220,6 +221,28 @@ def peak_allocated_bytes(step: Callable[[], object]) -> int:
         return int(max((sum(s) for s in sizes), default=0))
     except Exception:
         return -1
+
+
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation")
+
+
+def outside_gemm_fraction(step: Callable[[], object], repeats: int = 3) -> float:
+    """The share of ``step()``'s host time spent outside the GEMMs: 1 - (self CPU time of the
+    ATen GEMM ops) / (the step's wall time), from torch.profiler over ``repeats`` steps (our
+    linear ops run their GEMMs through these ATen ops, so both models are counted alike);
+    NaN if the profiler cannot tell."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                step()
+            wall = time.perf_counter() - t0
+        gemm = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in GEMM_OPS)
+        return max(0.0, 1.0 - gemm * 1e-6 / wall)
+    except Exception:
+        return float("nan")
 
 
 def write_csv(results: list[Result], path: str) -> None:

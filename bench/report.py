@@ -126,6 +126,21 @@ VERDICTS = (
 )
 
 
+def floor_lines(results) -> list[str]:
+    """Issue 18's floor for the MLP block: ours' share of a forward+backward step outside the
+    GEMMs, against plain eager's (target: ours <= 2%)."""
+    lines = []
+    for _, by in _group(results).items():
+        r, t = by.get("ours"), by.get("torch")
+        if r is None or t is None or getattr(r, "outside_gemm", float("nan")) != r.outside_gemm:
+            continue
+        verdict = "met" if r.outside_gemm <= 0.02 else "missed"
+        lines.append(f"* {r.case_id} {r.case} {r.mode} {r.dtype} {r.shape}: outside the GEMMs "
+                     f"ours {r.outside_gemm:.1%} of the step, plain eager "
+                     f"{t.outside_gemm:.1%} (<= 2%: **{verdict}**)")
+    return lines
+
+
 def verdict_lines(results) -> list[str]:
     """One line per target of VERDICTS: met on all its rows, or missed on k of n with the worst
     row and its value; rows without the providers a target compares are not counted."""
@@ -278,6 +293,10 @@ def render(results, env: str, readme: str, *, quick: bool, callgrind_rows=()) ->
     out += ["## Verdicts (issue 18's targets)", "", "Each target over every row of this run it "
             "covers (both thread counts); the tables below have the rows.", ""]
     out += verdict_lines(results) + [""]
+    floors = floor_lines(results)
+    if floors:
+        out += ["The MLP block's floor: time outside the GEMMs (aten::mm / addmm self time under "
+                "torch.profiler, over the step's wall time):", ""] + floors + [""]
     for th in sorted({r.threads for r in results}, reverse=True):
         sub = [r for r in results if r.threads == th]
         out += [f"## {th} thread{'s' if th > 1 else ''}", ""] + summary_table(sub) + [""]
@@ -314,9 +333,10 @@ def _load_csv(path):
             r = types.SimpleNamespace(**dict(zip(header, vals)))
             for name in ("median_us", "ratio_vs_ours", "ratio_min", "ratio_max", "gbps",
                          "copy_efficiency", "copy_gbps", "compile_s", "p20_us", "p80_us",
+                         "outside_gemm",
                          "target_vs_eager", "target_vs_compile", "target_copy",
                          "target_compiled"):
-                setattr(r, name, float(getattr(r, name)))
+                setattr(r, name, float(getattr(r, name, "nan")))  # older CSVs lack some
             for name in ("threads", "bytes_moved", "saved_bytes", "peak_bytes"):
                 setattr(r, name, int(getattr(r, name)))
             rows.append(r)

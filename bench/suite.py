@@ -469,6 +469,9 @@ def run_case_dtype(case: Case, dtype, threads: int, rounds: int, min_run_time: f
                 if r.provider in steps:
                     r.saved_bytes = common.saved_activation_bytes(steps[r.provider].fwd)
                     r.peak_bytes = common.peak_allocated_bytes(steps[r.provider].fwd_bwd)
+                    if not r.provider.endswith("compiled") and r.provider != "torch.compile":
+                        r.outside_gemm = common.outside_gemm_fraction(
+                            steps[r.provider].fwd_bwd)
             mem = {r.provider: r for r in res if r.provider in steps}
             log("  memory: " + " | ".join(
                 f"{n} saved {mem[n].saved_bytes / 2**20:.1f} MiB peak "
