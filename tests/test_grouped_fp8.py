@@ -204,6 +204,16 @@ def test_grouped_fp8_quantize_is_the_per_tensor_quantize_of_each_split(fmt, pow2
         assert torch.equal(back[r0:r1],
                            ops.fp8_dequantize(data[r0:r1], scale_inv[g:g + 1], fmt,
                                               torch.float32))
+    # a NaN is skipped by its group's amax (as fp8_quantize's): the group's scale is that of
+    # its finite values
+    xn = x.clone()
+    xn[5, 3] = float("nan")  # group 3 (rows 4..9)
+    _, scale_inv_n, amax_n = ops.grouped_fp8_quantize(xn, torch.tensor(splits), None, fmt,
+                                                      pow2, eps)
+    xz = xn.nan_to_num(0.0)
+    _, scale_inv_z, amax_z = ops.grouped_fp8_quantize(xz, torch.tensor(splits), None, fmt,
+                                                      pow2, eps)
+    assert torch.equal(amax_n, amax_z) and torch.equal(scale_inv_n, scale_inv_z)
     # delayed scaling: the given scale per group, the amax recorded per group
     scales = torch.tensor([1.0, 2.0, 0.5, 4.0, 8.0])
     data, scale_inv, amax = ops.grouped_fp8_quantize(x, torch.tensor(splits), scales, fmt,
