@@ -249,6 +249,28 @@ def test_fp8_scale_update_margin_hybrid():
     assert qx(x)._scale_inv.item() == torch.reciprocal(fwd.scale[0]).item()
 
 
+def test_nan_in_a_tensor_is_skipped_by_its_amax():
+    """As TransformerEngine (its amax kernels reduce with fmaxf): a NaN element quantizes to NaN
+    and the scale comes from the finite values, under current scaling (this tensor's amax) and
+    delayed scaling (the amax recorded into the history, hence the next scale)."""
+    x = torch.randn(16, 64) * 3
+    x[3, 7] = float("nan")
+    xz = torch.where(torch.isnan(x), torch.zeros(()), x)
+    a = te.Float8CurrentScalingQuantizer(torch.float8_e4m3fn)(x)
+    b = te.Float8CurrentScalingQuantizer(torch.float8_e4m3fn)(xz)
+    assert torch.equal(a._scale_inv, b._scale_inv) and a._scale_inv.item() != 1.0
+    da, db = a.dequantize(), b.dequantize()
+    assert torch.isnan(da[3, 7]) and torch.isnan(da).sum() == 1
+    assert torch.equal(da.nan_to_num(0.0), db)
+    r = recipe.DelayedScaling(amax_history_len=2)
+    s = RecipeState.create(r, mode="forward", num_quantizers=1)
+    (q,) = s.make_quantizers()
+    q(x)
+    assert s.amax_history[0, 0].item() == xz.abs().max().item()
+    update_delayed_scaling(s)
+    assert s.scale[0].item() == (torch.tensor(448.0) / xz.abs().max()).item()
+
+
 def test_fp8_scale_update_special_amax():
     r = recipe.DelayedScaling(amax_history_len=1, amax_compute_algo="most_recent")
     s = RecipeState.create(r, mode="forward", num_quantizers=4)

@@ -41,9 +41,17 @@ def ref_cast(xf: torch.Tensor, scale: torch.Tensor, fmt: torch.dtype) -> torch.T
     return (xf * scale).clamp(-m, m).to(fmt).view(torch.uint8)
 
 
+def ref_amax(xf: torch.Tensor) -> torch.Tensor:
+    """max |x| with NaN elements skipped (TransformerEngine's amax kernels reduce with fmaxf from
+    0): 0 for an empty or all-NaN tensor."""
+    if not xf.numel():
+        return torch.tensor(0.0)
+    return torch.where(torch.isnan(xf), torch.zeros(()), xf.abs()).amax()
+
+
 def ref_current(x, fmt, pow2=False, eps=0.0):
     xf = x.float()
-    amax = xf.abs().amax() if xf.numel() else torch.tensor(0.0)
+    amax = ref_amax(xf)
     scale = ref_scale(amax.reshape(1), fmt, pow2, eps)
     return ref_cast(xf, scale, fmt), torch.reciprocal(scale), amax.reshape(1)
 
@@ -164,6 +172,7 @@ def test_current_scaling_special_values(fmt):
         "empty": torch.zeros(0, 8),
         "inf": torch.tensor([1.0, -float("inf"), 2.0, 0.5]),
         "nan": torch.tensor([1.0, float("nan"), -3.0, 0.25]),
+        "all-nan": torch.full((3, 5), float("nan")),
         "tiny": torch.tensor([1e-40, -2e-45, 0.0]),  # 448 / amax overflows: FLT_MAX
     }
     for name, x in cases.items():
@@ -172,7 +181,7 @@ def test_current_scaling_special_values(fmt):
         assert_fp8_bytes_equal(data, rdata, fmt)
         assert_bits_equal(scale_inv, rscale_inv)
         assert_bits_equal(amax, ramax)
-    for name in ("zeros", "empty", "inf", "nan"):
+    for name in ("zeros", "empty", "inf", "all-nan"):
         _, scale_inv, _ = te_ops.fp8_quantize(cases[name], fmt, False, 0.0)
         assert scale_inv.item() == 1.0, name
     _, scale_inv, _ = te_ops.fp8_quantize(cases["tiny"], fmt, False, 0.0)
@@ -180,8 +189,90 @@ def test_current_scaling_special_values(fmt):
     # inf saturates to the format's max; NaN stays NaN
     data, _, _ = te_ops.fp8_quantize(cases["inf"], fmt, False, 0.0)
     assert data.view(fmt).float()[1].item() == -FP8_MAX[fmt]
-    data, _, amax = te_ops.fp8_quantize(cases["nan"], fmt, False, 0.0)
-    assert torch.isnan(data.view(fmt).float()[1]) and torch.isnan(amax).all()
+    # NaN stays NaN and is skipped by the amax: the scale comes from the finite values
+    data, scale_inv, amax = te_ops.fp8_quantize(cases["nan"], fmt, False, 0.0)
+    assert torch.isnan(data.view(fmt).float()[1]) and amax.item() == 3.0
+    assert scale_inv.item() == torch.reciprocal(torch.tensor(FP8_MAX[fmt]) / 3.0).item()
+    _, _, amax = te_ops.fp8_quantize(cases["all-nan"], fmt, False, 0.0)
+    assert amax.item() == 0.0
+
+
+def _with_nans(x: torch.Tensor, seed: int):
+    """x with NaNs (both signs) at a few positions spread over the tensor (several amax blocks of
+    a large one, vector bodies and tails), and x with zeros there instead."""
+    n = x.numel()
+    g = torch.Generator().manual_seed(seed)
+    pos = torch.unique(torch.cat([torch.tensor([0, n - 1, n // 2]),
+                                  torch.randint(0, n, (5,), generator=g)]))
+    xnan, xzero = x.clone(), x.clone()
+    nan = torch.full((len(pos),), float("nan"), dtype=x.dtype)
+    nan[::2] = -nan[::2]
+    xnan.view(-1)[pos] = nan
+    xzero.view(-1)[pos] = 0
+    return xnan, xzero, pos
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float64], ids=["fp32", "bf16", "fp16", "fp64"])
+@pytest.mark.parametrize("shape", [(1,), (7,), (33, 17), (2, 3, 64), (70000,)], ids=str)
+def test_nan_changes_only_its_own_code_per_tensor(shape, dtype, fmt):
+    """TransformerEngine's per-tensor amax (current scaling's amax kernel, and the amax the cast
+    records for delayed scaling) reduces with fmaxf, which skips NaN: a NaN element becomes a NaN
+    code and the amax, scale and every other code are those of the tensor with a 0 there."""
+    x = randn(shape, dtype, 3.0, 1)
+    xnan, xzero, pos = _with_nans(x, 2)
+    data, scale_inv, amax = te_ops.fp8_quantize(xnan, fmt, False, 0.0)
+    zdata, zscale_inv, zamax = te_ops.fp8_quantize(xzero, fmt, False, 0.0)
+    assert_same_bits(amax, zamax)
+    assert_same_bits(scale_inv, zscale_inv)
+    assert_same_bits(te_ops.fp8_amax(xnan), zamax)
+    codes = data.view(-1).view(fmt).float()
+    assert torch.isnan(codes[pos]).all()
+    keep = torch.ones(data.numel(), dtype=torch.bool)
+    keep[pos] = False
+    assert torch.equal(data.view(-1)[keep], zdata.view(-1)[keep])
+    if fmt == E4M3:  # the public plain-PyTorch reference (bench, users' checks) agrees
+        from transformer_engine_cpp.testing import reference
+        rdata, rscale_inv, ramax = reference.fp8_quantize_current_scaling(xnan)
+        assert_fp8_bytes_equal(rdata, data, fmt)
+        assert_same_bits(rscale_inv, scale_inv)
+        assert_same_bits(ramax, amax)
+    # delayed scaling: the amax recorded for the history skips NaN too
+    scale = torch.tensor([0.37])
+    sdata, _, samax = te_ops.fp8_quantize_scaled(xnan, scale, fmt)
+    assert_same_bits(samax, zamax)
+    assert torch.isnan(sdata.view(-1).view(fmt).float()[pos]).all()
+    assert torch.equal(sdata.view(-1)[keep],
+                       te_ops.fp8_quantize_scaled(xzero, scale, fmt)[0].view(-1)[keep])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
+def test_nan_changes_only_its_own_code_blockwise(dtype):
+    """MXFP8, Float8BlockScaling (1x128 and 128x128) and NVFP4 skip NaN in their block amaxes
+    (and NVFP4 in its per-tensor amax): with a NaN instead of a 0, only that element's code
+    differs (a NaN code: MXFP8 and Float8BlockScaling keep NaN; NVFP4 maps it to its largest
+    code), the scales are the same."""
+    x = randn((130, 256), dtype, 3.0, 3)
+    xnan, xzero, pos = _with_nans(x, 4)
+    keep = torch.ones(x.numel(), dtype=torch.bool)
+    keep[pos] = False
+    runs = {
+        "mxfp8": lambda t: te_ops.mxfp8_quantize(t, E4M3),
+        "block1d": lambda t: te_ops.fp8_block_quantize(t, E4M3, 1, False, 0.0),
+        "block2d": lambda t: te_ops.fp8_block_quantize(t, E4M3, 2, False, 0.0),
+        "nvfp4": lambda t: te_ops.nvfp4_quantize(t, False, False, None),
+        "nvfp4-2d": lambda t: te_ops.nvfp4_quantize(t, False, True, None),
+    }
+    for name, run in runs.items():
+        got, want = run(xnan), run(xzero)
+        for a, b in zip(got[1:], want[1:]):  # scales (and NVFP4's amax)
+            assert_same_bits(a, b)
+        if name.startswith("nvfp4"):  # two codes per byte: compare the unpacked codes
+            lo = lambda d: torch.stack([d & 0xF, d >> 4], -1).reshape(-1)  # noqa: E731
+            assert torch.equal(lo(got[0])[keep], lo(want[0])[keep]), name
+        else:
+            assert torch.equal(got[0].view(-1)[keep], want[0].view(-1)[keep]), name
+            assert torch.isnan(got[0].view(-1)[pos].view(E4M3).float()).all(), name
 
 
 def test_current_scaling_fp64_input_is_rounded_to_fp32():

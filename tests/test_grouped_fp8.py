@@ -204,6 +204,16 @@ def test_grouped_fp8_quantize_is_the_per_tensor_quantize_of_each_split(fmt, pow2
         assert torch.equal(back[r0:r1],
                            ops.fp8_dequantize(data[r0:r1], scale_inv[g:g + 1], fmt,
                                               torch.float32))
+    # a NaN is skipped by its group's amax (as fp8_quantize's): the group's scale is that of
+    # its finite values
+    xn = x.clone()
+    xn[5, 3] = float("nan")  # group 3 (rows 4..9)
+    _, scale_inv_n, amax_n = ops.grouped_fp8_quantize(xn, torch.tensor(splits), None, fmt,
+                                                      pow2, eps)
+    xz = xn.nan_to_num(0.0)
+    _, scale_inv_z, amax_z = ops.grouped_fp8_quantize(xz, torch.tensor(splits), None, fmt,
+                                                      pow2, eps)
+    assert torch.equal(amax_n, amax_z) and torch.equal(scale_inv_n, scale_inv_z)
     # delayed scaling: the given scale per group, the amax recorded per group
     scales = torch.tensor([1.0, 2.0, 0.5, 4.0, 8.0])
     data, scale_inv, amax = ops.grouped_fp8_quantize(x, torch.tensor(splits), scales, fmt,
@@ -698,12 +708,16 @@ def test_block_and_nvfp4_quantized_weights_train_compile_and_checkpoint(recipe_n
 
 
 @pytest.mark.parametrize("recipe_cls", [te.recipe.Float8CurrentScaling,
-                                        te.recipe.MXFP8BlockScaling], ids=["current", "mxfp8"])
+                                        te.recipe.MXFP8BlockScaling,
+                                        te.recipe.Float8BlockScaling,
+                                        te.recipe.NVFP4BlockScaling],
+                         ids=["current", "mxfp8", "block", "nvfp4"])
 @pytest.mark.parametrize("grouped", [True, False], ids=["GroupedLinear", "Linear"])
 def test_quantized_weights_compiled_before_any_eager_call(grouped, recipe_cls):
     """The first call compiled: the plan (and the binding of each quantized weight to the op's
-    weight quantizer) is built while torch.compile traces; the result equals eager and the
-    weights are bound."""
+    weight quantizer, as TransformerEngine re-points a quantized weight's quantizer for every
+    recipe) is built while torch.compile traces; the result equals eager and the weights are
+    bound."""
     recipe = recipe_cls()
     with te.quantized_model_init(recipe=recipe):
         model = te.ops.Sequential(te.ops.GroupedLinear(2, 64, 64) if grouped
@@ -720,6 +734,33 @@ def test_quantized_weights_compiled_before_any_eager_call(grouped, recipe_cls):
         assert w._quantizer is op.get_quantizer("forward", 2 * i + 1 if grouped else 1)
     with te.autocast(recipe=recipe):
         assert torch.equal(model(*args), y)
+
+
+@pytest.mark.parametrize("grouped", [True, False], ids=["GroupedLinear", "Linear"])
+def test_block_weight_keeps_its_quantizer_under_a_recipe_of_other_blocks(grouped):
+    """A Float8BlockwiseQTensor weight made in 128x128 tiles, run under a recipe whose weight
+    quantizer makes 1x128 blocks, keeps the quantizer it was made with (the op's would write
+    scales of another shape into its buffers): an optimizer step re-quantizes it in its own
+    tiles."""
+    with te.quantized_model_init(recipe=te.recipe.Float8BlockScaling()):
+        model = te.ops.Sequential(te.ops.GroupedLinear(2, 128, 128) if grouped
+                                  else te.ops.Linear(128, 128))
+    op = model[0] if grouped else model[0].basic_ops[0]
+    weights = op.weights() if grouped else [op.weight]
+    inits = [w._quantizer for w in weights]
+    scale_shapes = [w._rowwise_scale_inv.shape for w in weights]
+    x = torch.randn(64, 128)
+    with te.autocast(recipe=te.recipe.Float8BlockScaling(w_block_scaling_dim=1)):
+        y = model(x, torch.tensor([32, 32])) if grouped else model(x)
+    assert op.get_quantizer("forward", 1).block_scaling_dim == 1
+    y.sum().backward()
+    before = [(w.dequantize().detach().clone(), w.grad.clone()) for w in weights]
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    weights = op.weights() if grouped else [op.weight]
+    for w, q, shape, (b, g) in zip(weights, inits, scale_shapes, before):
+        assert w._quantizer is q and w._is_2D_scaled and w._rowwise_scale_inv.shape == shape
+        fresh = q.quantize_storage(b.clone().add_(g, alpha=-0.1), rowwise=True, columnwise=True)
+        assert torch.equal(w.dequantize(), fresh.dequantize_rowwise())
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])

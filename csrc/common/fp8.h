@@ -54,16 +54,32 @@ C10_HOST_DEVICE inline bool is_nan(float v) { return (bits_of(v) & 0x7FFFFFFFu) 
 C10_HOST_DEVICE inline bool is_inf(float v) { return (bits_of(v) & 0x7FFFFFFFu) == 0x7F800000u; }
 
 // |v| as its bits: the order of these integers is the order of the magnitudes, with every NaN
-// above +inf. The per-tensor amax is the maximum of these over the tensor (an exact, order-free
-// integer maximum: a NaN anywhere gives a NaN amax, the largest NaN pattern present).
+// above +inf.
 C10_HOST_DEVICE inline uint32_t abs_bits(float v) { return bits_of(v) & 0x7FFFFFFFu; }
 
 // abs_bits with NaN counted as 0: the maximum of these is an amax that skips NaN elements
 // (TransformerEngine's amax kernels reduce with fmaxf / __hmax, which return the other
-// operand of a NaN), still an exact, order-free integer maximum.
+// operand of a NaN), still an exact, order-free integer maximum. Every amax of a tensor or
+// block is one: the per-tensor amax of current and delayed scaling and NVFP4's, from 0, so an
+// empty or all-NaN tensor has amax 0 (and scale 1), and a NaN changes only its own code.
+// +inf's bits in fp32, and in bfloat16 (kBf16 true) or float16: every NaN's magnitude bits are
+// above them.
+constexpr uint32_t kInfBits = 0x7F800000u;
+template <bool kBf16>
+constexpr uint32_t kInfBits16 = kBf16 ? 0x7F80u : 0x7C00u;
+
 C10_HOST_DEVICE inline uint32_t abs_bits_skip_nan(float v) {
   const uint32_t m = abs_bits(v);
-  return m > 0x7F800000u ? 0u : m;
+  return m > kInfBits ? 0u : m;
+}
+
+// The same key on the 16 bits of a bfloat16 (kBf16 true) or float16 value, without the
+// conversion to fp32: |v| as its 16 bits, NaN counted as 0. Its order is the order of the
+// magnitudes, as for abs_bits_skip_nan.
+template <bool kBf16>
+C10_HOST_DEVICE inline uint32_t abs_bits16_skip_nan(uint16_t bits) {
+  const uint32_t m = bits & 0x7FFFu;
+  return m > kInfBits16<kBf16> ? 0u : m;
 }
 
 // Current scaling (TransformerEngine compute_scale_from_amax): amax floored at epsilon; amax 0,

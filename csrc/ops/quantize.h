@@ -27,7 +27,8 @@ namespace te_cpp {
 
 // Per-tensor FP8 quantization of the n >= 0 elements of x (dtype float32, bfloat16 or float16;
 // the front end rounds float64 to float32):
-//   *amax = max |x| in fp32 (fp8::abs_bits maximum: NaN when any element is NaN, 0 when n = 0);
+//   *amax = max |x| in fp32, NaN elements skipped (the fp8::abs_bits_skip_nan maximum, as
+//           TransformerEngine's fmaxf reduction; 0 when n = 0 or every element is NaN);
 //   scale = *scale when `scale` is given (delayed scaling), else
 //           fp8::compute_scale(*amax, max_norm(fp8_dtype), force_pow_2_scales, amax_epsilon);
 //   data[i] = fp8::cast_to_fp8(float(x[i]) * scale); *scale_inv = fp8::scale_inv(scale).

@@ -14,8 +14,10 @@ __global__ void fp8_kernel(const float* x, uint8_t* data, float* out, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float scale = fp8::compute_scale(
-      fp8::float_of(fp8::abs_bits(x[0]) | fp8::abs_bits_skip_nan(x[1])), fp8::max_norm(F),
-      true, 1e-3f);
+      fp8::float_of(fp8::abs_bits(x[0]) | fp8::abs_bits_skip_nan(x[1]) |
+                    fp8::abs_bits16_skip_nan<true>(static_cast<uint16_t>(i)) |
+                    fp8::abs_bits16_skip_nan<false>(static_cast<uint16_t>(n))),
+      fp8::max_norm(F), true, 1e-3f);
   data[i] = fp8::cast_to_fp8<F>(x[i] * scale);
   const uint8_t e = fp8::mxfp8_block_exponent<F>(x[i]);
   const float mx = fp8::cast_to_fp8<F>(x[i] * fp8::e8m0_rcp(e)) + fp8::float_to_e8m0(x[i]);

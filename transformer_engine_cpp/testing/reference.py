@@ -262,9 +262,10 @@ E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 
 def fp8_quantize_current_scaling(x: torch.Tensor):
     """Per-tensor current scaling to E4M3, as te_cpp.fp8_quantize computes it (no epsilon, no
-    power-of-2 scales): returns (data as uint8, scale_inv [1], amax [1])."""
+    power-of-2 scales): returns (data as uint8, scale_inv [1], amax [1]). The amax skips NaN
+    elements (TransformerEngine's fmaxf reduction): a NaN changes only its own code."""
     xf = x.float()
-    amax = xf.abs().amax()
+    amax = torch.where(torch.isnan(xf), torch.zeros((), dtype=xf.dtype), xf.abs()).amax()
     one = torch.ones_like(amax)
     # tensor / tensor: one correctly rounded division (scalar / tensor would go through
     # reciprocal(), which is not)

@@ -2,12 +2,14 @@
 // (the stubs of ops/quantize.h; the scalar rules are common/fp8.h's, shared with CUDA).
 //
 // The amax reduction runs over fixed blocks of kAmaxBlock elements (one private maximum per
-// block, then the block maxima in order), so the result depends only on the shape. A NaN
-// anywhere gives amax NaN (and scale 1, te_ops.md 4.3): the AVX512 path takes the maximum of
-// the magnitude bit patterns (every NaN sorts above +inf), the others at::vec's maximum,
-// which propagates NaN. The AVX512 casts are vectorised and give the same bytes as the
-// scalar fp8::cast_to_fp8.
+// block, then the block maxima), so the result depends only on the shape. NaN elements are
+// skipped (fp8::abs_bits_skip_nan: TransformerEngine's amax kernels reduce with fmaxf), so a
+// NaN changes only its own code: the AVX512 path takes the maximum of the magnitude bit
+// patterns of the non-NaN lanes, the others at::vec's maximum of |x| with NaN lanes zeroed
+// (both only over a block whose plain maximum is NaN: the common case costs no extra pass).
+// The AVX512 casts are vectorised and give the same bytes as the scalar fp8::cast_to_fp8.
 #include <array>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/fp8_vec.h"
@@ -31,18 +33,30 @@ decltype(auto) visit_format(at::ScalarType fmt, const Fn& f) {
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
-// max |x[i]| over n elements on the bit patterns: with the sign bit cleared, the order of
-// IEEE floats is the order of their bits as unsigned integers, and every NaN is above +inf,
-// so the integer maximum is the float maximum, or a NaN when any element is NaN (the same
-// result as a NaN-propagating float maximum; which NaN pattern is left open). bf16 and fp16
-// are compared as 16-bit integers, 32 per vector, without a conversion to fp32.
-template <typename T>
-float amax_bits(const T* x, int64_t n) {
+// The maximum magnitude key of n elements (fp8::abs_bits, or for bf16 and fp16 their 16-bit
+// magnitude; with kSkipNan fp8::abs_bits_skip_nan / abs_bits16_skip_nan lane by lane): with
+// the sign bit cleared, the order of IEEE floats is the order of their bits as unsigned
+// integers and every NaN is above +inf's pattern, so the integer maximum is the float maximum.
+// kSkipNan leaves the NaN lanes out (a masked maximum). bf16 and fp16 are compared as 16-bit
+// integers, 32 per vector, without a conversion to fp32.
+template <typename T, bool kSkipNan>
+uint32_t amax_key(const T* x, int64_t n, uint32_t inf_bits) {
   constexpr bool k16 = sizeof(T) == 2;
   constexpr int64_t L = k16 ? 32 : 16;  // elements per 512-bit vector
   const __m512i absmask = k16 ? _mm512_set1_epi16(0x7FFF) : _mm512_set1_epi32(0x7FFFFFFF);
-  auto vmax = [](__m512i a, __m512i b) {
-    return k16 ? _mm512_max_epu16(a, b) : _mm512_max_epu32(a, b);
+  const __m512i inf = k16 ? _mm512_set1_epi16(static_cast<int16_t>(inf_bits))
+                          : _mm512_set1_epi32(static_cast<int>(inf_bits));
+  // max(a, k); with kSkipNan only in the lanes where k is not NaN (k <= +inf's pattern)
+  auto vmax = [&](__m512i a, __m512i k) {
+    if constexpr (k16 && kSkipNan) {
+      return _mm512_mask_max_epu16(a, _mm512_cmple_epu16_mask(k, inf), a, k);
+    } else if constexpr (k16) {
+      return _mm512_max_epu16(a, k);
+    } else if constexpr (kSkipNan) {
+      return _mm512_mask_max_epu32(a, _mm512_cmple_epu32_mask(k, inf), a, k);
+    } else {
+      return _mm512_max_epu32(a, k);
+    }
   };
   __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
   int64_t i = 0;
@@ -62,18 +76,37 @@ float amax_bits(const T* x, int64_t n) {
             : _mm512_maskz_loadu_epi32(static_cast<__mmask16>((1u << (n - i)) - 1), x + i);
     a0 = vmax(a0, _mm512_and_si512(t, absmask));
   }
-  const __m512i a = vmax(vmax(a0, a1), vmax(a2, a3));
+  // the accumulators hold no NaN key with kSkipNan: a plain maximum merges them
+  const __m512i a = k16 ? _mm512_max_epu16(_mm512_max_epu16(a0, a1), _mm512_max_epu16(a2, a3))
+                        : _mm512_max_epu32(_mm512_max_epu32(a0, a1), _mm512_max_epu32(a2, a3));
   if constexpr (k16) {
     alignas(64) uint16_t lanes[32];
     _mm512_store_si512(reinterpret_cast<void*>(lanes), a);
     uint16_t m = 0;
     for (uint16_t v : lanes) m = v > m ? v : m;
-    return static_cast<float>(T(m, T::from_bits()));
+    return m;
   } else {
     alignas(64) uint32_t lanes[16];
     _mm512_store_si512(reinterpret_cast<void*>(lanes), a);
     uint32_t m = 0;
     for (uint32_t v : lanes) m = v > m ? v : m;
+    return m;
+  }
+}
+
+// max |x[i]| over n elements, NaN skipped: the plain maximum key first (the masked one costs a
+// compare per vector), and only when it is a NaN's, the NaN-skipping maximum over the elements
+// again. Both are exact, so the result is the NaN-skipping maximum either way.
+template <typename T>
+float amax_bits(const T* x, int64_t n) {
+  constexpr bool k16 = sizeof(T) == 2;
+  constexpr uint32_t kInf =
+      k16 ? fp8::kInfBits16<std::is_same_v<T, c10::BFloat16>> : fp8::kInfBits;
+  uint32_t m = amax_key<T, false>(x, n, kInf);
+  if (m > kInf) m = amax_key<T, true>(x, n, kInf);
+  if constexpr (k16) {
+    return static_cast<float>(T(static_cast<uint16_t>(m), T::from_bits()));
+  } else {
     return c10::bit_cast<float>(m);
   }
 }
@@ -92,35 +125,44 @@ float amax_of(const T* x, int64_t n) {
 #else
       using V = at::vec::Vectorized<float>;
       constexpr int64_t W = V::size();
-      // four independent accumulators (the maximum is exact and order-free, and
-      // at::vec::maximum's NaN is one fixed pattern, so this equals one accumulator)
-      V a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
-      int64_t i = i0;
-      for (; i + 4 * W <= i1; i += 4 * W) {
-        a0 = at::vec::maximum(a0, load_acc<T>(x + i).abs());
-        a1 = at::vec::maximum(a1, load_acc<T>(x + i + W).abs());
-        a2 = at::vec::maximum(a2, load_acc<T>(x + i + 2 * W).abs());
-        a3 = at::vec::maximum(a3, load_acc<T>(x + i + 3 * W).abs());
-      }
-      for (; i + W <= i1; i += W) a0 = at::vec::maximum(a0, load_acc<T>(x + i).abs());
-      if (i < i1) a0 = at::vec::maximum(a0, load_acc<T>(x + i, i1 - i).abs());  // zero-padded
-      const V acc = at::vec::maximum(at::vec::maximum(a0, a1), at::vec::maximum(a2, a3));
-      alignas(64) float lanes[W];
-      acc.store(lanes);
-      float m = 0.0f;
-      for (int64_t k = 0; k < W; ++k) {
-        m = (std::isnan(lanes[k]) || lanes[k] > m) ? lanes[k] : m;
-        if (std::isnan(m)) break;
-      }
+      // the maximum of |v| (at::vec::maximum propagates NaN) or, with skip, of |v| with the NaN
+      // lanes zeroed (fp8::abs_bits_skip_nan as floats: v == v is false exactly for NaN, and
+      // its all-ones lanes keep |v| in the bitwise and); four independent accumulators (the
+      // maximum is exact and order-free, so this equals one accumulator)
+      auto reduce = [&](auto skip) {  // skip: std::bool_constant
+        auto mag = [](const V& v) {
+          if constexpr (decltype(skip)::value) {
+            return v.abs() & (v == v);
+          } else {
+            return v.abs();
+          }
+        };
+        V a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
+        int64_t i = i0;
+        for (; i + 4 * W <= i1; i += 4 * W) {
+          a0 = at::vec::maximum(a0, mag(load_acc<T>(x + i)));
+          a1 = at::vec::maximum(a1, mag(load_acc<T>(x + i + W)));
+          a2 = at::vec::maximum(a2, mag(load_acc<T>(x + i + 2 * W)));
+          a3 = at::vec::maximum(a3, mag(load_acc<T>(x + i + 3 * W)));
+        }
+        for (; i + W <= i1; i += W) a0 = at::vec::maximum(a0, mag(load_acc<T>(x + i)));
+        if (i < i1) a0 = at::vec::maximum(a0, mag(load_acc<T>(x + i, i1 - i)));  // zero-padded
+        const V acc = at::vec::maximum(at::vec::maximum(a0, a1), at::vec::maximum(a2, a3));
+        alignas(64) float lanes[W];
+        acc.store(lanes);
+        float m = 0.0f;
+        for (int64_t k = 0; k < W; ++k) m = (std::isnan(lanes[k]) || lanes[k] > m) ? lanes[k] : m;
+        return m;
+      };
+      // the plain maximum first; only a block holding a NaN is reduced again without them
+      float m = reduce(std::false_type{});
+      if (std::isnan(m)) m = reduce(std::true_type{});
       partial[b] = m;
 #endif
     }
   });
   float amax = 0.0f;
-  for (float p : partial) {
-    if (std::isnan(p)) return p;
-    amax = p > amax ? p : amax;
-  }
+  for (float p : partial) amax = p > amax ? p : amax;
   return amax;
 }
 

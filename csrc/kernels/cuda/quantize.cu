@@ -6,11 +6,13 @@
 // partial buffer (current scaling; with a given scale, pass 1 also casts); a one-block finish
 // kernel reduces the partials, writes amax, derives the scale on the device (compute_scale, or
 // the given scale read from device memory) and writes scale_inv and the scale the cast reads;
-// pass 2 casts. The maximum is taken on magnitude bit patterns (fp8::abs_bits; for bf16/fp16
-// the 16-bit patterns, as the CPU's AVX512 path): an exact integer maximum, the same bits in
-// any order, a NaN anywhere giving a NaN amax.
+// pass 2 casts. The maximum is taken on magnitude bit patterns with NaN counted as 0
+// (fp8::abs_bits_skip_nan; for bf16/fp16 fp8::abs_bits16_skip_nan on the 16-bit patterns, as
+// the CPU's AVX512 path): an exact integer maximum, the same bits in any order, NaN elements
+// skipped as by TransformerEngine's fmaxf reduction.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/fp8.h"
 #include "kernels/cuda/launch.cuh"
@@ -44,14 +46,14 @@ struct alignas(kBytes) BytePack {
   uint8_t v[kBytes];
 };
 
-// The magnitude key whose maximum is the amax: fp32's abs bits, or for 16-bit types their own
-// 16-bit magnitude (the same order; converted to fp32 once, at the end).
+// The magnitude key whose maximum is the amax, NaN counted as 0: fp32's abs bits, or for
+// 16-bit types their own 16-bit magnitude (the same order; converted to fp32 once, at the end).
 template <typename T>
 __device__ inline uint32_t magnitude_key(T v) {
   if constexpr (sizeof(T) == 2) {
-    return static_cast<uint32_t>(v.x) & 0x7FFFu;
+    return fp8::abs_bits16_skip_nan<std::is_same_v<T, c10::BFloat16>>(v.x);
   } else {
-    return fp8::abs_bits(static_cast<float>(v));
+    return fp8::abs_bits_skip_nan(static_cast<float>(v));
   }
 }
 

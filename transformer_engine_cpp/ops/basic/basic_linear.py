@@ -13,8 +13,8 @@ from .._common import (accumulate_main_grad, autocast_dtype, canonicalize_device
                        materialize_device)
 from ... import _comm
 from ...quantization import FP8GlobalStateManager, RecipeState
-from ...quantization.fp8_block import Float8BlockQuantizer
-from ...quantization.nvfp4 import NVFP4Quantizer, check_nvfp4_shape
+from ...quantization.fp8_block import Float8BlockQuantizer, Float8BlockwiseQTensor
+from ...quantization.nvfp4 import NVFP4Quantizer, NVFP4Tensor, check_nvfp4_shape
 from ...quantization.quantizer import (Float8CurrentScalingQuantizer, MXFP8Quantizer,
                                        _PerTensorQuantizer, check_mxfp8_shape)
 from ...quantization.tensor import (Float8Tensor, Float8TensorStorage, MXFP8Tensor,
@@ -107,10 +107,19 @@ def quantized_weight(w: torch.nn.Parameter, quantizer, who: str,
 
 def bind_quantized_weight(w, quantizer) -> None:
     """A quantized weight re-quantizes its in-place updates with the op's weight quantizer of
-    the active recipe, when that quantizer makes the same kind of tensor."""
+    the active recipe (as TransformerEngine points a quantized weight's quantizer at the op's),
+    when that quantizer makes the same kind of tensor with the same layout: the same FP8 format;
+    for Float8BlockScaling the same blocks (1x128 or 128x128 scales), for NVFP4 the same
+    column-wise Hadamard transform. Otherwise the weight keeps the quantizer it was made with."""
     if ((isinstance(w, Float8Tensor) and isinstance(quantizer, _PerTensorQuantizer))
             or (isinstance(w, MXFP8Tensor) and isinstance(quantizer, MXFP8Quantizer)
-                and quantizer.dtype == w._fp8_dtype)):
+                and quantizer.dtype == w._fp8_dtype)
+            or (isinstance(w, Float8BlockwiseQTensor)
+                and isinstance(quantizer, Float8BlockQuantizer)
+                and quantizer.dtype == w._fp8_dtype
+                and quantizer.block_scaling_dim == (2 if w._is_2D_scaled else 1))
+            or (isinstance(w, NVFP4Tensor) and isinstance(quantizer, NVFP4Quantizer)
+                and quantizer.with_rht == w._columnwise_rht)):
         bind_quantizer(w, quantizer)
 
 
