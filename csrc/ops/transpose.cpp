@@ -10,8 +10,8 @@ void Transpose2d::check(const Tensor& x) {
   TE_CHECK(x.defined(), kName, "input is undefined");
   TE_CHECK(x.dim() == 2, kName, "input must be 2-D, got shape ", shape_str(x));
   const int64_t size = x.element_size();
-  TE_CHECK(size == 1 || size == 2 || size == 4, kName,
-           "input's dtype must have 1, 2 or 4 bytes per element, got ", x.scalar_type(), " (",
+  TE_CHECK(size == 1 || size == 2 || size == 4 || size == 8, kName,
+           "input's dtype must have 1, 2, 4 or 8 bytes per element, got ", x.scalar_type(), " (",
            size, " bytes) of shape ", shape_str(x));
 }
 

@@ -1,6 +1,6 @@
 // Operator class of transpose_2d: the contiguous transpose of a 2-D tensor, moved as raw
-// elements of 1, 2 or 4 bytes (the quantized tensors' FP8 / FP4 bytes and scales, and
-// bfloat16 / float16 / float32 inputs of the column-wise quantizations). The check and the
+// elements of 1, 2, 4 or 8 bytes (the quantized tensors' FP8 / FP4 bytes and scales, and
+// the high-precision inputs of the column-wise quantizations). The check and the
 // allocation are shared by the Meta kernel and the front end (ops/transpose.cpp); the
 // backends implement the stub below on contiguous buffers.
 #pragma once
@@ -11,7 +11,7 @@
 namespace te_cpp {
 
 // out[c, r] = x[r, c] for the row-major x [rows, cols] (rows, cols >= 1) and out [cols, rows],
-// elements of elem_size bytes (1, 2 or 4), copied bit for bit.
+// elements of elem_size bytes (1, 2, 4 or 8), copied bit for bit.
 struct Transpose2dArgs {
   int64_t rows, cols;
   int64_t elem_size;
@@ -20,7 +20,8 @@ struct Transpose2dArgs {
 };
 TE_DECLARE_STUB(transpose_2d_stub, void(const Transpose2dArgs&));
 
-// transpose_2d(x) -> x.t().contiguous(): x 2-D, of any dtype of 1, 2 or 4 bytes per element.
+// transpose_2d(x) -> x.t().contiguous(): x 2-D, of any dtype of 1, 2, 4 or 8 bytes per
+// element.
 struct Transpose2d {
   static constexpr const char* kName = "transpose_2d";
   static void check(const Tensor& x);

@@ -20,8 +20,8 @@
 namespace te_cpp {
 namespace {
 
-// Elements per side of a tile: a 64x64 tile of 4-byte elements (16 KiB) and its transpose
-// stay in L1 together.
+// Elements per side of a tile: a 64x64 tile of 4-byte elements (16 KiB) and its transposed
+// buffer stay in L1 together (of 8-byte elements, in L2).
 constexpr int64_t kTile = 64;
 
 // out[c, r] = x[r, c] over rows [r0, r1) and columns [c0, c1); writes run along out's rows.
@@ -70,7 +70,7 @@ constexpr int bit_reverse(int i, int bits) {
 // The K x K block at src (row stride ls elements) transposed to dst (row stride ld elements).
 template <typename T>
 inline void simd_block(const T* src, int64_t ls, T* dst, int64_t ld) {
-  constexpr int S = sizeof(T), K = 16 / S, kBits = S == 1 ? 4 : S == 2 ? 3 : 2;
+  constexpr int S = sizeof(T), K = 16 / S, kBits = S == 1 ? 4 : S == 2 ? 3 : S == 4 ? 2 : 1;
   __m128i v[K];
   for (int i = 0; i < K; ++i) {
     v[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + bit_reverse(i, kBits) * ls));
@@ -136,7 +136,8 @@ void transpose_2d_cpu(const Transpose2dArgs& a) {
   switch (a.elem_size) {
     case 1: return transpose_typed<uint8_t>(a);
     case 2: return transpose_typed<uint16_t>(a);
-    default: return transpose_typed<uint32_t>(a);
+    case 4: return transpose_typed<uint32_t>(a);
+    default: return transpose_typed<uint64_t>(a);
   }
 }
 
