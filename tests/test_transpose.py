@@ -78,3 +78,17 @@ def test_fp8_columnwise_copy_is_the_transpose():
     q = Float8CurrentScalingQuantizer(torch.float8_e4m3fn).quantize_storage(
         torch.randn(3, 37, 48))
     _assert_bit_equal(_columnwise(q), q._data.reshape(-1, 48))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16, torch.float32, torch.float64],
+                         ids=str)
+def test_transpose_2d_cuda_is_bit_exact(dtype):
+    """The CUDA kernel: the same bits as x.t().contiguous(), over partial and many tiles
+    (grid-stride), vectors, zero size and a non-contiguous input."""
+    g = torch.Generator().manual_seed(2)
+    for shape in [(1, 37), (37, 1), (37, 129), (1000, 7), (33, 32), (2100, 1500), (0, 5)]:
+        x = _random_bits(shape, dtype, g).cuda()
+        _assert_bit_equal(transpose_2d(x), x)
+    x = _random_bits((300, 200), dtype, g).cuda()
+    _assert_bit_equal(transpose_2d(x[:, ::2]), x[:, ::2])

@@ -104,7 +104,9 @@ void transpose_tile(const T* x, T* out, int64_t rows, int64_t cols, int64_t r0, 
   }
   const int64_t rv = r0 + (r1 - r0) / K * K, cv = c0 + (c1 - c0) / K * K;
   for (int64_t r = r0; r < rv; r += K) {
-    for (int64_t c = c0; c < cv; c += K) simd_block(x + r * cols + c, cols, out + c * rows + r, rows);
+    for (int64_t c = c0; c < cv; c += K) {
+      simd_block(x + r * cols + c, cols, out + c * rows + r, rows);
+    }
   }
   scalar_block(x, out, rows, cols, r0, rv, cv, c1);  // the columns right of the blocks
   scalar_block(x, out, rows, cols, rv, r1, c0, c1);  // the rows below them
