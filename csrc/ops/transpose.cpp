@@ -21,8 +21,6 @@ Tensor Transpose2d::allocate(const Tensor& x) {
 
 TE_DEFINE_STUB(transpose_2d_stub, void(const Transpose2dArgs&));
 
-namespace {
-
 // ---- front end (the CPU and CUDA dispatch keys) ----
 
 Tensor transpose_2d(const Tensor& x_in) {
@@ -36,6 +34,8 @@ Tensor transpose_2d(const Tensor& x_in) {
                                     out.mutable_data_ptr()});
   return out;
 }
+
+namespace {
 
 void register_front_ends(torch::Library& m) { m.impl("transpose_2d", transpose_2d); }
 

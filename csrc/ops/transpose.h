@@ -28,4 +28,9 @@ struct Transpose2d {
   static Tensor allocate(const Tensor& x);
 };
 
+// The op's front end, for other front ends that need a contiguous transpose (the grouped
+// quantize ops' column-wise copies): checks x, returns x.t().contiguous() by the backend's
+// transpose_2d_stub.
+Tensor transpose_2d(const Tensor& x);
+
 }  // namespace te_cpp
