@@ -269,4 +269,8 @@ TORCH_LIBRARY(te_cpp, m) {
   // most_recent), the history rolled by one with row 0 zeroed, the new scale per column.
   define(m, "fp8_delayed_scaling_update(Tensor(a!) amax_history, Tensor(b!) scale, "
             "float fp8_max, int margin, str amax_compute_algo) -> ()");
+  // The contiguous transpose of a 2-D tensor of 1-, 2-, 4- or 8-byte elements, bit for bit
+  // (x.t().contiguous()): the column-wise copies of quantized bytes and scales, and the
+  // transposed high-precision input of a column-wise quantization (ops/transpose.h).
+  define(m, "transpose_2d(Tensor x) -> Tensor");
 }

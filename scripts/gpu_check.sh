@@ -75,7 +75,7 @@ if stage build "${GPU_CHECK_BUILD_LIMIT:-210}" "$py" setup.py -q build_ext --inp
   stage conformance 150 "$py" -m pytest -q -p no:cacheprovider -m "not slow" \
     --junitxml="$out/conformance.xml" -rs tests/test_conformance.py tests/test_cuda_backend.py \
     tests/test_norm_widths.py tests/test_linear.py tests/test_fp8_ops.py tests/test_fp8_quantize.py \
-    tests/test_dropout.py "${cases[@]}"
+    tests/test_dropout.py tests/test_transpose.py "${cases[@]}"
   stage bench 100 "$py" bench/gpu.py --out "$out/bench.csv" "${bench[@]}"
   # tensor parallelism's smoke test: the example on NCCL with one rank (TP turns itself off,
   # the collectives' code paths and the CUDA kernels run), 3 steps

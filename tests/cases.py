@@ -924,11 +924,26 @@ def _samples_fp8_block(dtype):
     return _with_non_contiguous(out)
 
 
+def _samples_transpose_2d(dtype):
+    """te_cpp.transpose_2d (numerics, float8 dtypes included, in tests/test_transpose.py): the
+    compute dtype and the raw bytes of the quantized tensors (uint8; opcheck's schema check
+    cannot compare float8 tensors), vectors, an odd shape, zero size, a transposed
+    (non-contiguous) input."""
+    out = []
+    for shape in [(1, 64), (37, 129), (64, 1), (0, 64), (3, 0)]:
+        x = _rand(*shape, dtype=dtype)
+        out.append((te_ops.transpose_2d, (x,)))
+        out.append((te_ops.transpose_2d, (torch.randint(0, 256, shape, dtype=torch.uint8),)))
+    out.append((te_ops.transpose_2d, (_rand(64, 48, dtype=dtype).t(),)))
+    return _with_non_contiguous(out)
+
+
 STANDALONE_OPCHECK_SAMPLES = {"quantize": _samples_quantize, "fp8_gemm": _samples_fp8_gemm,
                               "fp8_amax": _samples_fp8_amax,
                               "fp8_current_scale": _samples_fp8_current_scale,
                               "grouped": _samples_grouped, "nvfp4": _samples_nvfp4,
-                              "fp8_block": _samples_fp8_block}
+                              "fp8_block": _samples_fp8_block,
+                              "transpose_2d": _samples_transpose_2d}
 
 #: Custom ops whose tensor arguments always have exactly one element, so no zero-size and no
 #: non-contiguous sample of them exists (a tensor of one element is contiguous whatever its

@@ -11,6 +11,7 @@
 #include "ops/fp8_block.h"
 #include "ops/nvfp4.h"
 #include "ops/quantize.h"
+#include "ops/transpose.h"
 
 namespace te_cpp {
 
@@ -765,7 +766,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> grouped_mxfp8_quantize(const Tensor& 
     if (x.is_cpu()) {
       quantize(x, col_data, col_scale, x.size(0));
     } else {
-      quantize(x.t().contiguous(), col_data, col_scale, 0);
+      quantize(transpose_2d(x), col_data, col_scale, 0);
     }
   }
   return {row_data, row_scale, col_data, col_scale};
@@ -811,7 +812,7 @@ std::tuple<Tensor, Tensor> grouped_fp8_block_quantize(const Tensor& x_in,
       quantize(rows, data.mutable_data_ptr<uint8_t>() + off[g] * x.size(1),
                scale.mutable_data_ptr<float>() + scale_row * scale.size(1));
     } else {
-      const Tensor t = rows.t().contiguous();
+      const Tensor t = transpose_2d(rows);
       auto [d, sc] = Fp8BlockQuantize::allocate(t, block_dim);
       quantize(t, d.mutable_data_ptr<uint8_t>(), sc.mutable_data_ptr<float>());
       data.narrow(1, off[g], n).copy_(d);
@@ -906,7 +907,7 @@ std::tuple<Tensor, Tensor, Tensor> grouped_nvfp4_quantize(const Tensor& x_in,
       quantize(rows, g, data.mutable_data_ptr<uint8_t>() + off[g] * (k / 2),
                scale.mutable_data_ptr<uint8_t>() + off[g] * (k / block));
     } else {
-      const Tensor t = rows.t().contiguous();
+      const Tensor t = transpose_2d(rows);
       auto [d, sc, unused_amax] = Nvfp4Quantize::allocate(t);
       quantize(t, g, d.mutable_data_ptr<uint8_t>(), sc.mutable_data_ptr<uint8_t>());
       data.narrow(1, off[g] / 2, n / 2).copy_(d);

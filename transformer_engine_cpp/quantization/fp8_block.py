@@ -28,6 +28,7 @@ __all__ = ["Float8BlockQuantizer", "Float8BlockwiseQTensorStorage", "Float8Block
 
 _fp8_block_quantize = torch.ops.te_cpp.fp8_block_quantize.default
 _fp8_block_dequantize = torch.ops.te_cpp.fp8_block_dequantize.default
+_transpose_2d = torch.ops.te_cpp.transpose_2d.default
 
 
 class Float8BlockwiseQTensorStorage(RowColumnStorage):
@@ -157,12 +158,14 @@ class Float8BlockQuantizer(Quantizer):
             row_data, row_scale = _fp8_block_quantize(tensor, self.dtype, dim, *args)
         if columnwise:
             cols = tensor.shape[-1]
+            # the contiguous transposes through te_cpp.transpose_2d (a tiled transpose, several
+            # times faster than ATen's copy of the transposed view on CPU)
             if rowwise and dim == 2:  # square tiles: the transpose is exact
-                col_data = row_data.reshape(-1, cols).t().contiguous()
-                col_scale = row_scale.t().contiguous()
+                col_data = _transpose_2d(row_data.reshape(-1, cols))
+                col_scale = _transpose_2d(row_scale)
             else:
                 col_data, col_scale = _fp8_block_quantize(
-                    tensor.reshape(-1, cols).t().contiguous(), self.dtype, dim, *args)
+                    _transpose_2d(tensor.reshape(-1, cols)), self.dtype, dim, *args)
         return Float8BlockwiseQTensorStorage(row_data, row_scale, col_data, col_scale, self.dtype,
                                              tensor.dtype, tensor.shape, dim == 2, self)
 

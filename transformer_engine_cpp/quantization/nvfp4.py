@@ -36,6 +36,7 @@ __all__ = ["NVFP4Quantizer", "NVFP4TensorStorage", "NVFP4Tensor"]
 
 _nvfp4_quantize = torch.ops.te_cpp.nvfp4_quantize.default
 _nvfp4_dequantize = torch.ops.te_cpp.nvfp4_dequantize.default
+_transpose_2d = torch.ops.te_cpp.transpose_2d.default
 
 #: the FP4 format name (TransformerEngine's DType.kFloat4E2M1): torch's packed E2M1 dtype
 FP4_DTYPE = torch.float4_e2m1fn_x2
@@ -111,7 +112,9 @@ class NVFP4Quantizer(Quantizer):
             rd, rs, ra = _nvfp4_quantize(tensor, False, self.with_2d_quantization,
                                          self._seed(tensor))
         if columnwise:
-            xt = tensor.reshape(-1, tensor.shape[-1]).t().contiguous()
+            # the contiguous transpose (te_cpp.transpose_2d: a tiled transpose, several times
+            # faster than ATen's copy of the transposed view on CPU)
+            xt = _transpose_2d(tensor.reshape(-1, tensor.shape[-1]))
             cd, cs, ca = _nvfp4_quantize(xt, self.with_rht, self.with_2d_quantization,
                                          self._seed(tensor))
         return NVFP4TensorStorage(rd, rs, ra, cd, cs, ca, tensor.dtype, tensor.shape,

@@ -27,6 +27,7 @@ _LINEAR_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 # the custom ops' OpOverloads (host cost: docs/architecture.md)
 _linear_fwd = torch.ops.te_cpp.linear_fwd.default
+_transpose_2d = torch.ops.te_cpp.transpose_2d.default
 _linear_fwd_add = torch.ops.te_cpp.linear_fwd_add.default
 _linear_dgrad = torch.ops.te_cpp.linear_dgrad.default
 _linear_dgrad_add = torch.ops.te_cpp.linear_dgrad_add.default
@@ -79,12 +80,14 @@ def _mx_cols(q) -> Optional[tuple]:
 
 def _columnwise(q: Float8TensorStorage) -> torch.Tensor:
     """The column-wise copy of per-tensor FP8 data (TransformerEngine's on Hopper): the 2-D
-    transpose [last dim, rows] of the uint8 buffer, made contiguous. The scale-inverse is the
+    transpose [last dim, rows] of the uint8 buffer, made contiguous (te_cpp.transpose_2d: a
+    tiled byte transpose, several times faster than ATen's copy of the transposed view on CPU).
+    The scale-inverse is the
     row-wise copy's (one per-tensor scale serves both)."""
     data = q._data
     if data.dim() != 2:
         data = data.reshape(-1, data.shape[-1])
-    return data.t().contiguous()
+    return _transpose_2d(data)
 
 
 def quantized_weight(w: torch.nn.Parameter, quantizer, who: str,
