@@ -334,7 +334,9 @@ def _cases():
 TILING_BLOCK = {te.recipe.MXFP8BlockScaling: 32, te.recipe.NVFP4BlockScaling: 16}
 #: the leading dims of the inputs under a tiling recipe: 96 rows, a multiple of either block
 TILING_LEAD = (2, 3, 16)
+#: (DelayedScaling's single call quantizes with its initial scales, 1)
 CONFORMANCE_RECIPES = {"current": te.recipe.Float8CurrentScaling,
+                       "delayed": te.recipe.DelayedScaling,
                        "block": te.recipe.Float8BlockScaling,
                        "mxfp8": te.recipe.MXFP8BlockScaling,
                        "nvfp4": te.recipe.NVFP4BlockScaling}

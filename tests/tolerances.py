@@ -40,6 +40,7 @@ NVFP4_RELATIVE_ERROR = {"forward": 0.25, "backward": 0.4}
 #: Quantized GEMMs against the unquantized result, by recipe class name.
 QUANTIZED_RELATIVE_ERROR = {
     "Float8CurrentScaling": FP8_RELATIVE_ERROR,
+    "DelayedScaling": FP8_RELATIVE_ERROR,
     "Float8BlockScaling": FP8_RELATIVE_ERROR,
     "MXFP8BlockScaling": FP8_RELATIVE_ERROR,
     "NVFP4BlockScaling": NVFP4_RELATIVE_ERROR,
