@@ -16,11 +16,6 @@ namespace {
 
 constexpr int64_t kB = fp8::kFp8BlockSize;
 
-void check_block_dim(const char* op, int64_t block_dim) {
-  TE_CHECK_VALUE(block_dim == 1 || block_dim == 2, op,
-                 "block_dim must be 1 (1x128 blocks) or 2 (128x128 blocks), got ", block_dim);
-}
-
 c10::SymInt ceil_blocks(const c10::SymInt& n) { return (n + (kB - 1)) / kB; }
 
 // rows of the 2-D view: the product of the leading dims (1 for a 1-D tensor)
@@ -37,6 +32,11 @@ c10::SymDimVector scale_sizes(const Tensor& t, int64_t block_dim) {
 
 }  // namespace
 
+void check_fp8_block_dim(const char* op, int64_t block_dim) {
+  TE_CHECK_VALUE(block_dim == 1 || block_dim == 2, op,
+                 "block_dim must be 1 (1x128 blocks) or 2 (128x128 blocks), got ", block_dim);
+}
+
 float fp8_block_value_for_inf(at::ScalarType dtype) {
   if (dtype == at::kBFloat16) return static_cast<float>(std::numeric_limits<c10::BFloat16>::max());
   if (dtype == at::kHalf) return static_cast<float>(std::numeric_limits<c10::Half>::max());
@@ -48,7 +48,7 @@ void Fp8BlockQuantize::check(const Tensor& x, at::ScalarType fp8_dtype, int64_t 
   check_float(kName, "input", x);
   check_min_dim(kName, "input", x, 1);
   check_fp8_dtype(kName, fp8_dtype);
-  check_block_dim(kName, block_dim);
+  check_fp8_block_dim(kName, block_dim);
   TE_CHECK_VALUE(std::isfinite(amax_epsilon) && amax_epsilon >= 0.0, kName,
                  "amax_epsilon must be >= 0 and finite, got ", amax_epsilon);
 }
@@ -67,7 +67,7 @@ void Fp8BlockDequantize::check(const Tensor& data, const Tensor& scale_inv,
   check_min_dim(kName, "data", data, 1);
   check_same_device(kName, "data", data, "scale_inv", scale_inv);
   check_fp8_dtype(kName, fp8_dtype);
-  check_block_dim(kName, block_dim);
+  check_fp8_block_dim(kName, block_dim);
   const auto expected = scale_sizes(data, block_dim);
   TE_CHECK(scale_inv.sym_sizes() == c10::SymIntArrayRef(expected), kName, "scale_inv must have "
            "shape ", c10::SymIntArrayRef(expected), " for data of shape ", shape_str(data),

@@ -54,6 +54,9 @@ TE_DECLARE_STUB(fp8_block_dequantize_stub, void(const Fp8BlockDequantizeArgs&));
 // inputs are quantized as float32.
 float fp8_block_value_for_inf(at::ScalarType dtype);
 
+// block_dim must be 1 (1x128 blocks) or 2 (128x128 tiles).
+void check_fp8_block_dim(const char* op, int64_t block_dim);
+
 // fp8_block_quantize(x, fp8_dtype, block_dim, force_pow_2_scales, amax_epsilon)
 //   -> (data, scale_inv): data uint8 in x's shape (at least 1-D), scale_inv fp32 as above.
 struct Fp8BlockQuantize {

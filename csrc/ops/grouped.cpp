@@ -314,8 +314,7 @@ void GroupedQuantize::check_fp8_block(const char* op, const Tensor& x, const Ten
   check_2d(op, "input", x, "[tokens, features]");
   GroupedLinear::num_groups(op, split_sizes);
   check_fp8_dtype(op, fp8_dtype);
-  TE_CHECK_VALUE(block_dim == 1 || block_dim == 2, op,
-                 "block_dim must be 1 (1x128 blocks) or 2 (128x128 blocks), got ", block_dim);
+  check_fp8_block_dim(op, block_dim);
   TE_CHECK_VALUE(std::isfinite(amax_epsilon) && amax_epsilon >= 0.0, op,
                  "amax_epsilon must be >= 0 and finite, got ", amax_epsilon);
 }
@@ -353,17 +352,12 @@ void GroupedQuantize::check_fp8_block_dequantize(const char* op, const Tensor& d
                                                  const Tensor& scale_inv,
                                                  at::ScalarType fp8_dtype, int64_t block_dim,
                                                  bool columnwise, at::ScalarType dtype) {
-  TE_CHECK(data.defined() && data.scalar_type() == at::kByte, op,
-           "data must be uint8 (raw FP8 bytes), got ",
-           data.defined() ? c10::toString(data.scalar_type()) : "undefined");
+  check_buffer(op, "data", data, at::kByte, "raw FP8 bytes");
   check_2d(op, "data", data, columnwise ? "[features, tokens]" : "[tokens, features]");
   const int64_t groups = GroupedLinear::num_groups(op, split_sizes);
   check_fp8_dtype(op, fp8_dtype);
-  TE_CHECK_VALUE(block_dim == 1 || block_dim == 2, op,
-                 "block_dim must be 1 (1x128 blocks) or 2 (128x128 blocks), got ", block_dim);
-  TE_CHECK(scale_inv.defined() && scale_inv.scalar_type() == at::kFloat, op,
-           "scale_inv must be float32, got ",
-           scale_inv.defined() ? c10::toString(scale_inv.scalar_type()) : "undefined");
+  check_fp8_block_dim(op, block_dim);
+  check_buffer(op, "scale_inv", scale_inv, at::kFloat);
   const c10::SymInt& rows = data.sym_size(columnwise ? 1 : 0);
   const c10::SymInt& cols = data.sym_size(columnwise ? 0 : 1);
   const auto expected = fp8_block_scale_sizes(rows, cols, groups, block_dim, columnwise);
@@ -372,8 +366,7 @@ void GroupedQuantize::check_fp8_block_dequantize(const char* op, const Tensor& d
            "data of shape ", shape_str(data), ", ", groups, " groups and block_dim ", block_dim,
            ", got ", shape_str(scale_inv));
   check_same_device(op, "data", data, "scale_inv", scale_inv);
-  TE_CHECK_VALUE(is_supported_float(dtype), op,
-                 "dtype must be float32, float64, bfloat16 or float16, got ", dtype);
+  check_float_dtype(op, "dtype", dtype);
 }
 
 void GroupedQuantize::check_nvfp4(const char* op, const Tensor& x, const Tensor& split_sizes,
@@ -409,30 +402,24 @@ std::tuple<Tensor, Tensor, Tensor> GroupedQuantize::allocate_nvfp4(const Tensor&
 void GroupedQuantize::check_nvfp4_dequantize(const char* op, const Tensor& data,
                                              const Tensor& split_sizes, const Tensor& scale,
                                              const Tensor& amax, at::ScalarType dtype) {
-  TE_CHECK(data.defined() && data.scalar_type() == at::kByte, op,
-           "data must be uint8 (two E2M1 codes per byte), got ",
-           data.defined() ? c10::toString(data.scalar_type()) : "undefined");
+  check_buffer(op, "data", data, at::kByte, "two E2M1 codes per byte");
   check_2d(op, "data", data, "[rows, columns / 2]");
   const int64_t groups = GroupedLinear::num_groups(op, split_sizes);
   TE_CHECK(data.sym_size(1) % (fp4::kBlock / 2) == 0, op,
            "data's last dimension must be a multiple of 8 (16 packed elements per block), got "
            "shape ", shape_str(data));
-  TE_CHECK(scale.defined() && scale.scalar_type() == at::kByte, op,
-           "scale_e4m3 must be uint8 (E4M3 bytes), got ",
-           scale.defined() ? c10::toString(scale.scalar_type()) : "undefined");
+  check_buffer(op, "scale_e4m3", scale, at::kByte, "E4M3 bytes");
   const c10::SymInt scale_cols = data.sym_size(1) / (fp4::kBlock / 2);
   TE_CHECK(scale.dim() == 2 && scale.sym_size(0) == data.sym_size(0) &&
                scale.sym_size(1) == scale_cols,
            op, "scale_e4m3 must have shape [", data.sym_size(0), ", ", scale_cols,
            "] for data of shape ", shape_str(data), ", got ", shape_str(scale));
-  TE_CHECK(amax.defined() && amax.scalar_type() == at::kFloat, op, "amax must be float32, got ",
-           amax.defined() ? c10::toString(amax.scalar_type()) : "undefined");
+  check_buffer(op, "amax", amax, at::kFloat);
   TE_CHECK(amax.dim() == 1 && amax.sym_size(0) == groups, op, "amax must have shape [", groups,
            "] (one per group), got ", shape_str(amax));
   check_same_device(op, "data", data, "scale_e4m3", scale);
   check_same_device(op, "data", data, "amax", amax);
-  TE_CHECK_VALUE(is_supported_float(dtype), op,
-                 "dtype must be float32, float64, bfloat16 or float16, got ", dtype);
+  check_float_dtype(op, "dtype", dtype);
 }
 
 TE_DEFINE_STUB(grouped_gemm_stub, void(c10::ArrayRef<GemmArgs>));

@@ -158,8 +158,6 @@ class Float8BlockQuantizer(Quantizer):
             row_data, row_scale = _fp8_block_quantize(tensor, self.dtype, dim, *args)
         if columnwise:
             cols = tensor.shape[-1]
-            # the contiguous transposes through te_cpp.transpose_2d (a tiled transpose, several
-            # times faster than ATen's copy of the transposed view on CPU)
             if rowwise and dim == 2:  # square tiles: the transpose is exact
                 col_data = _transpose_2d(row_data.reshape(-1, cols))
                 col_scale = _transpose_2d(row_scale)

@@ -112,8 +112,6 @@ class NVFP4Quantizer(Quantizer):
             rd, rs, ra = _nvfp4_quantize(tensor, False, self.with_2d_quantization,
                                          self._seed(tensor))
         if columnwise:
-            # the contiguous transpose (te_cpp.transpose_2d: a tiled transpose, several times
-            # faster than ATen's copy of the transposed view on CPU)
             xt = _transpose_2d(tensor.reshape(-1, tensor.shape[-1]))
             cd, cs, ca = _nvfp4_quantize(xt, self.with_rht, self.with_2d_quantization,
                                          self._seed(tensor))

@@ -88,7 +88,7 @@ void fp8_block_dequantize_cpu(const Fp8BlockDequantizeArgs& a) {
   TE_DISPATCH_FLOAT(a.out_dtype, "fp8_block_dequantize", [&] {
     using T = scalar_t;
     T* out = static_cast<T*>(a.out);
-    auto run = [&](auto Fc) {
+    visit_format(a.fp8_dtype, [&](auto Fc) {
       constexpr c10::ScalarType F = decltype(Fc)::value;
       at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
@@ -99,12 +99,7 @@ void fp8_block_dequantize_cpu(const Fp8BlockDequantizeArgs& a) {
           }
         }
       });
-    };
-    if (a.fp8_dtype == fp8::kE4M3) {
-      run(std::integral_constant<c10::ScalarType, fp8::kE4M3>{});
-    } else {
-      run(std::integral_constant<c10::ScalarType, fp8::kE5M2>{});
-    }
+    });
   });
 }
 

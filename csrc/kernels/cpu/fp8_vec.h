@@ -19,6 +19,14 @@
 
 namespace te_cpp {
 
+// Calls f(std::integral_constant<c10::ScalarType, F>{}) for the runtime format (checked to be
+// kE4M3 or kE5M2 before).
+template <typename Fn>
+decltype(auto) visit_format(at::ScalarType fmt, const Fn& f) {
+  if (fmt == fp8::kE4M3) return f(std::integral_constant<c10::ScalarType, fp8::kE4M3>{});
+  return f(std::integral_constant<c10::ScalarType, fp8::kE5M2>{});
+}
+
 template <c10::ScalarType F>
 std::array<float, 256> fp8_value_table() {
   std::array<float, 256> t{};
@@ -159,7 +167,7 @@ inline void dequantize_span(const uint8_t* __restrict d, T* __restrict o, int64_
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
   if constexpr (!std::is_same_v<T, double>) {
     const float m = F == fp8::kE4M3 ? s * 256.0f : s;
-    if (fp8::abs_bits(m) < 0x7F800000u) {  // finite
+    if (fp8::abs_bits(m) < fp8::kInfBits) {  // finite
       constexpr uint32_t kMinNormalS = (F == fp8::kE4M3 ? 127u - 126u + 9u : 127u - 126u + 16u)
                                        << 23;  // 2^-117, 2^-110
       i = fp8::abs_bits(s) >= kMinNormalS ? dequantize_vectors<F, T, true>(d, o, n, s, m)

@@ -24,14 +24,6 @@ using fp8::kE5M2;
 
 constexpr int64_t kAmaxBlock = 16384;
 
-// Calls f(std::integral_constant<c10::ScalarType, F>{}) for the runtime format (checked to be
-// kE4M3 or kE5M2 before).
-template <typename Fn>
-decltype(auto) visit_format(at::ScalarType fmt, const Fn& f) {
-  if (fmt == kE4M3) return f(std::integral_constant<c10::ScalarType, kE4M3>{});
-  return f(std::integral_constant<c10::ScalarType, kE5M2>{});
-}
-
 #if defined(CPU_CAPABILITY_AVX512)
 // The maximum magnitude key of n elements (fp8::abs_bits, or for bf16 and fp16 their 16-bit
 // magnitude; with kSkipNan fp8::abs_bits_skip_nan / abs_bits16_skip_nan lane by lane): with

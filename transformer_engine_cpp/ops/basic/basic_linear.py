@@ -80,25 +80,21 @@ def _mx_cols(q) -> Optional[tuple]:
 
 def _columnwise(q: Float8TensorStorage) -> torch.Tensor:
     """The column-wise copy of per-tensor FP8 data (TransformerEngine's on Hopper): the 2-D
-    transpose [last dim, rows] of the uint8 buffer, made contiguous (te_cpp.transpose_2d: a
-    tiled byte transpose, several times faster than ATen's copy of the transposed view on CPU).
-    The scale-inverse is the
-    row-wise copy's (one per-tensor scale serves both)."""
+    transpose [last dim, rows] of the uint8 buffer, made contiguous (te_cpp.transpose_2d). The
+    scale-inverse is the row-wise copy's (one per-tensor scale serves both)."""
     data = q._data
     if data.dim() != 2:
         data = data.reshape(-1, data.shape[-1])
     return _transpose_2d(data)
 
 
-def quantized_weight(w: torch.nn.Parameter, quantizer, who: str,
-                     kinds: tuple = (_PerTensorQuantizer, MXFP8Quantizer, Float8BlockQuantizer,
-                                     NVFP4Quantizer)) -> torch.nn.Parameter:
+def quantized_weight(w: torch.nn.Parameter, quantizer, who: str) -> torch.nn.Parameter:
     """te.quantized_model_init: ``w`` as a quantized Parameter (a Float8Tensor for the
     per-tensor recipes, an MXFP8Tensor with both copies for MXFP8BlockScaling, a
     Float8BlockwiseQTensor for Float8BlockScaling, an NVFP4Tensor for NVFP4BlockScaling, both
-    copies each); ``kinds``: the quantizers the op takes (NotImplementedError naming the op
-    otherwise)."""
-    if not isinstance(quantizer, kinds):
+    copies each); NotImplementedError naming the op for any other quantizer."""
+    if not isinstance(quantizer, (_PerTensorQuantizer, MXFP8Quantizer, Float8BlockQuantizer,
+                                  NVFP4Quantizer)):
         raise NotImplementedError(f"{who}: quantized weights (te.quantized_model_init) are not "
                                   f"implemented for {type(quantizer).__name__}")
     if isinstance(quantizer, MXFP8Quantizer):
