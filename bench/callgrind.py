@@ -174,6 +174,12 @@ def _cases(include_compile: bool):
                 continue
             cases.append(("step", f"Sequential compiled {mode}", "ours", make(ours_c)))
             cases.append(("step", f"Sequential compiled {mode}", "plain", make(plain_c)))
+        # the same calls with Dynamo's guards skipped: the difference is what evaluating the
+        # guards costs per call
+        for provider, model in (("ours", ours_c), ("plain", plain_c)):
+            fn = fwd(model)
+            fn.skip_guards = True
+            cases.append(("step", "Sequential compiled fwd (guards skipped)", provider, fn))
     return cases
 
 
@@ -243,12 +249,17 @@ def _worker(out_dir: str, number: int, include_compile: bool, only_steps: bool) 
     names = []
 
     def measure(fn):
+        skip = getattr(fn, "skip_guards", False)
+        if skip:
+            torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
         for _ in range(2):  # re-warm under instrumentation (translation, caches)
             fn()
         torch._C._valgrind_toggle()
         for _ in range(number):
             fn()
         torch._C._valgrind_toggle_and_dump_stats()
+        if skip:
+            torch.compiler.set_stance("default")
 
     def empty():
         return None
