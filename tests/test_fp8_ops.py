@@ -342,31 +342,37 @@ CONFORMANCE_RECIPES = {"current": te.recipe.Float8CurrentScaling,
                        "nvfp4": te.recipe.NVFP4BlockScaling}
 
 
+#: the model dtypes every case runs in under each recipe
+MODEL_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@pytest.mark.parametrize("dtype", list(MODEL_DTYPES.values()), ids=list(MODEL_DTYPES))
 @pytest.mark.parametrize("recipe_cls", list(CONFORMANCE_RECIPES.values()),
                          ids=list(CONFORMANCE_RECIPES))
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: c.id)
-def test_op_case_under_a_recipe(case, recipe_cls):
+def test_op_case_under_a_recipe(case, recipe_cls, dtype):
     """Ops without quantizers give bit-identical results under te.autocast; ops with quantized
-    GEMMs stay within the recipe's tolerance of the unquantized result, forward and backward.
-    Under MXFP8 and NVFP4 a case with a GEMM first gets the op's error at its own sizes (not
-    multiples of the block: TransformerEngine's quantizers refuse them too), then runs at
-    block-multiple sizes (the case's fit_blocks) on 96 rows."""
+    GEMMs stay within the recipe's tolerance of the unquantized result in the same dtype
+    (fp32, bf16 and fp16 models), forward and backward. Under MXFP8 and NVFP4 a case with a
+    GEMM first gets the op's error at its own sizes (not multiples of the block:
+    TransformerEngine's quantizers refuse them too), then runs at block-multiple sizes (the
+    case's fit_blocks) on 96 rows."""
     from harness import as_tuple, build, clone_leaf, eager_run, inputs_for, random_grads_like
     from tolerances import QUANTIZED_RELATIVE_ERROR
 
-    quantized = any(isinstance(m, te.ops.BasicLinear) for m in build(case, torch.float32).modules())
+    quantized = any(isinstance(m, te.ops.BasicLinear) for m in build(case, dtype).modules())
     block = TILING_BLOCK.get(recipe_cls)
     lead = None
     if block and quantized:
-        seq = build(case, torch.float32)
-        x, extras = inputs_for(case, torch.float32, "leading_dims")
+        seq = build(case, dtype)
+        x, extras = inputs_for(case, dtype, "leading_dims")
         with pytest.raises(ValueError, match=rf"BasicLinear: .* multiples? of {block}\b"):
             with te.autocast(recipe=recipe_cls()):
                 seq(x, *extras)
         assert case.fit_blocks is not None, f"{case.id}: a case with a GEMM needs fit_blocks"
         case, lead = case.fit_blocks(block), TILING_LEAD
-    seq = build(case, torch.float32)
-    x, extras = inputs_for(case, torch.float32, "leading_dims", lead=lead)
+    seq = build(case, dtype)
+    x, extras = inputs_for(case, dtype, "leading_dims", lead=lead)
     with torch.no_grad():
         grads = random_grads_like(as_tuple(seq(clone_leaf(x), *[clone_leaf(e) for e in extras])))
     ref = eager_run(seq, clone_leaf(x), [clone_leaf(e) for e in extras], [g.clone() for g in grads])
