@@ -686,12 +686,14 @@ def test_gemm_case_path_compiled_equals_eager(path, recipe_cls):
         assert (c is None) if g is None else torch.equal(c, g), name
 
 
-def test_fp8_training_loop_with_inference_steps_and_dtype_cast():
+@pytest.mark.parametrize("recipe_cls", list(CONFORMANCE_RECIPES.values()),
+                         ids=list(CONFORMANCE_RECIPES))
+def test_fp8_training_loop_with_inference_steps_and_dtype_cast(recipe_cls):
     torch.manual_seed(0)
     model = te.ops.Sequential(te.ops.LayerNorm(32), te.ops.Linear(32, 64), te.ops.GELU(),
                               te.ops.Linear(64, 32)).bfloat16()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    recipe = te.recipe.Float8CurrentScaling()
+    recipe = recipe_cls()
     losses = []
     for step in range(12):
         x = torch.randn(32, 32, dtype=torch.bfloat16)
