@@ -630,7 +630,8 @@ def test_gemm_case_path_under_a_recipe(case, path, recipe_cls):
 
 
 @pytest.mark.parametrize("recipe_cls", [te.recipe.Float8BlockScaling, te.recipe.MXFP8BlockScaling,
-                                        te.recipe.NVFP4BlockScaling], ids=["block", "mxfp8", "nvfp4"])
+                                        te.recipe.NVFP4BlockScaling],
+                         ids=["block", "mxfp8", "nvfp4"])
 def test_freezing_between_forward_and_backward_keeps_the_pending_copies(recipe_cls):
     """A forward with the weight trained, then one with it frozen (the neighbours handed the
     row-wise-only quantizers), then the first call's backward: its neighbours kept the
