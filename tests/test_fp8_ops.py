@@ -2,10 +2,13 @@
 against an independent emulation (the references of test_fp8_quantize.py), the Quantize op,
 recipe-driven plans, DelayedScaling in eager and refused under compile, the pre-norm MLP
 block compiled with fullgraph=True under Float8CurrentScaling and MXFP8BlockScaling (fp32, and
-bf16 with the bfloat16 fp8_gemm strategy), and every conformance case under each recipe."""
+bf16 with the bfloat16 fp8_gemm strategy), every conformance case under each recipe (fp32,
+bf16 and fp16 models), and the cases with a GEMM under each recipe with frozen weights,
+bias-only training, an input without grad and torch.inference_mode, eager and compiled."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 
@@ -342,31 +345,37 @@ CONFORMANCE_RECIPES = {"current": te.recipe.Float8CurrentScaling,
                        "nvfp4": te.recipe.NVFP4BlockScaling}
 
 
+#: the model dtypes every case runs in under each recipe
+MODEL_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@pytest.mark.parametrize("dtype", list(MODEL_DTYPES.values()), ids=list(MODEL_DTYPES))
 @pytest.mark.parametrize("recipe_cls", list(CONFORMANCE_RECIPES.values()),
                          ids=list(CONFORMANCE_RECIPES))
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: c.id)
-def test_op_case_under_a_recipe(case, recipe_cls):
+def test_op_case_under_a_recipe(case, recipe_cls, dtype):
     """Ops without quantizers give bit-identical results under te.autocast; ops with quantized
-    GEMMs stay within the recipe's tolerance of the unquantized result, forward and backward.
-    Under MXFP8 and NVFP4 a case with a GEMM first gets the op's error at its own sizes (not
-    multiples of the block: TransformerEngine's quantizers refuse them too), then runs at
-    block-multiple sizes (the case's fit_blocks) on 96 rows."""
+    GEMMs stay within the recipe's tolerance of the unquantized result in the same dtype
+    (fp32, bf16 and fp16 models), forward and backward. Under MXFP8 and NVFP4 a case with a
+    GEMM first gets the op's error at its own sizes (not multiples of the block:
+    TransformerEngine's quantizers refuse them too), then runs at block-multiple sizes (the
+    case's fit_blocks) on 96 rows."""
     from harness import as_tuple, build, clone_leaf, eager_run, inputs_for, random_grads_like
     from tolerances import QUANTIZED_RELATIVE_ERROR
 
-    quantized = any(isinstance(m, te.ops.BasicLinear) for m in build(case, torch.float32).modules())
+    quantized = any(isinstance(m, te.ops.BasicLinear) for m in build(case, dtype).modules())
     block = TILING_BLOCK.get(recipe_cls)
     lead = None
     if block and quantized:
-        seq = build(case, torch.float32)
-        x, extras = inputs_for(case, torch.float32, "leading_dims")
+        seq = build(case, dtype)
+        x, extras = inputs_for(case, dtype, "leading_dims")
         with pytest.raises(ValueError, match=rf"BasicLinear: .* multiples? of {block}\b"):
             with te.autocast(recipe=recipe_cls()):
                 seq(x, *extras)
         assert case.fit_blocks is not None, f"{case.id}: a case with a GEMM needs fit_blocks"
         case, lead = case.fit_blocks(block), TILING_LEAD
-    seq = build(case, torch.float32)
-    x, extras = inputs_for(case, torch.float32, "leading_dims", lead=lead)
+    seq = build(case, dtype)
+    x, extras = inputs_for(case, dtype, "leading_dims", lead=lead)
     with torch.no_grad():
         grads = random_grads_like(as_tuple(seq(clone_leaf(x), *[clone_leaf(e) for e in extras])))
     ref = eager_run(seq, clone_leaf(x), [clone_leaf(e) for e in extras], [g.clone() for g in grads])
@@ -390,12 +399,302 @@ def test_op_case_under_a_recipe(case, recipe_cls):
         assert not torch.equal(got[0][0], ref[0][0])
 
 
-def test_fp8_training_loop_with_inference_steps_and_dtype_cast():
+# ---- the easy-to-forget paths of the cases with a GEMM, under each recipe ---------------------
+
+
+def _has_gemm(case):
+    from harness import build
+    return any(isinstance(m, te.ops.BasicLinear) for m in build(case, torch.float32).modules())
+
+
+def _gemm_cases():
+    return [c for c in _cases() if _has_gemm(c)]
+
+
+def _has_bias(case):
+    from harness import build
+    return any(n.endswith("bias") for n, _ in build(case, torch.float32).named_parameters())
+
+
+#: frozen_weight: every BasicLinear's weight needs no grad; bias_only: only the biases need
+#: grad (not the input, the extra inputs or the weights); input_no_grad: the input needs no
+#: grad; inference_mode: the forward under torch.inference_mode
+GEMM_PATHS = ["frozen_weight", "bias_only", "input_no_grad", "inference_mode"]
+
+
+def _gemm_path_params():
+    out = []
+    for case in _gemm_cases():
+        for path in GEMM_PATHS:
+            if path == "bias_only" and not _has_bias(case):
+                continue  # nothing would need grad
+            out.append(pytest.param(case, path, id=f"{case.id}-{path}"))
+    return out
+
+
+def _operand_work(ops):
+    """The te_cpp calls among ``ops`` (a trace of _run_path) that make a copy of a GEMM
+    operand: a quantize, the transpose of per-tensor FP8 bytes into the column-wise copy, a
+    dequantize (the GEMMs the FP8 GEMM ops do not take run on dequantized copies)."""
+    return [name for name, _ in ops if "quantize" in name or "transpose_2d" in name]
+
+
+def _columnwise_copies(run, recipe_cls):
+    """Which column-wise (transposed) operand copies the run's te_cpp calls made or read, of
+    "x" (the linear's input, [in_features, rows]), "dy" ([out_features, rows]) and "w"
+    ([in_features, out_features]; not told from the weight itself when square), found by their
+    2-D shapes (NVFP4 packs two values a byte)."""
+    rows, k, n = run["sizes"]
+    shapes = {"x": (k, rows), "dy": (n, rows), **({"w": (k, n)} if k != n else {})}
+    packed = recipe_cls is te.recipe.NVFP4BlockScaling
+    found = set()
+    for _, seen in run["forward"] + run["backward"]:
+        for name, (a, b) in shapes.items():
+            if (a, b) in seen or (packed and (a, b // 2) in seen):
+                found.add(name)
+    return found
+
+
+def _case_for(case, recipe_cls):
+    """The case and its leading dims under ``recipe_cls``: block-multiple sizes on 96 rows
+    under the tiling recipes (test_op_case_under_a_recipe)."""
+    block = TILING_BLOCK.get(recipe_cls)
+    return (case.fit_blocks(block), TILING_LEAD) if block else (case, None)
+
+
+def _run_path(case, recipe_cls, path, lead, grads, *, quantized, dtype=torch.float32,
+              grad_mode=None, model=None):
+    """One run of ``case`` on ``path`` (None: full training) under ``recipe_cls`` (or
+    unquantized), on a fresh copy of its ops (DelayedScaling's state starts anew): the outputs,
+    the grads of the input, extra inputs and parameters (None where not needed), the tensors
+    autograd saved and the te_cpp ops called, forward and backward. ``model``: run
+    ``model(the case's Sequential)`` instead (its compiled form), not observed (no saved-tensor
+    hooks, no trace)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+    from harness import as_tuple, build, inputs_for
+
+    class Trace(TorchDispatchMode):
+        """The te_cpp calls, as (name, the 2-D shapes among their arguments and outputs)."""
+
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.namespace == "te_cpp":
+                tensors = [t for t in tree_flatten((args, kwargs, out))[0]
+                           if isinstance(t, torch.Tensor)]
+                self.ops.append((func.name(), {tuple(t.shape) for t in tensors if t.dim() == 2}))
+            return out
+
+    seq = build(case, dtype)
+    x, extras = inputs_for(case, dtype, "leading_dims", lead=lead)
+    if path in ("frozen_weight", "bias_only"):
+        for m in seq.modules():
+            if isinstance(m, te.ops.BasicLinear):
+                m.weight.requires_grad_(False)
+    if path in ("bias_only", "input_no_grad"):
+        x.requires_grad_(False)
+    if path == "bias_only":
+        for e in extras:
+            e.requires_grad_(False)
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    forward, backward = Trace(), Trace()
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+    run = seq
+    if model is not None:
+        run, forward, backward, hooks = model(seq), *[contextlib.nullcontext()] * 3
+    torch.manual_seed(7)  # NVFP4's stochastic rounding draws its seeds from torch's generator
+    with (grad_mode or torch.enable_grad)(), hooks, forward, te.autocast(enabled=quantized,
+                                                                           recipe=recipe_cls()):
+        outs = as_tuple(run(x, *extras))
+    needed = [(o, g.clone()) for o, g in zip(outs, grads) if o.requires_grad]
+    if needed and grad_mode is None:
+        with backward:
+            torch.autograd.backward(*zip(*needed))
+    linear = next(m for m in seq.modules() if isinstance(m, te.ops.BasicLinear))
+    return dict(outs=[o.detach() for o in outs], dx=x.grad, dextras=[e.grad for e in extras],
+                requires_grad=[o.requires_grad for o in outs],
+                params={n: p.grad for n, p in seq.named_parameters()}, saved=saved,
+                forward=getattr(forward, "ops", None), backward=getattr(backward, "ops", None),
+                inputs=[x, *extras],
+                sizes=(x.numel() // x.shape[-1], linear.in_features, linear.out_features))
+
+
+def _path_grads(case, lead, dtype=torch.float32):
+    from harness import as_tuple, build, clone_leaf, inputs_for, random_grads_like
+    seq = build(case, dtype)
+    x, extras = inputs_for(case, dtype, "leading_dims", lead=lead)
+    with torch.no_grad():
+        return random_grads_like(as_tuple(seq(clone_leaf(x), *[clone_leaf(e) for e in extras])))
+
+
+def _grads_of(run):
+    """The run's gradients by name (None where not computed)."""
+    out = {"dx": run["dx"], **{f"dextra{i}": g for i, g in enumerate(run["dextras"])}}
+    out.update(run["params"])
+    return out
+
+
+@pytest.mark.parametrize("recipe_cls", list(CONFORMANCE_RECIPES.values()),
+                         ids=list(CONFORMANCE_RECIPES))
+@pytest.mark.parametrize("case,path", _gemm_path_params())
+def test_gemm_case_path_under_a_recipe(case, path, recipe_cls):
+    """The cases with a GEMM on the paths users take besides full training, under each recipe:
+    frozen weights (the input and bias grads still right, no weight grad, and neither the
+    input's quantized copy saved nor anything quantized for the wgrad that is not run),
+    bias-only training, an input that needs no grad (the parameter grads still right, the
+    weight's copy for the dgrad neither saved nor made), and torch.inference_mode (the no_grad
+    forward's output, nothing saved, no grad). Each within the recipe's tolerance of the
+    unquantized run on the same path, and bit-equal to the full-training run under the same
+    recipe wherever the same quantized operands feed the result."""
+    from tolerances import QUANTIZED_RELATIVE_ERROR
+
+    tolerance = QUANTIZED_RELATIVE_ERROR[recipe_cls.__name__]
+    case, lead = _case_for(case, recipe_cls)
+    grads = _path_grads(case, lead)
+    full = _run_path(case, recipe_cls, None, lead, grads, quantized=True)
+    mode = torch.inference_mode if path == "inference_mode" else None
+    got = _run_path(case, recipe_cls, path, lead, grads, quantized=True, grad_mode=mode)
+    ref = _run_path(case, recipe_cls, path, lead, grads, quantized=False, grad_mode=mode)
+    # the forward: the full run's under the same recipe, the unquantized one within tolerance
+    for a, b, f in zip(got["outs"], ref["outs"], full["outs"]):
+        assert torch.equal(a, f)
+        assert _rel_err(a, b) < tolerance["forward"]
+    assert not torch.equal(got["outs"][0], ref["outs"][0])  # the recipe did apply
+    got_grads, ref_grads, full_grads = _grads_of(got), _grads_of(ref), _grads_of(full)
+    for name, g in got_grads.items():
+        if ref_grads[name] is None:
+            assert g is None, name  # not needed: not computed
+            continue
+        assert g is not None, name
+        err = _rel_err(g, ref_grads[name])
+        assert err < tolerance["backward"], (name, err)
+    if path == "inference_mode":
+        # every output but an input handed back (MakeExtraOutput's, or the extra input the
+        # residual was added into in place) is a new inference tensor, needing no grad
+        inputs = {t.data_ptr() for t in got["inputs"]}
+        assert all(o.is_inference() and not r for o, r in zip(got["outs"], got["requires_grad"])
+                   if o.data_ptr() not in inputs)
+        assert got["saved"] == [] and all(g is None for g in got_grads.values())
+        assert not _columnwise_copies(got, recipe_cls)  # no copy for a backward GEMM
+        no_grad = _run_path(case, recipe_cls, path, lead, grads, quantized=True,
+                            grad_mode=torch.no_grad)
+        assert all(torch.equal(a, b) for a, b in zip(got["outs"], no_grad["outs"]))
+        return
+    weights = [n for n in got_grads if n.endswith("weight")]
+    biases = [n for n in got_grads if n.endswith("bias")]
+    if path in ("frozen_weight", "bias_only"):
+        assert all(got_grads[n] is None for n in weights)
+    if path in ("bias_only", "input_no_grad"):
+        assert got_grads["dx"] is None
+    # bit-equal to the full run where the same quantized operands feed it: the biases' grads
+    # (the same dy), dx with frozen weights (the same dy and weight copies), the weights' grads
+    # of an input without grad (the same dy and input copies; not under NVFP4, whose stochastic
+    # rounding of dy's column-wise copy draws another seed when the row-wise one is not made)
+    equal = list(biases)
+    if path == "frozen_weight":
+        equal += [n for n in got_grads if n == "dx" or n.startswith("dextra")]
+    if path == "input_no_grad":
+        equal += [n for n in got_grads if n.startswith("dextra")]
+        if recipe_cls is not te.recipe.NVFP4BlockScaling:
+            equal += weights
+    for name in equal:
+        if got_grads[name] is not None:
+            assert torch.equal(got_grads[name], full_grads[name]), name
+    # nothing quantized or saved for a GEMM that does not run: no column-wise copy of its
+    # operands made (the block recipes' full run quantizes each; per-tensor FP8 transposes its
+    # one copy for the FP8 GEMM), fewer operand copies and fewer bytes saved than in full
+    # training
+    if recipe_cls in (te.recipe.Float8BlockScaling, te.recipe.MXFP8BlockScaling,
+                      te.recipe.NVFP4BlockScaling):
+        _, k, n = full["sizes"]
+        assert _columnwise_copies(full, recipe_cls) == ({"x", "dy", "w"} if k != n
+                                                        else {"x", "dy"})
+    unneeded = {"frozen_weight": {"x", "dy"}, "bias_only": {"x", "dy", "w"},
+                "input_no_grad": {"w"}}[path]
+    assert not _columnwise_copies(got, recipe_cls) & unneeded, (got["forward"], got["backward"])
+    if path == "bias_only":  # no GEMM in backward: dy is not quantized at all
+        assert _operand_work(got["backward"]) == [], got["backward"]
+    assert len(_operand_work(got["forward"] + got["backward"])) < len(
+        _operand_work(full["forward"] + full["backward"]))
+    nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+    assert nbytes(got["saved"]) < nbytes(full["saved"])
+
+
+@pytest.mark.parametrize("recipe_cls", [te.recipe.Float8BlockScaling, te.recipe.MXFP8BlockScaling,
+                                        te.recipe.NVFP4BlockScaling],
+                         ids=["block", "mxfp8", "nvfp4"])
+def test_freezing_between_forward_and_backward_keeps_the_pending_copies(recipe_cls):
+    """A forward with the weight trained, then one with it frozen (the neighbours handed the
+    row-wise-only quantizers), then the first call's backward: its neighbours kept the
+    quantizer they were handed (both copies of dy), so its gradients are those of the same call
+    without the frozen one in between."""
+    def run(freeze_between):
+        torch.manual_seed(0)
+        model = te.ops.Sequential(te.ops.LayerNorm(64), te.ops.Linear(64, 32), te.ops.GELU())
+        x = torch.randn(2, 48, 64, requires_grad=True)
+        with te.autocast(recipe=recipe_cls()):
+            y = model(x)
+            if freeze_between:  # a frozen-weight call, the weight trained again after it
+                model[1].weight.requires_grad_(False)
+                model(x.detach())
+                model[1].weight.requires_grad_(True)
+        torch.manual_seed(1)
+        y.backward(torch.ones_like(y))
+        return x.grad, model[1].weight.grad, model[1].bias.grad
+
+    for a, b in zip(run(True), run(False)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("recipe_cls", list(CONFORMANCE_RECIPES.values()),
+                         ids=list(CONFORMANCE_RECIPES))
+@pytest.mark.parametrize("path", GEMM_PATHS)
+def test_gemm_case_path_compiled_equals_eager(path, recipe_cls):
+    """Each path of test_gemm_case_path_under_a_recipe on Linear+GELU compiled
+    (fullgraph=True, aot_eager) gives the eager bits, output and every gradient, under each
+    recipe but DelayedScaling, whose compilation is refused."""
+    case = next(c for c in _cases() if c.id == "Linear+GELU")
+    case, lead = _case_for(case, recipe_cls)
+    grads = _path_grads(case, lead)
+    mode = torch.inference_mode if path == "inference_mode" else None
+
+    def compiled(seq):
+        return torch.compile(seq, backend="aot_eager", fullgraph=True)
+
+    if recipe_cls is te.recipe.DelayedScaling:
+        with pytest.raises(te.ops.CompileUnsupportedError,
+                           match="^DelayedScaling cannot be compiled; use Float8CurrentScaling"):
+            _run_path(case, recipe_cls, path, lead, grads, quantized=True, grad_mode=mode,
+                      model=compiled)
+        return
+    eager = _run_path(case, recipe_cls, path, lead, grads, quantized=True, grad_mode=mode)
+    got = _run_path(case, recipe_cls, path, lead, grads, quantized=True, grad_mode=mode,
+                    model=compiled)
+    assert len(counters["graph_break"]) == 0
+    assert all(torch.equal(a, b) for a, b in zip(got["outs"], eager["outs"]))
+    assert got["requires_grad"] == eager["requires_grad"]
+    for name, g in _grads_of(eager).items():
+        c = _grads_of(got)[name]
+        assert (c is None) if g is None else torch.equal(c, g), name
+
+
+@pytest.mark.parametrize("recipe_cls", list(CONFORMANCE_RECIPES.values()),
+                         ids=list(CONFORMANCE_RECIPES))
+def test_fp8_training_loop_with_inference_steps_and_dtype_cast(recipe_cls):
     torch.manual_seed(0)
     model = te.ops.Sequential(te.ops.LayerNorm(32), te.ops.Linear(32, 64), te.ops.GELU(),
                               te.ops.Linear(64, 32)).bfloat16()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    recipe = te.recipe.Float8CurrentScaling()
+    recipe = recipe_cls()
     losses = []
     for step in range(12):
         x = torch.randn(32, 32, dtype=torch.bfloat16)

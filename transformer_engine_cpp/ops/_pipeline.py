@@ -95,11 +95,20 @@ def pipeline_forward(func_ctx, plan, basic_op_kwargs, arg_layout, *tensors):
         prev_q = next_q = None
         if plan.quantized:
             # a backward_override leaves the backward unquantized: no op hands dx back
-            # quantized
+            # quantized (_quantized.grad_output_quantizer_for, inlined: per-call path)
             if step.prev_idx is not None and plan.backward_override is None:
-                prev_q = basic_ops[step.prev_idx].get_grad_output_quantizer()
+                prev_ctx = ctxs[step.prev_idx]
+                if prev_ctx.requires_grad:
+                    prev_q = basic_ops[step.prev_idx].get_grad_output_quantizer()
+                    if prev_q is not None and not prev_ctx.input_requires_grad:
+                        prev_q = (prev_q.usage_variant(rowwise=False, columnwise=True)
+                                  if prev_q.columnwise_usage else None)
             if step.next_idx is not None:
                 next_q = basic_ops[step.next_idx].get_input_quantizer()
+                # the columnwise copies feed backward GEMMs: none for an op the backward
+                # does not reach (no_grad, inference, nothing before it trained)
+                if next_q is not None and not ctxs[step.next_idx].requires_grad:
+                    next_q = next_q.usage_variant(rowwise=True, columnwise=False)
         x, op_extra_outputs = step.op.fuser_forward(
             ctxs[step.start:step.stop], x,
             basic_op_extra_inputs=op_extra_inputs,

@@ -27,6 +27,19 @@ def emit(y: torch.Tensor, next_op_input_quantizer):
     return y if next_op_input_quantizer is None else next_op_input_quantizer.emit(y)
 
 
+def grad_output_quantizer_for(op, ctx):
+    """The quantizer the op after ``op`` hands ``op``'s dy over with (the backward neighbour
+    protocol), for ``op``'s context ``ctx``: ``op``'s grad-output quantizer with only the copies
+    ``op``'s backward GEMMs read: none where the backward does not reach ``op``, no row-wise
+    copy (the dgrad's) where its input needs no gradient (pipeline_forward inlines this)."""
+    if not ctx.requires_grad:
+        return None
+    q = op.get_grad_output_quantizer()
+    if q is not None and not ctx.input_requires_grad:
+        return q.usage_variant(rowwise=False, columnwise=True) if q.columnwise_usage else None
+    return q
+
+
 def as_high_precision(t):
     """An op that cannot consume a quantized operand dequantizes it (to its nominal dtype).
     (``is_storage`` inlined: this runs on every op's per-call path.)"""

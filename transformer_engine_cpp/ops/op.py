@@ -443,8 +443,15 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
             states = {mode: RecipeState.create(recipe, mode=mode, num_quantizers=n,
                                                roles=self.get_quantizer_roles(mode))
                       for mode, n in (("forward", n_fwd), ("backward", n_bwd)) if n > 0}
-            state = cache[key] = ({"recipe": recipe, **states},
-                                  {mode: st.make_quantizers() for mode, st in states.items()})
+            quantizers = {mode: st.make_quantizers() for mode, st in states.items()}
+            # the one-copy variants of the quantizers a neighbour may emit with (the input's,
+            # the grad-output's), made here, outside any trace: the pipeline and BasicLinear
+            # hand them out where a backward GEMM reads only one of the copies, or none
+            for qs in quantizers.values():
+                if qs and qs[0] is not None:
+                    qs[0].usage_variant(rowwise=True, columnwise=False)
+                    qs[0].usage_variant(rowwise=False, columnwise=True)
+            state = cache[key] = ({"recipe": recipe, **states}, quantizers)
         return state
 
     def backward_override(self) -> Optional[str]:

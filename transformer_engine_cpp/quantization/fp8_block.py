@@ -168,10 +168,12 @@ class Float8BlockQuantizer(Quantizer):
                                              tensor.dtype, tensor.shape, dim == 2, self)
 
     def emit(self, y: torch.Tensor):
-        """Both copies (the consumer's GEMMs need blocks along either dim); any shape."""
-        if y.dim() == 0:
+        """The copies the usages ask for (the consumer's GEMMs need blocks along either dim);
+        any shape (edge blocks are partial)."""
+        if y.dim() == 0 or not (self.rowwise_usage or self.columnwise_usage):
             return y
-        return self.quantize_storage(y, rowwise=True, columnwise=True)
+        return self.quantize_storage(y, rowwise=self.rowwise_usage,
+                                     columnwise=self.columnwise_usage)
 
 
 class Float8BlockScalingRecipeState(RecipeState):

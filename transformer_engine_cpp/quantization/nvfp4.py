@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 
 from ..constants import DType
-from .quantizer import Quantizer
+from .quantizer import Quantizer, emit_fits
 from .tensor import (QuantizedTensor, QuantizedTensorFace, RowColumnStorage, RowColumnTensor,
                      register_row_column_tensor)
 
@@ -119,11 +119,11 @@ class NVFP4Quantizer(Quantizer):
                                   self.with_rht, self)
 
     def emit(self, y: torch.Tensor):
-        """Both copies when both dims fit the 16-element blocks; otherwise ``y`` stays high
-        precision."""
-        if y.dim() >= 1 and y.shape[-1] % BLOCK == 0 \
-                and (y.numel() // max(y.shape[-1], 1)) % BLOCK == 0:
-            return self.quantize_storage(y, rowwise=True, columnwise=True)
+        """The copies the usages ask for when their 16-element blocks fit (the last dim, and
+        the rows too for the columnwise copy); otherwise ``y`` stays high precision."""
+        if emit_fits(y, BLOCK, self.rowwise_usage, self.columnwise_usage):
+            return self.quantize_storage(y, rowwise=self.rowwise_usage,
+                                         columnwise=self.columnwise_usage)
         return y
 
     def __repr__(self):

@@ -15,11 +15,13 @@ its amax (eager only). The public ``quantize(t)`` (and ``__call__``) calls it wi
 quantizer's own usages and returns a ``Float8Tensor`` / ``MXFP8Tensor``, or the bare storage
 when ``internal`` is set; it passes gradients straight through when grad is enabled and not
 ``internal``. ``emit(y)`` is the neighbour protocol (what the quantizer can hand over to the op
-that quantizes its input with it) and ``fake_quantize(t)`` the values an FP8 consumer sees.
+that quantizes its input with it: the copies its usages ask for) and ``fake_quantize(t)`` the
+values an FP8 consumer sees.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Optional
 
@@ -62,6 +64,23 @@ class Quantizer:
             self.rowwise_usage = bool(rowwise)
         if columnwise is not None:
             self.columnwise_usage = bool(columnwise)
+
+    def usage_variant(self, *, rowwise: bool, columnwise: bool) -> "Quantizer":
+        """This quantizer with the usages ``rowwise`` / ``columnwise`` (itself when it has
+        them): a copy sharing its settings, made once and kept, for a consumer to hand a
+        neighbour so that ``emit`` makes only the copies the consumer's GEMMs read (an op keeps
+        the quantizer it was handed in its context, so a later change of usage cannot reach a
+        pending backward)."""
+        if rowwise == self.rowwise_usage and columnwise == self.columnwise_usage:
+            return self
+        variants = self.__dict__.setdefault("_usage_variants", {})
+        variant = variants.get((rowwise, columnwise))
+        if variant is None:
+            variant = copy.copy(self)
+            variant.__dict__.pop("_usage_variants", None)
+            variant.set_usage(rowwise=rowwise, columnwise=columnwise)
+            variants[(rowwise, columnwise)] = variant
+        return variant
 
     def _check_input(self, tensor) -> None:
         if not isinstance(tensor, torch.Tensor):
@@ -113,6 +132,11 @@ class _PerTensorQuantizer(Quantizer):
 
     def emit(self, y: torch.Tensor):
         return self.quantize_storage(y)
+
+    def usage_variant(self, *, rowwise: bool, columnwise: bool) -> "Quantizer":
+        """Itself: its one copy serves both usages (and delayed scaling's amax is recorded
+        in the quantizer's own state)."""
+        return self
 
 
 class Float8CurrentScalingQuantizer(_PerTensorQuantizer):
@@ -203,12 +227,22 @@ class MXFP8Quantizer(Quantizer):
                                   tensor.dtype, tensor.shape, self)
 
     def emit(self, y: torch.Tensor):
-        """Both copies (the consumer's GEMMs need blocks along either dim) when the last dim
-        and the rows are multiples of 32; otherwise ``y`` stays high precision."""
-        if y.dim() >= 1 and y.shape[-1] % 32 == 0 \
-                and (y.numel() // max(y.shape[-1], 1)) % 32 == 0:
-            return self.quantize_storage(y, rowwise=True, columnwise=True)
+        """The copies the usages ask for (the consumer's GEMMs need blocks along either dim)
+        when their blocks fit: the last dim a multiple of 32, and the rows too for the
+        columnwise copy; otherwise ``y`` stays high precision."""
+        if emit_fits(y, 32, self.rowwise_usage, self.columnwise_usage):
+            return self.quantize_storage(y, rowwise=self.rowwise_usage,
+                                         columnwise=self.columnwise_usage)
         return y
+
+
+def emit_fits(y: torch.Tensor, block: int, rowwise: bool, columnwise: bool) -> bool:
+    """Whether a block format's ``emit`` hands ``y`` over with the copies asked for: at least
+    one copy, and blocks of ``block`` elements tiling the last dim and, for the columnwise
+    copy, the rows (the product of the leading dims)."""
+    if y.dim() == 0 or not (rowwise or columnwise) or y.shape[-1] % block:
+        return False
+    return not columnwise or (y.numel() // max(y.shape[-1], 1)) % block == 0
 
 
 def check_mxfp8_shape(who: str, shape, *, rowwise: bool, columnwise: bool) -> None:

@@ -426,11 +426,18 @@ class BasicLinear(BasicOperation):
         return self._neighbour_quantizer(super().get_grad_output_quantizer(),
                                          self._gathers_grad_output)
 
-    @staticmethod
-    def _neighbour_quantizer(q, gathered: bool):
+    def _neighbour_quantizer(self, q, gathered: bool):
         """The quantizer a neighbour may emit with: none for an operand that is gathered in
-        high precision (not per-tensor FP8, see _gather_quantized)."""
-        return None if gathered and not isinstance(q, _PerTensorQuantizer) else q
+        high precision (not per-tensor FP8, see _gather_quantized). The columnwise copies of
+        the input and of dy feed the wgrad alone, so for a frozen weight the neighbour gets the
+        row-wise-only variant of the quantizer (TransformerEngine's usages: rowwise always,
+        columnwise where the weight is trained; the pipeline asks for that variant itself
+        where the backward does not reach the op, e.g. under no_grad)."""
+        if q is None or (gathered and not isinstance(q, _PerTensorQuantizer)):
+            return None
+        if self._parameters["weight"].requires_grad:
+            return q
+        return q.usage_variant(rowwise=True, columnwise=False)
 
     # ---- FP8 -----------------------------------------------------------------------------------
 

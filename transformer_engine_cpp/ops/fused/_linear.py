@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import _quantized
 from ..basic import BasicLinear, Bias
 
 # The forward fusions leave the basic ops' contexts exactly as their unfused forwards would, so
@@ -31,14 +32,16 @@ def quantized_linear(ops, basic_op_ctxs, input_, has_bias: bool, *, extra=None,
     epilogue (``BasicLinear._quantized_forward``: the bias, the second op, and the residual
     ``extra`` scaled by ``alpha`` added in fp32 before the one rounding), its context as the
     unfused BasicLinear leaves it. The bias' backward hands dx to the linear quantized with the
-    linear's grad-output quantizer, as after the unfused Bias (TransformerEngine's)."""
+    linear's grad-output quantizer, as after the unfused Bias (TransformerEngine's), asking for
+    only the copies the linear's backward reads (the pipeline's rule for the unfused Bias)."""
     linear, linear_ctx = ops[0], basic_op_ctxs[0]
     x, w = linear.prepare(linear_ctx, input_)
     b = None
     if has_bias:
         b = ops[1].gemm_bias(basic_op_ctxs[1], linear_ctx.dtype)
         if linear.backward_override() is None:
-            basic_op_ctxs[1].grad_input_quantizer = linear.get_grad_output_quantizer()
+            basic_op_ctxs[1].grad_input_quantizer = _quantized.grad_output_quantizer_for(
+                linear, linear_ctx)
     return linear._quantized_forward(linear_ctx, x, w, bias=b, extra=extra, alpha=alpha)
 
 
