@@ -351,12 +351,13 @@ def test_rht_is_orthogonal_and_changes_blocks():
 
 def _realistic(dtype):
     """A 4096x1024 activation: random normal with a zero row block (zero 16-blocks and 16x16
-    tiles), a lone large value (the tensor amax: small blocks get subnormal E4M3 scales), a
-    row of denormals and denormals among normal values."""
+    tiles), a lone huge value (the tensor amax: the blocks of a band of small rows get
+    subnormal E4M3 scales), a row of denormals and denormals among normal values."""
     g = torch.Generator().manual_seed(16)
     x = torch.randn(4096, 1024, generator=g)
     x[32:48] = 0.0
-    x[1000, 517] = 1e5
+    x[1000, 517] = 1e4
+    x[496:512] *= 0.05
     x[2049] = -1e-40                                     # denormal in fp32 and bf16
     x[3000, ::3] = 1e-39 * torch.randn(342, generator=g)
     return x.to(dtype)
@@ -371,7 +372,8 @@ def test_quantize_at_a_realistic_size(block_2d, dtype):
     x = _realistic(dtype)
     rows = ref_quantize(x, block_2d=block_2d)
     assert (rows[1][32:48] == 0).all() and (rows[1] == 0).float().mean() < 0.01
-    assert ((rows[1] & 0x78) == 0).any()  # subnormal E4M3 scales
+    subnormal = ((rows[1] & 0x78) == 0) & ((rows[1] & 0x07) != 0)  # E4M3 scale bytes
+    assert subnormal[496:512].float().mean() > 0.9 and subnormal.float().mean() < 0.01
     for rht in (False, True):
         st = NVFP4Quantizer(with_rht=rht, with_2d_quantization=block_2d).quantize_storage(
             x, rowwise=True, columnwise=True)
