@@ -670,6 +670,7 @@ def test_a_realistic_step_under_a_recipe(recipe_name):
     em = make_emulation(recipe)
     splits = REALISTIC_SPLITS[recipe_name]
     assert sum(splits) == 4096 and splits.count(0) == 1
+    assert all(n % ALIGNMENT.get(recipe_name, 1) == 0 for n in splits)
     torch.manual_seed(0)
     op = te.ops.GroupedLinear(8, 1024, 1024, dtype=torch.bfloat16)
 
