@@ -151,6 +151,46 @@ def test_quantize_matches_the_emulation(shape, block_dim, dtype):
                 torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 
 
+def _realistic(dtype):
+    """A 4096x1024 activation: random normal with adversarial rows: a zero row block (zero
+    1x128 blocks and 128x128 tiles), a lone huge value, a row of denormals (all-denormal
+    blocks, whose scale overflows to +inf) and denormals among normal values."""
+    g = torch.Generator().manual_seed(16)
+    x = torch.randn(4096, 1024, generator=g)
+    x[128:256] = 0.0
+    x[1000, 517] = 3e38                                  # finite in fp32 and bf16
+    x[2049] = -1e-40                                     # denormal in fp32 and bf16
+    x[3000, ::3] = 1e-39 * torch.randn(342, generator=g)
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("block_dim", [1, 2])
+def test_quantize_at_a_realistic_size(block_dim, dtype):
+    """4096x1024 through the quantizer (the op on x, and for the columnwise copy on its
+    transpose, or the rowwise copy transposed for 128x128 tiles): both copies' bytes and scales
+    bit for bit against the emulation, power-of-two scales on and off, and the dequantize op
+    equal to the emulation's."""
+    x = _realistic(dtype)
+    xt = x.t().contiguous()
+    for fmt, pow2 in ((E4M3, True), (E4M3, False), (E5M2, False)):
+        s = Float8BlockQuantizer(fmt, rowwise=True, columnwise=True, block_scaling_dim=block_dim,
+                                 force_pow_2_scales=pow2).quantize_storage(x, columnwise=True)
+        for copy_, src, data, scale_inv in (
+                ("rowwise", x, s._rowwise_data, s._rowwise_scale_inv),
+                ("columnwise", xt, s._columnwise_data, s._columnwise_scale_inv)):
+            what = f"{copy_} {fmt} pow2={pow2}"
+            rd, rs = ref_block_quantize(src, fmt, block_dim, pow2)
+            assert torch.equal(scale_inv, rs), what
+            assert torch.equal(data, rd), what
+            if copy_ == "rowwise" and block_dim == 1:  # the special blocks are there
+                assert (rs[128] == 1).all() and (rs[2049] <= 2.0 ** -126).all(), what
+            for out in (torch.float32, dtype):
+                got = ops.fp8_block_dequantize(data, scale_inv, fmt, block_dim, out)
+                want = ref_block_dequantize(rd, rs, fmt, block_dim, out)
+                assert torch.equal(got, want), f"{what} dequantized to {out}"
+
+
 @pytest.mark.parametrize("out", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("block_dim", [1, 2])
 def test_dequantize_every_byte_and_edge_scales(block_dim, out):

@@ -641,26 +641,60 @@ def test_fused_grouped_mlp_under_a_recipe_equals_the_unfused_ops(recipe_name):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_a_realistic_step_under_current_scaling():
+#: 8 experts' splits of 4096 rows, one expert empty: multiples of the blocks down the rows where
+#: the recipe's columnwise copies need them (MXFP8 32, NVFP4 16), ragged for Float8BlockScaling
+#: (partial 1x128 blocks and 128x128 tiles at each group's end)
+REALISTIC_SPLITS = {
+    "current": [512, 1024, 0, 256, 768, 512, 640, 384],
+    "mxfp8": [512, 992, 0, 288, 768, 512, 640, 384],
+    "block": [500, 1037, 0, 260, 771, 515, 630, 383],
+    "nvfp4": [512, 1008, 0, 272, 768, 512, 640, 384],
+}
+
+
+@pytest.mark.parametrize("recipe_name", list(REALISTIC_SPLITS))
+def test_a_realistic_step_under_a_recipe(recipe_name):
     """8 experts, 4096 rows (uneven, one expert empty), 1024 -> 1024, bf16: forward, dgrad and
-    wgrad against the per-group float64 emulation."""
-    splits = [512, 1024, 0, 256, 768, 512, 640, 384]
+    wgrad against the per-group float64 emulation of the recipe (its RECIPES entry: NVFP4 with
+    stochastic rounding off, which the emulation cannot draw; the random Hadamard transform on
+    the wgrad operands and 16x16 weight tiles on).
+
+    x, dy and the weights span 8 binades, so that the block layout matters under power-of-two
+    block scales (Float8BlockScaling's default, MXFP8's E8M0): a block's small values fall
+    into E4M3's subnormals, which the same values in the other copy's blocks may not; with
+    plain normal values a wgrad on the rowwise copies would pass. (Over 16 binades the GEMMs'
+    fp32 accumulation under cancellation exceeds the bf16 tolerance for every recipe, current
+    scaling included, while staying within its error bound.)"""
+    make_recipe, make_emulation, _ = RECIPES[recipe_name]
+    recipe = make_recipe()
+    em = make_emulation(recipe)
+    splits = REALISTIC_SPLITS[recipe_name]
+    assert sum(splits) == 4096 and splits.count(0) == 1
+    assert all(n % ALIGNMENT.get(recipe_name, 1) == 0 for n in splits)
     torch.manual_seed(0)
     op = te.ops.GroupedLinear(8, 1024, 1024, dtype=torch.bfloat16)
-    x = torch.randn(4096, 1024).to(torch.bfloat16).requires_grad_()
-    dy = (torch.randn(4096, 1024) * 0.03).to(torch.bfloat16)  # a gradient's magnitude
-    with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+
+    def binades(*shape):
+        return torch.exp2(torch.randint(-4, 4, shape).float())
+
+    with torch.no_grad():
+        for w in op.weights():
+            w.mul_(binades(1024, 1024))
+    x = (torch.randn(4096, 1024) * binades(4096, 1024)).to(torch.bfloat16).requires_grad_()
+    dy = (torch.randn(4096, 1024) * 0.03 * binades(4096, 1024)).to(torch.bfloat16)
+    with te.autocast(recipe=recipe):
         y = op(x, torch.tensor(splits))
     y.backward(dy)
     t = tols(torch.bfloat16)
-    fq = lambda fmt: (lambda v, _: fq_current(v, fmt))  # noqa: E731
-    xq, dyq = _per_group(x.detach(), splits, fq(E4M3)), _per_group(dy, splits, fq(E5M2))
+    xd = x.detach()
+    xr, xc = (_per_group(xd, splits, lambda v, _: f(v)) for f in (em.x_rows, em.x_cols))
+    dyr, dyc = (_per_group(dy, splits, lambda v, _: f(v)) for f in (em.dy_rows, em.dy_cols))
     for g, (r0, r1) in enumerate(_groups(splits)):
         w = op.weights()[g]
-        wq = fq_current(w.detach(), E4M3)
-        torch.testing.assert_close(y[r0:r1].double(), xq[r0:r1] @ wq.t(), **t)
-        torch.testing.assert_close(x.grad[r0:r1].double(), dyq[r0:r1] @ wq, **t)
-        torch.testing.assert_close(w.grad.double(), dyq[r0:r1].t() @ xq[r0:r1], **t)
+        wd = w.detach()
+        torch.testing.assert_close(y[r0:r1].double(), xr[r0:r1] @ em.w_rows(wd).t(), **t)
+        torch.testing.assert_close(x.grad[r0:r1].double(), dyr[r0:r1] @ em.w_cols(wd), **t)
+        torch.testing.assert_close(w.grad.double(), dyc[r0:r1].t() @ xc[r0:r1], **t)
 
 
 @pytest.mark.parametrize("recipe_name", ["block", "nvfp4"])

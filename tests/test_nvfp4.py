@@ -349,6 +349,46 @@ def test_rht_is_orthogonal_and_changes_blocks():
                                .reshape(8, 64), rtol=1e-6, atol=1e-6)
 
 
+def _realistic(dtype):
+    """A 4096x1024 activation: random normal with a zero row block (zero 16-blocks and 16x16
+    tiles), a lone huge value (the tensor amax: the blocks of a band of small rows get
+    subnormal E4M3 scales), a row of denormals and denormals among normal values."""
+    g = torch.Generator().manual_seed(16)
+    x = torch.randn(4096, 1024, generator=g)
+    x[32:48] = 0.0
+    x[1000, 517] = 1e4
+    x[496:512] *= 0.05
+    x[2049] = -1e-40                                     # denormal in fp32 and bf16
+    x[3000, ::3] = 1e-39 * torch.randn(342, generator=g)
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("block_2d", [False, True], ids=["1d", "2d"])
+def test_quantize_at_a_realistic_size(block_2d, dtype):
+    """4096x1024 through the quantizer, with and without the random Hadamard transform on the
+    columnwise copy: both copies' bytes, scales and amaxes bit for bit against the emulation
+    (the columnwise one on the transpose), and the dequantize op equal to the emulation's."""
+    x = _realistic(dtype)
+    rows = ref_quantize(x, block_2d=block_2d)
+    assert (rows[1][32:48] == 0).all() and (rows[1] == 0).float().mean() < 0.01
+    subnormal = ((rows[1] & 0x78) == 0) & ((rows[1] & 0x07) != 0)  # E4M3 scale bytes
+    assert subnormal[496:512].float().mean() > 0.9 and subnormal.float().mean() < 0.01
+    for rht in (False, True):
+        st = NVFP4Quantizer(with_rht=rht, with_2d_quantization=block_2d).quantize_storage(
+            x, rowwise=True, columnwise=True)
+        cols = ref_quantize(x.t().contiguous(), rht, block_2d)
+        names = ("data", "scales", "amax")
+        for copy_, got, want, rht_ in (("rowwise", st.buffers()[:3], rows, False),
+                                       ("columnwise", st.buffers()[3:], cols, rht)):
+            for name, a, b in zip(names, got, want):
+                assert bits_equal(a, b), f"{copy_} {name} rht={rht}"
+            ref = ref_dequantize(*want, rht=rht_)  # fp32, rounded once to the output dtype
+            for out in (F32, torch.bfloat16):
+                assert bits_equal(ops.nvfp4_dequantize(*got, rht_, out), ref.to(out)), \
+                    f"{copy_} rht={rht} dequantized to {out}"
+
+
 # ---- stochastic rounding ---------------------------------------------------------------------
 
 
@@ -364,6 +404,34 @@ def test_stochastic_rounding_bits_and_reproducible():
     a = ops.nvfp4_quantize(x, False, False, seed)[0]
     assert torch.equal(a, ops.nvfp4_quantize(x, False, False, seed)[0])
     assert not torch.equal(a, ops.nvfp4_quantize(x, False, False, seed + 1)[0])
+
+
+def test_stochastic_rounding_at_a_realistic_size():
+    """4096x1024 bf16 through the recipe's gradient quantizer (stochastic rounding, the random
+    Hadamard transform on the columnwise copy): the same torch seed gives the same bytes, another
+    seed other bytes in both copies, with the scales and amaxes of round to nearest (only the
+    codes are drawn), each code of the nearest one's sign and at most one grid step from it.
+    (Bit for bit against the emulation's Philox draws, and unbiasedness over many draws: the
+    small-size tests above and below.)"""
+    x = _realistic(torch.bfloat16)
+    q = NVFP4Quantizer(with_rht=True, stochastic_rounding=True)
+
+    def draw(seed):
+        torch.manual_seed(seed)
+        return q.quantize_storage(x, rowwise=True, columnwise=True).buffers()
+
+    a, b, c = draw(5), draw(5), draw(6)
+    rne = NVFP4Quantizer(with_rht=True).quantize_storage(x, rowwise=True,
+                                                         columnwise=True).buffers()
+    assert all(torch.equal(u, v) for u, v in zip(a, b))
+    for i in (1, 2, 4, 5):  # scales and amaxes
+        assert torch.equal(a[i], rne[i]) and torch.equal(c[i], rne[i])
+    for i in (0, 3):  # data: each copy's codes differ between the seeds in a good fraction
+        codes_a, codes_c, codes_rne = _codes(a[i]), _codes(c[i]), _codes(rne[i])
+        assert (codes_a != codes_c).float().mean() > 0.1
+        for codes in (codes_a, codes_c):
+            step = ((codes & 7).int() - (codes_rne & 7).int()).abs()
+            assert (step <= 1).all() and torch.equal(codes & 8, codes_rne & 8)
 
 
 def test_stochastic_rounding_is_unbiased():
