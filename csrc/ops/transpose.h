@@ -20,6 +20,18 @@ struct Transpose2dArgs {
 };
 TE_DECLARE_STUB(transpose_2d_stub, void(const Transpose2dArgs&));
 
+// Calls f(E{}) with E the unsigned integer type of elem_size bytes (1, 2, 4 or 8, the sizes
+// Transpose2d::check admits): the backends' kernels move elements as those integers.
+template <typename Fn>
+decltype(auto) visit_elem_type(int64_t elem_size, const Fn& f) {
+  switch (elem_size) {
+    case 1: return f(uint8_t{});
+    case 2: return f(uint16_t{});
+    case 4: return f(uint32_t{});
+    default: return f(uint64_t{});
+  }
+}
+
 // transpose_2d(x) -> x.t().contiguous(): x 2-D, of any dtype of 1, 2, 4 or 8 bytes per
 // element.
 struct Transpose2d {

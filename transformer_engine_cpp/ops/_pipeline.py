@@ -21,7 +21,7 @@ from torch.autograd.function import once_differentiable
 
 from . import _torch_shim
 from ._common import shares_storage, storage_address
-from ._quantized import public
+from ._quantized import grad_output_quantizer_for, public
 from ..quantization.tensor import QuantizedTensorStorage
 
 _new_object = object.__new__
@@ -95,14 +95,10 @@ def pipeline_forward(func_ctx, plan, basic_op_kwargs, arg_layout, *tensors):
         prev_q = next_q = None
         if plan.quantized:
             # a backward_override leaves the backward unquantized: no op hands dx back
-            # quantized (_quantized.grad_output_quantizer_for, inlined: per-call path)
+            # quantized
             if step.prev_idx is not None and plan.backward_override is None:
-                prev_ctx = ctxs[step.prev_idx]
-                if prev_ctx.requires_grad:
-                    prev_q = basic_ops[step.prev_idx].get_grad_output_quantizer()
-                    if prev_q is not None and not prev_ctx.input_requires_grad:
-                        prev_q = (prev_q.usage_variant(rowwise=False, columnwise=True)
-                                  if prev_q.columnwise_usage else None)
+                prev_q = grad_output_quantizer_for(basic_ops[step.prev_idx],
+                                                   ctxs[step.prev_idx])
             if step.next_idx is not None:
                 next_q = basic_ops[step.next_idx].get_input_quantizer()
                 # the columnwise copies feed backward GEMMs: none for an op the backward

@@ -31,7 +31,8 @@ def grad_output_quantizer_for(op, ctx):
     """The quantizer the op after ``op`` hands ``op``'s dy over with (the backward neighbour
     protocol), for ``op``'s context ``ctx``: ``op``'s grad-output quantizer with only the copies
     ``op``'s backward GEMMs read: none where the backward does not reach ``op``, no row-wise
-    copy (the dgrad's) where its input needs no gradient (pipeline_forward inlines this)."""
+    copy (the dgrad's) where its input needs no gradient (pipeline_forward and the fused
+    linear forwards hand dy over with it)."""
     if not ctx.requires_grad:
         return None
     q = op.get_grad_output_quantizer()

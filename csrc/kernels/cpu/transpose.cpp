@@ -138,12 +138,7 @@ void transpose_2d_cpu(const Transpose2dArgs& a) {
     std::memcpy(a.out, a.x, static_cast<size_t>(a.rows * a.cols * a.elem_size));
     return;
   }
-  switch (a.elem_size) {
-    case 1: return transpose_typed<uint8_t>(a);
-    case 2: return transpose_typed<uint16_t>(a);
-    case 4: return transpose_typed<uint32_t>(a);
-    default: return transpose_typed<uint64_t>(a);
-  }
+  visit_elem_type(a.elem_size, [&](auto e) { transpose_typed<decltype(e)>(a); });
 }
 
 }  // namespace

@@ -48,12 +48,7 @@ void launch(const Transpose2dArgs& a) {
 }
 
 void transpose_2d_cuda(const Transpose2dArgs& a) {
-  switch (a.elem_size) {
-    case 1: return launch<uint8_t>(a);
-    case 2: return launch<uint16_t>(a);
-    case 4: return launch<uint32_t>(a);
-    default: return launch<uint64_t>(a);
-  }
+  visit_elem_type(a.elem_size, [&](auto e) { launch<decltype(e)>(a); });
 }
 
 }  // namespace
