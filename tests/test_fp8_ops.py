@@ -716,6 +716,71 @@ def test_fp8_training_loop_with_inference_steps_and_dtype_cast(recipe_cls):
     assert losses[-1] < losses[0]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("recipe_cls", list(CONFORMANCE_RECIPES.values()),
+                         ids=list(CONFORMANCE_RECIPES))
+def test_linear_edge_inputs_under_a_recipe(recipe_cls, dtype):
+    """LayerNorm -> Linear -> GELU -> Linear under each recipe: a non-contiguous input gives the
+    contiguous copy's output and gradients bit for bit, eager and compiled (DelayedScaling:
+    eager only, compile refuses it); no tokens at all (the wgrad GEMMs reduce over none) give
+    empty outputs and zero parameter gradients. Each run starts from the same model state
+    (DelayedScaling updates its scales after a call) and the same seed (NVFP4's stochastic
+    rounding draws from torch's generator). NVFP4 runs without stochastic rounding here: its
+    seeds differ under inductor (test_nvfp4_stochastic_rounding_compiled_equals_eager)."""
+    torch.manual_seed(0)
+    model = te.ops.Sequential(te.ops.LayerNorm(64), te.ops.Linear(64, 32), te.ops.GELU(),
+                              te.ops.Linear(32, 64)).to(dtype)
+    base = torch.randn(64, 64).to(dtype)
+    dy = torch.randn(64, 64).to(dtype)
+    compiled = recipe_cls is not te.recipe.DelayedScaling
+    make_recipe = recipe_cls
+    if recipe_cls is te.recipe.NVFP4BlockScaling:
+        def make_recipe():
+            return te.recipe.NVFP4BlockScaling(disable_stochastic_rounding=True)
+    results = []
+    for x in (base.t(), base.t().contiguous()) * (2 if compiled else 1):
+        m = copy.deepcopy(model)
+        run = torch.compile(m, fullgraph=True) if len(results) >= 2 else m
+        x = x.detach().requires_grad_()
+        torch.manual_seed(1)
+        with te.autocast(recipe=make_recipe()):
+            y = run(x)
+        y.backward(dy)
+        results.append([y.detach(), x.grad, *[p.grad for p in m.parameters()]])
+    for got in results[1:]:
+        for a, b in zip(got, results[0]):
+            assert torch.equal(a, b)
+    x0 = torch.randn(0, 64, dtype=dtype, requires_grad=True)
+    model.zero_grad(set_to_none=True)
+    with te.autocast(recipe=recipe_cls()):
+        y0 = model(x0)
+    y0.sum().backward()
+    assert y0.shape == (0, 64) and x0.grad.shape == (0, 64)
+    assert all(torch.count_nonzero(p.grad) == 0 for p in model.parameters())
+
+
+@pytest.mark.xfail(strict=True, reason="the stochastic-rounding seeds come from torch.randint "
+                   "in the graph, which inductor draws with its own generator, not eager's")
+def test_nvfp4_stochastic_rounding_compiled_equals_eager():
+    """NVFP4BlockScaling's default recipe (stochastic rounding of the gradients) compiled with
+    inductor gives eager's gradients bit for bit from the same seed. Known to fail today: the
+    seeds are drawn inside the graph (see the xfail reason); with aot_eager they match
+    (test_gemm_case_path_compiled_equals_eager)."""
+    torch.manual_seed(0)
+    model = te.ops.Sequential(te.ops.Linear(64, 32), te.ops.GELU(), te.ops.Linear(32, 64))
+    x0, dy = torch.randn(64, 64), torch.randn(64, 64)
+    grads = []
+    for compiled in (False, True):
+        m = copy.deepcopy(model)
+        run = torch.compile(m, fullgraph=True) if compiled else m
+        x = x0.clone().requires_grad_()
+        torch.manual_seed(1)
+        with te.autocast(recipe=te.recipe.NVFP4BlockScaling()):
+            run(x).backward(dy)
+        grads.append([x.grad, *[p.grad for p in m.parameters()]])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
 def test_checkpoint_round_trip_with_delayed_scaling_state():
     import io
 

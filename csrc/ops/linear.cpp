@@ -530,7 +530,8 @@ Tensor mxfp8_gemm(const Tensor& a_in, const Tensor& a_scale, at::ScalarType a_fp
   Tensor d = Fp8Gemm::allocate(a_in, b_in, out_dtype);
   if (d.numel() == 0) return d;
   const int64_t k = b_in.size(1), n = b_in.size(0);
-  const Tensor a = mxfp8_operand(a_in, a_scale, a_fp8).reshape({-1, k});
+  // rows given explicitly: with k = 0 (a wgrad over no tokens) -1 would be ambiguous
+  const Tensor a = mxfp8_operand(a_in, a_scale, a_fp8).reshape({leading_rows(a_in), k});
   const Tensor b = mxfp8_operand(b_in, b_scale, b_fp8);
   Tensor d2 = d.view({-1, n});
   if (out_dtype == at::kFloat) {
