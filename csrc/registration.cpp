@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ops/activation_table.h"
@@ -17,11 +18,14 @@ namespace {
 // Defines the op of `schema` (with the pt2_compliant_tag) and registers the Autograd
 // fallthrough for it, so that no op can be defined without one: the Autograd key falls
 // through to the backend kernel and outputs carry no grad_fn.
-void define(torch::Library& m, const std::string& schema) {
-  static const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
+// `extra_tags` adds to it (nondeterministic_seeded for an op that draws from torch's generator).
+void define(torch::Library& m, const std::string& schema,
+            const std::vector<at::Tag>& extra_tags = {}) {
+  std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
+  tags.insert(tags.end(), extra_tags.begin(), extra_tags.end());
   c10::FunctionSchema parsed = torch::schema(schema.c_str());
   const std::string name = parsed.name();
-  m.def(std::move(parsed), tags);
+  m.def(std::move(parsed), std::as_const(tags));
   m.impl(name.c_str(), torch::dispatch(c10::DispatchKey::Autograd,
                                        torch::CppFunction::makeFallthrough()));
 }
@@ -224,6 +228,14 @@ TORCH_LIBRARY(te_cpp, m) {
   // and CSE'd like any other op under torch.compile (docs/ops.md, Dropout).
   define(m, "dropout_fwd(Tensor x, Tensor seed, float p) -> (Tensor, Tensor)");
   define(m, "dropout_bwd(Tensor dy, Tensor mask, float p) -> Tensor");
+
+  // ---- Random seeds of the stochastic ops (Dropout's mask, NVFP4's stochastic rounding) ----
+  // n int64 seeds, uniform in [0, 2^62), drawn by torch's default generator of like's device
+  // (like's values are not read), exactly as torch.randint(0, 2**62, (n,)) draws them. As an
+  // opaque op tagged nondeterministic_seeded it draws from that same generator under
+  // torch.compile too (inductor would lower an in-graph torch.randint to its own generator),
+  // and is neither CSE'd nor recomputed in the backward.
+  define(m, "random_seeds(Tensor like, int n) -> Tensor", {at::Tag::nondeterministic_seeded});
 
   // ---- Quantize: FP8 as plain buffers, the format named by its torch dtype (fp8_dtype:
   // float8_e4m3fn or float8_e5m2; docs/quantization.md) ---------------------------------------

@@ -45,7 +45,7 @@ CUDA_OPS = {
     ],
     "nvfp4": ["nvfp4_quantize", "nvfp4_dequantize"],
     "fp8_block": ["fp8_block_quantize", "fp8_block_dequantize"],
-    "dropout": ["dropout_fwd", "dropout_bwd"],
+    "dropout": ["dropout_fwd", "dropout_bwd", "random_seeds"],
     "transpose": ["transpose_2d"],
     "linear": [
         "linear_fwd", "linear_bias_act_fwd", "linear_fwd_add", "linear_fwd_add_inplace",

@@ -938,12 +938,24 @@ def _samples_transpose_2d(dtype):
     return _with_non_contiguous(out)
 
 
+def _samples_random_seeds(dtype):
+    """te_cpp.random_seeds (its draws, eager against compiled, in tests/test_random_seeds.py):
+    ``like`` only names the device, so its dtype, shape (zero size included) and strides vary;
+    no seeds, one, several."""
+    like = _rand(4, 6, dtype=dtype)
+    out = [(te_ops.random_seeds, (like, n)) for n in (0, 1, 3)]
+    out.append((te_ops.random_seeds, (_rand(0, 6, dtype=dtype), 2)))
+    out.append((te_ops.random_seeds, (torch.empty(3, 0, dtype=torch.uint8), 1)))
+    return _with_non_contiguous(out)
+
+
 STANDALONE_OPCHECK_SAMPLES = {"quantize": _samples_quantize, "fp8_gemm": _samples_fp8_gemm,
                               "fp8_amax": _samples_fp8_amax,
                               "fp8_current_scale": _samples_fp8_current_scale,
                               "grouped": _samples_grouped, "nvfp4": _samples_nvfp4,
                               "fp8_block": _samples_fp8_block,
-                              "transpose_2d": _samples_transpose_2d}
+                              "transpose_2d": _samples_transpose_2d,
+                              "random_seeds": _samples_random_seeds}
 
 #: Custom ops whose tensor arguments always have exactly one element, so no zero-size and no
 #: non-contiguous sample of them exists (a tensor of one element is contiguous whatever its

@@ -216,3 +216,23 @@ def check_quantized_weights_compile_checkpoint_cast(model, make, recipe, x, tmp_
     assert torch.equal(weight_of(restored).dequantize(), weight_of(model).dequantize())
     model.bfloat16()
     assert isinstance(weight_of(model), cls) and weight_of(model).dtype == torch.bfloat16
+
+
+def draws_from_generator(op) -> bool:
+    """Whether a custom op draws from torch's generator (tagged nondeterministic_seeded): two
+    calls give different values unless torch.manual_seed comes before each."""
+    overload = op.default if isinstance(op, torch._ops.OpOverloadPacket) else op
+    return torch.Tag.nondeterministic_seeded in overload.tags
+
+
+def opcheck_sample(op, args):
+    """torch.library.opcheck of one sample. An op that draws from torch's generator skips
+    test_aot_dispatch_dynamic, which compares the values of two draws; tests/
+    test_random_seeds.py compares its compiled draws with eager's after the same seed."""
+    from torch.library import opcheck
+
+    if draws_from_generator(op):
+        return opcheck(op, args, test_utils=("test_schema", "test_autograd_registration",
+                                             "test_faketensor"))
+    return opcheck(op, args)
+

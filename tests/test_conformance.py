@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch._dynamo.testing import AotEagerAndRecordGraphs
 from torch._dynamo.utils import counters
-from torch.library import opcheck
 
 from transformer_engine_cpp.ops.basic import ACTIVATIONS
 
@@ -20,7 +19,8 @@ from cases import (CASE_IDS, CONTIGUOUS_ARGUMENTS, ONE_ELEMENT_OPS, OP_CASES,
                    STANDALONE_OPCHECK_SAMPLES, _is_non_contiguous_sample, _is_zero_size_sample,
                    _non_contiguous, _op_name)
 from harness import (DEVICES, LAYOUTS, as_tuple, build, clone_leaf, copy_nodes, eager_run,
-                     inputs_for, random_grads_like, reference_run, skip_missing_cuda_kernel, to_device)
+                     inputs_for, opcheck_sample, random_grads_like, reference_run, skip_missing_cuda_kernel,
+                     to_device)
 from tolerances import COMPILED_VS_EAGER, tols
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -49,7 +49,7 @@ def _opcheck_cases() -> list:
 def test_opcheck(case, dtype, device):
     with skip_missing_cuda_kernel():
         for op, args in case.opcheck_samples(dtype):
-            opcheck(op, to_device(args, device))
+            opcheck_sample(op, to_device(args, device))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -58,7 +58,7 @@ def test_opcheck(case, dtype, device):
 def test_opcheck_standalone(family, dtype, device):
     with skip_missing_cuda_kernel():
         for op, args in STANDALONE_OPCHECK_SAMPLES[family](dtype):
-            opcheck(op, to_device(args, device))
+            opcheck_sample(op, to_device(args, device))
 
 
 def _all_opcheck_samples(dtype=torch.float32) -> list:

@@ -759,13 +759,11 @@ def test_linear_edge_inputs_under_a_recipe(recipe_cls, dtype):
     assert all(torch.count_nonzero(p.grad) == 0 for p in model.parameters())
 
 
-@pytest.mark.xfail(strict=True, reason="the stochastic-rounding seeds come from torch.randint "
-                   "in the graph, which inductor draws with its own generator, not eager's")
 def test_nvfp4_stochastic_rounding_compiled_equals_eager():
     """NVFP4BlockScaling's default recipe (stochastic rounding of the gradients) compiled with
-    inductor gives eager's gradients bit for bit from the same seed. Known to fail today: the
-    seeds are drawn inside the graph (see the xfail reason); with aot_eager they match
-    (test_gemm_case_path_compiled_equals_eager)."""
+    inductor gives eager's gradients bit for bit from the same seed: the seeds come from
+    te_cpp.random_seeds, which draws from torch's generator in the compiled graph too (an
+    in-graph torch.randint would be lowered to inductor's own generator)."""
     torch.manual_seed(0)
     model = te.ops.Sequential(te.ops.Linear(64, 32), te.ops.GELU(), te.ops.Linear(32, 64))
     x0, dy = torch.randn(64, 64), torch.randn(64, 64)

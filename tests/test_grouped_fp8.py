@@ -8,6 +8,7 @@ rules of MXFP8 and NVFP4; the quantizer roles of every group; quantized weights
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -457,6 +458,27 @@ COMPILED_OPS = {
     "nvfp4": ("grouped_nvfp4_quantize", "grouped_linear_fwd"),
     "nvfp4_sr": ("grouped_nvfp4_quantize", "grouped_linear_fwd"),
 }
+
+
+@pytest.mark.slow
+def test_stochastic_rounding_compiled_with_inductor_equals_eager():
+    """NVFP4BlockScaling's stochastic rounding of the grouped gradients: inductor draws the
+    per-group seeds (te_cpp.random_seeds) from torch's generator as eager does, one draw per
+    quantization, so the gradients are eager's bit for bit."""
+    torch.manual_seed(0)
+    model = te.ops.Sequential(te.ops.GroupedLinear(4, 32, 64), te.ops.GELU())
+    splits = torch.tensor([64, 0, 32, 32])
+    x0, dy = torch.randn(128, 32), torch.randn(128, 64)
+    grads = []
+    for compiled in (False, True):
+        m = copy.deepcopy(model)
+        run = torch.compile(m, fullgraph=True) if compiled else m
+        x = x0.clone().requires_grad_()
+        torch.manual_seed(1)
+        with te.autocast(recipe=te.recipe.NVFP4BlockScaling()):
+            run(x, splits).backward(dy)
+        grads.append([x.grad, *[p.grad for p in m.parameters()]])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
 @pytest.mark.parametrize("recipe_name", list(COMPILED_OPS))

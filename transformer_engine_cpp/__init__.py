@@ -5,9 +5,15 @@ custom ops. CPU kernels today; the build has a CUDA path for the CUDA kernels to
     model = te.ops.Sequential(te.ops.Bias(64), te.ops.GELU())
 """
 
-import torch  # noqa: F401  (loads libtorch before the extension)
+import torch  # loads libtorch before the extension
 
 from . import _C  # noqa: F401  (registers torch.ops.te_cpp.*)
+
+# te_cpp.random_seeds draws from torch's generator: an ordered effect, so that torch.compile
+# keeps every draw, in program order (AOTAutograd's CSE looks at its own list of random ops,
+# not at the op's nondeterministic_seeded tag, and would merge two draws of equal arguments).
+torch.library._register_effectful_op(torch.ops.te_cpp.random_seeds.default,
+                                     torch.library.EffectType.ORDERED)
 from . import ops
 from . import recipe, tensor
 from . import common  # transformer_engine.common.recipe's path

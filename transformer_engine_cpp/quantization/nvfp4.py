@@ -15,7 +15,8 @@ its last dim. Options, as TransformerEngine's quantizer:
   (TransformerEngine's fixed sign vector), its amax taken after the transform; the columnwise
   dequantization maps it back, so every GEMM here sees the tensor's own values;
 * ``stochastic_rounding``: each quantization draws a seed from torch's generator
-  (``torch.randint``), and the E2M1 rounding is stochastic, keyed by (seed, element index).
+  (``te_cpp.random_seeds``, the same draws eager and compiled), and the E2M1 rounding is
+  stochastic, keyed by (seed, element index).
 
 The custom ops are ``te_cpp.nvfp4_quantize`` / ``te_cpp.nvfp4_dequantize`` (ops/nvfp4.h).
 """
@@ -37,10 +38,10 @@ __all__ = ["NVFP4Quantizer", "NVFP4TensorStorage", "NVFP4Tensor"]
 _nvfp4_quantize = torch.ops.te_cpp.nvfp4_quantize.default
 _nvfp4_dequantize = torch.ops.te_cpp.nvfp4_dequantize.default
 _transpose_2d = torch.ops.te_cpp.transpose_2d.default
+_random_seeds = torch.ops.te_cpp.random_seeds.default
 
 #: the FP4 format name (TransformerEngine's DType.kFloat4E2M1): torch's packed E2M1 dtype
 FP4_DTYPE = torch.float4_e2m1fn_x2
-_SEED_HIGH = 2**62
 BLOCK = 16
 
 
@@ -95,26 +96,28 @@ class NVFP4Quantizer(Quantizer):
         self.stochastic_rounding = bool(stochastic_rounding)
         self.with_random_sign_mask = True
 
-    def _seed(self, tensor: torch.Tensor, shape: tuple = ()):
-        """A stochastic-rounding seed (``shape`` of them: one per group of a grouped
-        quantization) drawn from torch's generator, or None without stochastic rounding."""
+    def seeds(self, tensor: torch.Tensor, n: int):
+        """``n`` stochastic-rounding seeds for the quantizations of ``tensor`` (int64, drawn by
+        torch's generator for its device through ``te_cpp.random_seeds``, one call for all of
+        them), or None without stochastic rounding."""
         if not self.stochastic_rounding:
             return None
-        return torch.randint(0, _SEED_HIGH, shape, dtype=torch.int64, device=tensor.device)
+        return _random_seeds(tensor, n)
 
     def quantize_storage(self, tensor, *, rowwise=True, columnwise=False, op=None):
         who = op or "NVFP4BlockScaling"
         if not (rowwise or columnwise):
             raise ValueError(f"{who}: neither rowwise nor columnwise usage is set")
         check_nvfp4_shape(who, tensor.shape, rowwise=rowwise, columnwise=columnwise)
+        seeds = self.seeds(tensor, int(rowwise) + int(columnwise))
         rd = rs = ra = cd = cs = ca = None
         if rowwise:
             rd, rs, ra = _nvfp4_quantize(tensor, False, self.with_2d_quantization,
-                                         self._seed(tensor))
+                                         None if seeds is None else seeds[0])
         if columnwise:
             xt = _transpose_2d(tensor.reshape(-1, tensor.shape[-1]))
             cd, cs, ca = _nvfp4_quantize(xt, self.with_rht, self.with_2d_quantization,
-                                         self._seed(tensor))
+                                         None if seeds is None else seeds[-1])
         return NVFP4TensorStorage(rd, rs, ra, cd, cs, ca, tensor.dtype, tensor.shape,
                                   self.with_rht, self)
 

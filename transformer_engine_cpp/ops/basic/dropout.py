@@ -9,9 +9,6 @@ import torch
 
 from ..op import BasicOperation, OperationContext
 
-# Seeds are drawn uniformly from [0, 2^62): plenty of keys for the Philox mask generator, and
-# a range every backend's randint lowering handles.
-_SEED_HIGH = 2**62
 
 
 @dataclasses.dataclass
@@ -26,17 +23,17 @@ class Dropout(BasicOperation):
     """Randomly zeroes elements during training.
 
     Training (``self.training`` and ``p > 0``): the op draws a fresh int64 ``seed`` from torch's
-    random number generator for ``x``'s device (``torch.randint``, so ``torch.manual_seed``
-    makes runs reproducible), then ``torch.ops.te_cpp.dropout_fwd(x, seed, p) -> (y, mask)``
-    computes the keep mask from ``(seed, element index)`` with a counter-based Philox draw and
+    random number generator for ``x``'s device (``te_cpp.random_seeds``, which draws as
+    ``torch.randint`` does, so ``torch.manual_seed`` makes runs reproducible), then
+    ``torch.ops.te_cpp.dropout_fwd(x, seed, p) -> (y, mask)`` computes the keep mask from ``(seed, element index)`` with a counter-based Philox draw and
     ``y = x * mask / (1 - p)``. The uint8 mask is saved; backward calls
     ``dropout_bwd(dy, mask, p)``. Evaluation mode and ``p == 0``: ``y`` is ``x`` and ``dx`` is
     ``dy``, in Python, without a custom op.
 
-    Under ``torch.compile`` the seed draw is part of the traced graph (the custom op itself is
-    deterministic given its seed), so every compiled call draws a new mask; with the inductor
-    backend the seed comes from inductor's own generator, so the masks differ from eager ones
-    for the same ``torch.manual_seed`` (still reproducible from run to run).
+    Under ``torch.compile`` the seed draw is part of the traced graph (``dropout_fwd`` itself is
+    deterministic given its seed), so every compiled call draws a new mask, from the same
+    generator as eager: after the same ``torch.manual_seed``, compiled (aot_eager or inductor)
+    and eager masks are the same bits.
 
     Args:
         p: dropout probability, in ``[0, 1)``.
@@ -65,7 +62,7 @@ class Dropout(BasicOperation):
             ctx.impl = "evaluation" if not self.training else "identity"
             return input_
         ctx.impl = "mask"
-        seed = torch.randint(0, _SEED_HIGH, (), dtype=torch.int64, device=input_.device)
+        seed = torch.ops.te_cpp.random_seeds.default(input_, 1)
         y, mask = torch.ops.te_cpp.dropout_fwd.default(input_, seed, p)
         if ctx.requires_grad:
             ctx.save_for_backward(mask)

@@ -102,13 +102,15 @@ class _SplitQuantized:
             check_nvfp4_shape("GroupedLinear", x.shape, rowwise=True, columnwise=False)
             groups = len(quantizers)
             row = col = (None, None, None)
+            seeds = q.seeds(x, groups * (int(rowwise) + int(columnwise)))  # one per group
             if rowwise:
                 row = _ops.grouped_nvfp4_quantize.default(
-                    x, split_sizes, False, False, q.with_2d_quantization, q._seed(x, (groups,)))
+                    x, split_sizes, False, False, q.with_2d_quantization,
+                    None if seeds is None else seeds[:groups])
             if columnwise:
                 col = _ops.grouped_nvfp4_quantize.default(
                     x, split_sizes, True, q.with_rht, q.with_2d_quantization,
-                    q._seed(x, (groups,)))
+                    None if seeds is None else seeds[-groups:])
             return cls("nvfp4", (*row, *col), q.with_rht, x.dtype, x.shape)
         if isinstance(q, Float8CurrentScalingQuantizer):  # the recipe's power-of-2 flag
             data, scale_inv, _ = _ops.grouped_fp8_quantize.default(
