@@ -6,7 +6,7 @@ Each check is a subprocess of this environment's interpreter with PYTHONPATH rem
 Makefile's and the shell's), so that only the installed package can be found.
 """
 
-import importlib.util
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -15,9 +15,21 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+
+def _installed(distribution: str) -> bool:
+    # importlib.metadata, not importlib.util.find_spec: setuptools' distutils hack answers a
+    # find_spec("pip") by removing distutils from sys.modules, which breaks inductor's next
+    # C++ compile in this process
+    try:
+        importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 # without pip and setuptools the environment cannot hold an editable install
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("pip") is None or importlib.util.find_spec("setuptools") is None,
+    not (_installed("pip") and _installed("setuptools")),
     reason="pip or setuptools missing: `make build` cannot install the package here")
 
 INSTALL_HINT = (f"not installed in {sys.executable}'s environment: `make build` installs it, "
