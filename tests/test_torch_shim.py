@@ -86,3 +86,11 @@ def test_saved_tensors_hooks_push_pop_and_top():
     assert packed == [torch.Size([4]), torch.Size([4])]
     y.backward()
     torch.testing.assert_close(x.grad, 2 * x.detach())
+
+
+def test_random_seeds_is_registered_as_an_ordered_effect():
+    from torch._higher_order_ops.effects import _EffectType, _get_effect
+
+    assert _get_effect(torch.ops.te_cpp.random_seeds.default) == _EffectType.ORDERED
+    assert _get_effect(torch.ops.te_cpp.dropout_fwd.default) is None
+

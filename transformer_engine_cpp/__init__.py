@@ -8,12 +8,6 @@ custom ops. CPU kernels today; the build has a CUDA path for the CUDA kernels to
 import torch  # loads libtorch before the extension
 
 from . import _C  # noqa: F401  (registers torch.ops.te_cpp.*)
-
-# te_cpp.random_seeds draws from torch's generator: an ordered effect, so that torch.compile
-# keeps every draw, in program order (AOTAutograd's CSE looks at its own list of random ops,
-# not at the op's nondeterministic_seeded tag, and would merge two draws of equal arguments).
-torch.library._register_effectful_op(torch.ops.te_cpp.random_seeds.default,
-                                     torch.library.EffectType.ORDERED)
 from . import ops
 from . import recipe, tensor
 from . import common  # transformer_engine.common.recipe's path
@@ -25,8 +19,14 @@ from .quantization import (Float8CurrentScalingQuantizer, Float8Quantizer, Float
                            quantized_model_init)
 from .quantization.nvfp4 import NVFP4Quantizer, NVFP4Tensor
 from .quantization.fp8_block import Float8BlockQuantizer, Float8BlockwiseQTensor
+from .ops import _torch_shim
 
 __version__ = "0.1.0"
+
+# te_cpp.random_seeds draws from torch's generator: an ordered effect, so that torch.compile
+# keeps every draw, in program order (AOTAutograd's CSE looks at its own list of random ops,
+# not at the op's nondeterministic_seeded tag, and would merge two draws of equal arguments).
+_torch_shim.register_ordered_effect(torch.ops.te_cpp.random_seeds.default)
 
 
 def built_with_cuda() -> bool:

@@ -2,13 +2,15 @@
 
 Each is bound at import, so a torch release that renames one fails on ``import
 transformer_engine_cpp``, and ``tests/test_torch_shim.py`` checks that each still behaves as
-the pipeline relies on. Nothing here is used under ``torch.compile`` or functorch transforms:
-the pipeline takes the public ``Function.apply`` there.
+the pipeline relies on. Nothing here but ``register_ordered_effect`` (called once, at import)
+is used under ``torch.compile`` or functorch transforms: the pipeline takes the public
+``Function.apply`` there.
 """
 
 from __future__ import annotations
 
 import torch
+from torch._higher_order_ops import effects as _effects
 
 _autograd = torch._C._autograd
 
@@ -33,3 +35,11 @@ def c_apply(function_class: type) -> object:
     whose ``forward`` takes ``ctx`` itself, called outside torch.compile and functorch
     transforms."""
     return super(torch.autograd.Function, function_class).apply
+
+
+def register_ordered_effect(op: torch._ops.OpOverload) -> None:
+    """Marks ``op`` as an ordered effect for torch.compile: AOTAutograd threads an effect token
+    through its calls (``with_effects``), so none is merged with another by CSE, dropped or
+    reordered. For an op that draws from torch's generator."""
+    _effects._register_effectful_op(op, _effects._EffectType.ORDERED)
+
