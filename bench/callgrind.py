@@ -180,6 +180,18 @@ def _cases(include_compile: bool):
             fn = fwd(model)
             fn.skip_guards = True
             cases.append(("step", "Sequential compiled fwd (guards skipped)", provider, fn))
+        # the floor a compiled call stands on, against the eager rows above ("op" and "module
+        # LayerNorm fwd"): the LayerNorm op compiled alone (a function calling it, no module
+        # and no fuser), and the LayerNorm module compiled
+        ours_ln = torch.compile(lambda t: ops.layernorm_fwd.default(t, g, b, 1e-5, False),
+                                fullgraph=True)
+        plain_ln = torch.compile(lambda t: F.layer_norm(t, [H], g, b, 1e-5), fullgraph=True)
+        cases.append(("floor", "layernorm op compiled alone", "ours", lambda: ours_ln(x)))
+        cases.append(("floor", "layernorm op compiled alone", "plain", lambda: plain_ln(x)))
+        ours_m = torch.compile(te.ops.Sequential(te.ops.LayerNorm(H)), fullgraph=True)
+        plain_m = torch.compile(torch.nn.LayerNorm(H), fullgraph=True)
+        cases.append(("floor", "LayerNorm module compiled fwd", "ours", fwd(ours_m)))
+        cases.append(("floor", "LayerNorm module compiled fwd", "plain", fwd(plain_m)))
     return cases
 
 
