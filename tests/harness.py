@@ -235,4 +235,3 @@ def opcheck_sample(op, args):
         return opcheck(op, args, test_utils=("test_schema", "test_autograd_registration",
                                              "test_faketensor"))
     return opcheck(op, args)
-

@@ -93,4 +93,3 @@ def test_random_seeds_is_registered_as_an_ordered_effect():
 
     assert _get_effect(torch.ops.te_cpp.random_seeds.default) == _EffectType.ORDERED
     assert _get_effect(torch.ops.te_cpp.dropout_fwd.default) is None
-

@@ -42,4 +42,3 @@ def register_ordered_effect(op: torch._ops.OpOverload) -> None:
     through its calls (``with_effects``), so none is merged with another by CSE, dropped or
     reordered. For an op that draws from torch's generator."""
     _effects._register_effectful_op(op, _effects._EffectType.ORDERED)
-

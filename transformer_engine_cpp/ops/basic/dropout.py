@@ -10,7 +10,6 @@ import torch
 from ..op import BasicOperation, OperationContext
 
 
-
 @dataclasses.dataclass
 class DropoutContext(OperationContext):
     """What Dropout's backward reads besides the saved mask."""
@@ -25,10 +24,10 @@ class Dropout(BasicOperation):
     Training (``self.training`` and ``p > 0``): the op draws a fresh int64 ``seed`` from torch's
     random number generator for ``x``'s device (``te_cpp.random_seeds``, which draws as
     ``torch.randint`` does, so ``torch.manual_seed`` makes runs reproducible), then
-    ``torch.ops.te_cpp.dropout_fwd(x, seed, p) -> (y, mask)`` computes the keep mask from ``(seed, element index)`` with a counter-based Philox draw and
-    ``y = x * mask / (1 - p)``. The uint8 mask is saved; backward calls
-    ``dropout_bwd(dy, mask, p)``. Evaluation mode and ``p == 0``: ``y`` is ``x`` and ``dx`` is
-    ``dy``, in Python, without a custom op.
+    ``torch.ops.te_cpp.dropout_fwd(x, seed, p) -> (y, mask)`` computes the keep mask from
+    ``(seed, element index)`` with a counter-based Philox draw and ``y = x * mask / (1 - p)``.
+    The uint8 mask is saved; backward calls ``dropout_bwd(dy, mask, p)``. Evaluation mode and
+    ``p == 0``: ``y`` is ``x`` and ``dx`` is ``dy``, in Python, without a custom op.
 
     Under ``torch.compile`` the seed draw is part of the traced graph (``dropout_fwd`` itself is
     deterministic given its seed), so every compiled call draws a new mask, from the same

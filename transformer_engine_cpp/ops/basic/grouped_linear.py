@@ -102,7 +102,7 @@ class _SplitQuantized:
             check_nvfp4_shape("GroupedLinear", x.shape, rowwise=True, columnwise=False)
             groups = len(quantizers)
             row = col = (None, None, None)
-            seeds = q.seeds(x, groups * (int(rowwise) + int(columnwise)))  # one per group
+            seeds = q.seeds(x, groups * (int(rowwise) + int(columnwise)))  # per group and copy
             if rowwise:
                 row = _ops.grouped_nvfp4_quantize.default(
                     x, split_sizes, False, False, q.with_2d_quantization,
