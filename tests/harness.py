@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import re
 
 import pytest
@@ -235,3 +236,19 @@ def opcheck_sample(op, args):
         return opcheck(op, args, test_utils=("test_schema", "test_autograd_registration",
                                              "test_faketensor"))
     return opcheck(op, args)
+
+
+def eager_and_inductor_grads(model, x0, dy, recipe, *extra_args) -> list:
+    """[eager, inductor]: the gradients (input, then parameters) of one step of copies of
+    ``model`` under ``recipe``, each from torch.manual_seed(1), for bit-for-bit comparisons."""
+    grads = []
+    for compiled in (False, True):
+        m = copy.deepcopy(model)
+        run = torch.compile(m, fullgraph=True) if compiled else m
+        x = x0.clone().requires_grad_()
+        torch.manual_seed(1)
+        with te.autocast(recipe=recipe):
+            run(x, *extra_args).backward(dy)
+        grads.append([x.grad, *[p.grad for p in m.parameters()]])
+    return grads
+

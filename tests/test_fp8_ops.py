@@ -22,7 +22,7 @@ from transformer_engine_cpp.ops import _quantized
 from transformer_engine_cpp.quantization.tensor import as_storage
 from transformer_engine_cpp.testing.reference import te_prenorm_mlp
 from test_fp8_quantize import E4M3, E5M2, ref_current, ref_dequant, ref_mx_dequant, ref_mxfp8
-from harness import copy_nodes
+from harness import copy_nodes, eager_and_inductor_grads
 from tolerances import COMPILED_VS_EAGER, tols
 
 FP32 = tols(torch.float32)
@@ -767,15 +767,7 @@ def test_nvfp4_stochastic_rounding_compiled_equals_eager():
     torch.manual_seed(0)
     model = te.ops.Sequential(te.ops.Linear(64, 32), te.ops.GELU(), te.ops.Linear(32, 64))
     x0, dy = torch.randn(64, 64), torch.randn(64, 64)
-    grads = []
-    for compiled in (False, True):
-        m = copy.deepcopy(model)
-        run = torch.compile(m, fullgraph=True) if compiled else m
-        x = x0.clone().requires_grad_()
-        torch.manual_seed(1)
-        with te.autocast(recipe=te.recipe.NVFP4BlockScaling()):
-            run(x).backward(dy)
-        grads.append([x.grad, *[p.grad for p in m.parameters()]])
+    grads = eager_and_inductor_grads(model, x0, dy, te.recipe.NVFP4BlockScaling())
     assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 

@@ -8,7 +8,6 @@ rules of MXFP8 and NVFP4; the quantizer roles of every group; quantized weights
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import pytest
@@ -16,7 +15,8 @@ import torch
 from torch._dynamo.testing import AotEagerAndRecordGraphs
 
 import transformer_engine_cpp as te
-from harness import check_quantized_weights_compile_checkpoint_cast
+from harness import (check_quantized_weights_compile_checkpoint_cast,
+                     eager_and_inductor_grads)
 from test_fp8_block_scaling import fq as fq_block, fq_cols as fq_block_cols
 from test_fp8_ops import fq_current, fq_mx_cols, fq_mx_rows
 from test_fp8_quantize import E4M3, E5M2, ref_current
@@ -467,17 +467,9 @@ def test_stochastic_rounding_compiled_with_inductor_equals_eager():
     quantization, so the gradients are eager's bit for bit."""
     torch.manual_seed(0)
     model = te.ops.Sequential(te.ops.GroupedLinear(4, 32, 64), te.ops.GELU())
-    splits = torch.tensor([64, 0, 32, 32])
     x0, dy = torch.randn(128, 32), torch.randn(128, 64)
-    grads = []
-    for compiled in (False, True):
-        m = copy.deepcopy(model)
-        run = torch.compile(m, fullgraph=True) if compiled else m
-        x = x0.clone().requires_grad_()
-        torch.manual_seed(1)
-        with te.autocast(recipe=te.recipe.NVFP4BlockScaling()):
-            run(x, splits).backward(dy)
-        grads.append([x.grad, *[p.grad for p in m.parameters()]])
+    grads = eager_and_inductor_grads(model, x0, dy, te.recipe.NVFP4BlockScaling(),
+                                     torch.tensor([64, 0, 32, 32]))
     assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
