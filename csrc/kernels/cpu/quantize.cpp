@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cpu/fp8_vec.h"
+#include "kernels/cpu/transpose_block.h"
 #include "kernels/cpu/vec.h"
 #include "ops/quantize.h"
 
@@ -432,19 +433,6 @@ void mxfp8_quantize_blocks(const T* x, uint8_t* data, uint8_t* scales, int64_t n
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
-// 16 rows of 16 bytes transposed in place (four rounds of byte interleaves of rows i and
-// i + 8: row c then holds byte c of every input row).
-inline void transpose_16x16_bytes(__m128i a[16]) {
-  for (int round = 0; round < 4; ++round) {
-    __m128i t[16];
-    for (int i = 0; i < 8; ++i) {
-      t[2 * i] = _mm_unpacklo_epi8(a[i], a[i + 8]);
-      t[2 * i + 1] = _mm_unpackhi_epi8(a[i], a[i + 8]);
-    }
-    for (int i = 0; i < 16; ++i) a[i] = t[i];
-  }
-}
-
 // The columnwise copy of one tile, 32 kBlocks rows x 16 columns of the row-major x (row
 // stride ld): column j's block maximum is lane j of the running maximum of a block's 32 rows
 // (NaN skipped as in mxfp8_16_blocks), so the 16 scales need no reduction across lanes; the
@@ -476,7 +464,7 @@ inline void mxfp8_tile(const T* __restrict x, int64_t ld, uint8_t* __restrict da
     for (int r = 0; r < 16; ++r) {
       rows[r] = _mm512_cvtepi32_epi8(fp8_codes<F>(_mm512_mul_ps(v[q * 16 + r], rcp[q / 2])));
     }
-    transpose_16x16_bytes(rows);
+    cpu::transpose_block<uint8_t>(rows);
     for (int j = 0; j < 16; ++j) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(data + j * out_ld + q * 16), rows[j]);
     }

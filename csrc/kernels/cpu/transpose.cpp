@@ -1,20 +1,16 @@
 // CPU backend of transpose_2d (the stub of ops/transpose.h): the matrix is cut into cache
 // tiles of kTile x kTile elements, transposed in parallel over tiles (at::parallel_for).
 // Inside a tile, where AVX2 or AVX-512 is compiled, K x K blocks (K = 16 / element size: one
-// 16-byte vector per row, 16x16 for bytes) are transposed in registers by log2(K) rounds of
-// interleaves; the tile's ragged edges, and every tile in a build without them, take the
-// scalar loop. Elements are moved as unsigned integers of their size: bit for bit.
+// 16-byte vector per row, 16x16 for bytes) are transposed in registers
+// (kernels/cpu/transpose_block.h); the tile's ragged edges, and every tile in a build without
+// them, take the scalar loop. Elements are moved as unsigned integers of their size: bit for bit.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include <ATen/Parallel.h>
 
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-#include <immintrin.h>
-#define TE_TRANSPOSE_SIMD 1
-#endif
-
+#include "kernels/cpu/transpose_block.h"
 #include "ops/transpose.h"
 
 namespace te_cpp {
@@ -35,50 +31,6 @@ void scalar_block(const T* x, T* out, int64_t rows, int64_t cols, int64_t r0, in
   }
 }
 
-#ifdef TE_TRANSPOSE_SIMD
-// Interleave of the low (kHigh false) or high halves of a and b in units of W bytes.
-template <int W, bool kHigh>
-inline __m128i interleave(__m128i a, __m128i b) {
-  if constexpr (W == 1) return kHigh ? _mm_unpackhi_epi8(a, b) : _mm_unpacklo_epi8(a, b);
-  if constexpr (W == 2) return kHigh ? _mm_unpackhi_epi16(a, b) : _mm_unpacklo_epi16(a, b);
-  if constexpr (W == 4) return kHigh ? _mm_unpackhi_epi32(a, b) : _mm_unpacklo_epi32(a, b);
-  if constexpr (W == 8) return kHigh ? _mm_unpackhi_epi64(a, b) : _mm_unpacklo_epi64(a, b);
-}
-
-// One round per unit width W = element size, 2x, ..., 8 bytes: v[2i] and v[2i + 1] take the
-// low and high interleaves of v[i] and v[i + K/2]. With the rows loaded in bit-reversed order,
-// v[j] ends as column j (each round sorts one more bit of the row index into place).
-template <int W, int K>
-inline void interleave_rounds(__m128i (&v)[K]) {
-  if constexpr (W < 16) {
-    __m128i t[K];
-    for (int i = 0; i < K / 2; ++i) {
-      t[2 * i] = interleave<W, false>(v[i], v[i + K / 2]);
-      t[2 * i + 1] = interleave<W, true>(v[i], v[i + K / 2]);
-    }
-    for (int i = 0; i < K; ++i) v[i] = t[i];
-    interleave_rounds<2 * W, K>(v);
-  }
-}
-
-constexpr int bit_reverse(int i, int bits) {
-  int r = 0;
-  for (int b = 0; b < bits; ++b) r |= ((i >> b) & 1) << (bits - 1 - b);
-  return r;
-}
-
-// The K x K block at src (row stride ls elements) transposed to dst (row stride ld elements).
-template <typename T>
-inline void simd_block(const T* src, int64_t ls, T* dst, int64_t ld) {
-  constexpr int S = sizeof(T), K = 16 / S, kBits = S == 1 ? 4 : S == 2 ? 3 : S == 4 ? 2 : 1;
-  __m128i v[K];
-  for (int i = 0; i < K; ++i) {
-    v[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + bit_reverse(i, kBits) * ls));
-  }
-  interleave_rounds<S, K>(v);
-  for (int j = 0; j < K; ++j) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + j * ld), v[j]);
-}
-#endif
 
 // The tile at (r0, c0). A full tile is transposed into a contiguous buffer first, then copied
 // out a row at a time: out's rows lie `rows` elements apart, often a multiple of 4 KiB, so the
@@ -94,7 +46,7 @@ void transpose_tile(const T* x, T* out, int64_t rows, int64_t cols, int64_t r0, 
     alignas(64) T buf[kTile * kTile];
     for (int64_t r = 0; r < kTile; r += K) {  // K rows of x, reused by every block along them
       for (int64_t c = 0; c < kTile; c += K) {
-        simd_block(x + (r0 + r) * cols + c0 + c, cols, buf + c * kTile + r, kTile);
+        cpu::transpose_block(x + (r0 + r) * cols + c0 + c, cols, buf + c * kTile + r, kTile);
       }
     }
     for (int64_t c = 0; c < kTile; ++c) {
@@ -105,7 +57,7 @@ void transpose_tile(const T* x, T* out, int64_t rows, int64_t cols, int64_t r0, 
   const int64_t rv = r0 + (r1 - r0) / K * K, cv = c0 + (c1 - c0) / K * K;
   for (int64_t r = r0; r < rv; r += K) {
     for (int64_t c = c0; c < cv; c += K) {
-      simd_block(x + r * cols + c, cols, out + c * rows + r, rows);
+      cpu::transpose_block(x + r * cols + c, cols, out + c * rows + r, rows);
     }
   }
   scalar_block(x, out, rows, cols, r0, rv, cv, c1);  // the columns right of the blocks
