@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from harness import DEVICES
+from harness import DEVICES, skip_missing_cuda_kernel
 from tolerances import tols
 
 ops = torch.ops.te_cpp
@@ -270,6 +270,19 @@ def test_bad_inputs_raise_clear_errors(device):
     for call, message in _bad_calls(device):
         with pytest.raises(RuntimeError, match=re.escape(message)):
             call()
+
+
+@pytest.mark.parametrize("device", [*DEVICES, "meta"])
+def test_a_bad_amax_epsilon_names_its_group(device):
+    with skip_missing_cuda_kernel():
+        x = torch.randn(8, 16, device=device)
+        sizes = torch.tensor([4, 0, 4], device=device)
+        for bad, shown in ((float("nan"), "nan"), (float("inf"), "inf"), (-1.0, "-1")):
+            with pytest.raises(ValueError, match=re.escape(
+                    f"te_cpp.grouped_fp8_quantize: amax_epsilons[1] must be >= 0 and finite, "
+                    f"got {shown}")):
+                ops.grouped_fp8_quantize(x, sizes, None, torch.float8_e4m3fn, False,
+                                         [0.0, bad, 0.0])
 
 
 def _value_calls(device, splits):

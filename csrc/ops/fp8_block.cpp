@@ -49,8 +49,7 @@ void Fp8BlockQuantize::check(const Tensor& x, at::ScalarType fp8_dtype, int64_t 
   check_min_dim(kName, "input", x, 1);
   check_fp8_dtype(kName, fp8_dtype);
   check_fp8_block_dim(kName, block_dim);
-  TE_CHECK_VALUE(std::isfinite(amax_epsilon) && amax_epsilon >= 0.0, kName,
-                 "amax_epsilon must be >= 0 and finite, got ", amax_epsilon);
+  check_amax_epsilon(kName, amax_epsilon);
 }
 
 std::tuple<Tensor, Tensor> Fp8BlockQuantize::allocate(const Tensor& x, int64_t block_dim) {

@@ -196,8 +196,8 @@ void GroupedQuantize::check_fp8(const char* op, const Tensor& x, const Tensor& s
   TE_CHECK_VALUE(static_cast<int64_t>(amax_epsilons.size()) == groups, op, "got ",
                  amax_epsilons.size(), " amax_epsilons for ", groups, " groups");
   for (size_t g = 0; g < amax_epsilons.size(); ++g) {
-    TE_CHECK_VALUE(std::isfinite(amax_epsilons[g]) && amax_epsilons[g] >= 0.0, op,
-                   "amax_epsilons[", g, "] must be >= 0 and finite, got ", amax_epsilons[g]);
+    const std::string name = "amax_epsilons[" + std::to_string(g) + "]";
+    check_amax_epsilon(op, amax_epsilons[g], name.c_str());
   }
   if (!scales.has_value()) return;
   check_buffer(op, "scales", *scales, at::kFloat);
@@ -315,8 +315,7 @@ void GroupedQuantize::check_fp8_block(const char* op, const Tensor& x, const Ten
   GroupedLinear::num_groups(op, split_sizes);
   check_fp8_dtype(op, fp8_dtype);
   check_fp8_block_dim(op, block_dim);
-  TE_CHECK_VALUE(std::isfinite(amax_epsilon) && amax_epsilon >= 0.0, op,
-                 "amax_epsilon must be >= 0 and finite, got ", amax_epsilon);
+  check_amax_epsilon(op, amax_epsilon);
 }
 
 c10::SymDimVector GroupedQuantize::fp8_block_scale_sizes(const c10::SymInt& rows,

@@ -14,20 +14,15 @@ void check_fp8_dtype(const char* op, at::ScalarType fp8_dtype) {
            c10::getDtypeNames(fp8_dtype).first);
 }
 
-namespace {
-
-void check_epsilon(const char* op, double amax_epsilon) {
-  // NaN fails the comparison; inf would floor every amax to inf, i.e. scale 1 silently
-  TE_CHECK_VALUE(std::isfinite(amax_epsilon) && amax_epsilon >= 0.0, op,
-                 "amax_epsilon must be >= 0 and finite, got ", amax_epsilon);
+void check_amax_epsilon(const char* op, double amax_epsilon, const char* name) {
+  TE_CHECK_VALUE(std::isfinite(amax_epsilon) && amax_epsilon >= 0.0, op, name,
+                 " must be >= 0 and finite, got ", amax_epsilon);
 }
-
-}  // namespace
 
 void Fp8Quantize::check(const Tensor& x, at::ScalarType fp8_dtype, double amax_epsilon) {
   check_float(kName, "input", x);
   check_fp8_dtype(kName, fp8_dtype);
-  check_epsilon(kName, amax_epsilon);
+  check_amax_epsilon(kName, amax_epsilon);
 }
 
 std::tuple<Tensor, Tensor, Tensor> Fp8Quantize::allocate(const Tensor& x) {
@@ -48,7 +43,7 @@ void Fp8CurrentScale::check(const Tensor& amax, at::ScalarType fp8_dtype, double
   TE_CHECK(amax.sym_numel() == 1, kName, "amax must have exactly one element, got shape ",
            shape_str(amax));
   check_fp8_dtype(kName, fp8_dtype);
-  check_epsilon(kName, amax_epsilon);
+  check_amax_epsilon(kName, amax_epsilon);
 }
 
 Tensor Fp8CurrentScale::allocate(const Tensor& amax) {

@@ -72,11 +72,7 @@ void block_quantize(const Fp8BlockQuantizeArgs& a) {
 void fp8_block_quantize_cpu(const Fp8BlockQuantizeArgs& a) {
   TE_DISPATCH_QUANT_INPUT(a.dtype, "fp8_block_quantize", [&] {
     using T = scalar_t;
-    if (a.fp8_dtype == fp8::kE4M3) {
-      block_quantize<T, fp8::kE4M3>(a);
-    } else {
-      block_quantize<T, fp8::kE5M2>(a);
-    }
+    visit_format(a.fp8_dtype, [&](auto F) { block_quantize<T, decltype(F)::value>(a); });
   });
 }
 
