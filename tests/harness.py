@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from torch.library import opcheck
 
 import transformer_engine_cpp as te
 
@@ -230,8 +231,6 @@ def opcheck_sample(op, args):
     """torch.library.opcheck of one sample. An op that draws from torch's generator skips
     test_aot_dispatch_dynamic, which compares the values of two draws; tests/
     test_random_seeds.py compares its compiled draws with eager's after the same seed."""
-    from torch.library import opcheck
-
     if draws_from_generator(op):
         return opcheck(op, args, test_utils=("test_schema", "test_autograd_registration",
                                              "test_faketensor"))

@@ -19,8 +19,8 @@ from cases import (CASE_IDS, CONTIGUOUS_ARGUMENTS, ONE_ELEMENT_OPS, OP_CASES,
                    STANDALONE_OPCHECK_SAMPLES, _is_non_contiguous_sample, _is_zero_size_sample,
                    _non_contiguous, _op_name)
 from harness import (DEVICES, LAYOUTS, as_tuple, build, clone_leaf, copy_nodes, eager_run,
-                     inputs_for, opcheck_sample, random_grads_like, reference_run, skip_missing_cuda_kernel,
-                     to_device)
+                     inputs_for, opcheck_sample, random_grads_like, reference_run,
+                     skip_missing_cuda_kernel, to_device)
 from tolerances import COMPILED_VS_EAGER, tols
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

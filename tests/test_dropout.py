@@ -175,6 +175,28 @@ def test_compiled_is_a_valid_dropout(backend):
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "dynamic"])
+def test_compiled_masks_equal_eager_without_autograd_and_with_dynamic_shapes(backend, mode):
+    """Linear -> Dropout -> GELU compiled: under no_grad and inference_mode (no backward
+    graph), and with dynamic shapes over two token counts, the seed draws give eager's bits."""
+    torch.manual_seed(0)
+    model = te.ops.Sequential(te.ops.Linear(64, 64), te.ops.Dropout(0.3), te.ops.GELU())
+    compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=mode == "dynamic")
+    context = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
+               "dynamic": torch.enable_grad}[mode]
+    for tokens in ((32, 48) if mode == "dynamic" else (32,)):
+        x = torch.randn(tokens, 64)
+        with context():
+            torch.manual_seed(3)
+            eager = model(x)
+            torch.manual_seed(3)
+            got = compiled(x)
+        assert torch.equal(eager, got)
+        assert 0 < int((got == 0).sum()) < got.numel()
+    assert len(counters["graph_break"]) == 0
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
 def test_compiled_two_dropouts_of_one_input_draw_two_masks(backend):
     """Two dropouts of the same tensor in one graph must not be merged by CSE (an op drawing
     from a global generator with identical arguments would be)."""

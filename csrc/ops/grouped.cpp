@@ -196,8 +196,7 @@ void GroupedQuantize::check_fp8(const char* op, const Tensor& x, const Tensor& s
   TE_CHECK_VALUE(static_cast<int64_t>(amax_epsilons.size()) == groups, op, "got ",
                  amax_epsilons.size(), " amax_epsilons for ", groups, " groups");
   for (size_t g = 0; g < amax_epsilons.size(); ++g) {
-    const std::string name = "amax_epsilons[" + std::to_string(g) + "]";
-    check_amax_epsilon(op, amax_epsilons[g], name.c_str());
+    check_amax_epsilon(op, amax_epsilons[g], static_cast<int64_t>(g));
   }
   if (!scales.has_value()) return;
   check_buffer(op, "scales", *scales, at::kFloat);

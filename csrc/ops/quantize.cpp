@@ -14,9 +14,14 @@ void check_fp8_dtype(const char* op, at::ScalarType fp8_dtype) {
            c10::getDtypeNames(fp8_dtype).first);
 }
 
-void check_amax_epsilon(const char* op, double amax_epsilon, const char* name) {
-  TE_CHECK_VALUE(std::isfinite(amax_epsilon) && amax_epsilon >= 0.0, op, name,
-                 " must be >= 0 and finite, got ", amax_epsilon);
+void check_amax_epsilon(const char* op, double amax_epsilon, int64_t group) {
+  const bool ok = std::isfinite(amax_epsilon) && amax_epsilon >= 0.0;
+  constexpr const char* kRule = " must be >= 0 and finite, got ";
+  if (group < 0) {
+    TE_CHECK_VALUE(ok, op, "amax_epsilon", kRule, amax_epsilon);
+  } else {
+    TE_CHECK_VALUE(ok, op, "amax_epsilons[", group, "]", kRule, amax_epsilon);
+  }
 }
 
 void Fp8Quantize::check(const Tensor& x, at::ScalarType fp8_dtype, double amax_epsilon) {

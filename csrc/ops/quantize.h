@@ -112,10 +112,9 @@ TE_DECLARE_STUB(delayed_scaling_update_stub, void(const DelayedScalingUpdateArgs
 void check_fp8_dtype(const char* op, at::ScalarType fp8_dtype);
 
 // amax_epsilon (the floor of an amax) must be finite and >= 0: NaN fails the comparison, and
-// inf would floor every amax to inf, i.e. scale 1 silently. `name` is the argument's name in
-// the error (a grouped op's "amax_epsilons[g]").
-void check_amax_epsilon(const char* op, double amax_epsilon,
-                        const char* name = "amax_epsilon");
+// inf would floor every amax to inf, i.e. scale 1 silently. A grouped op passes the group
+// (>= 0), which the error names as "amax_epsilons[group]".
+void check_amax_epsilon(const char* op, double amax_epsilon, int64_t group = -1);
 
 // fp8_quantize(x, fp8_dtype, force_pow_2_scales, amax_epsilon) -> (data, scale_inv, amax):
 // current scaling. amax is this tensor's max |x| in fp32, shape (1,).

@@ -31,7 +31,6 @@ void scalar_block(const T* x, T* out, int64_t rows, int64_t cols, int64_t r0, in
   }
 }
 
-
 // The tile at (r0, c0). A full tile is transposed into a contiguous buffer first, then copied
 // out a row at a time: out's rows lie `rows` elements apart, often a multiple of 4 KiB, so the
 // tile's K-element pieces of them would share a few L1 sets and evict one another before
