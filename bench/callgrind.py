@@ -339,9 +339,11 @@ def _total(path: str) -> int:
 
 
 def collect(number: int, *, include_compile: bool = False, only_steps: bool = False,
-            timeout: float = 900, extension: str = "") -> list[dict]:
+            timeout: float = 900, extension: str = "", keep_dumps: str = "") -> list[dict]:
     """Runs the worker under callgrind; returns one dict per case with instructions per call
-    (empty-call baseline subtracted). ``extension``: the _C build to load ("" = in place)."""
+    (empty-call baseline subtracted). ``extension``: the _C build to load ("" = in place);
+    ``keep_dumps``: a folder that receives each case's raw dump, named after the case, for
+    ``callgrind_annotate --inclusive=yes``."""
     import torch
 
     out_dir = tempfile.mkdtemp(prefix="te_callgrind_")
@@ -374,6 +376,12 @@ def collect(number: int, *, include_compile: bool = False, only_steps: bool = Fa
         if len(dumps) != len(names):
             raise RuntimeError(f"expected {len(names)} callgrind dumps, found {len(dumps)}")
         totals = [_total(os.path.join(out_dir, p)) for p in dumps]
+        if keep_dumps:
+            os.makedirs(keep_dumps, exist_ok=True)
+            for i, (p, (group, name, provider)) in enumerate(zip(dumps, names)):
+                slug = re.sub(r"[^A-Za-z0-9]+", "_", f"{group} {name} {provider}").strip("_")
+                shutil.copy(os.path.join(out_dir, p),
+                            os.path.join(keep_dumps, f"{i:02d}_{slug}.callgrind"))
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     base = totals[0] / number
@@ -393,9 +401,11 @@ def collect(number: int, *, include_compile: bool = False, only_steps: bool = Fa
     return rows
 
 
-def run(quick: bool = False, include_compile: bool = False, build: bool = True) -> list[dict]:
+def run(quick: bool = False, include_compile: bool = False, build: bool = True,
+        keep_dumps: str = "") -> list[dict]:
     """All cases; [] when valgrind is not installed. ``quick``: fewer calls per case;
-    ``build``: (re)build the AVX2 copy of the extension when one is needed."""
+    ``build``: (re)build the AVX2 copy of the extension when one is needed; ``keep_dumps``:
+    see ``collect``."""
     if not valgrind_available():
         print("callgrind: valgrind/callgrind_control not found, skipped")
         return []
@@ -403,7 +413,8 @@ def run(quick: bool = False, include_compile: bool = False, build: bool = True) 
     if extension is None:
         print(f"callgrind: {reason}, skipped")
         return []
-    return collect(10 if quick else 25, include_compile=include_compile, extension=extension)
+    return collect(10 if quick else 25, include_compile=include_compile, extension=extension,
+                   keep_dumps=keep_dumps)
 
 
 def write_outputs(rows: list[dict], stem: str) -> None:
@@ -443,6 +454,9 @@ def main() -> None:
     parser.add_argument("--no-build", action="store_true",
                         help="use the existing AVX2 copy of the extension, do not (re)build it")
     parser.add_argument("--out", default=os.path.join(HERE, "out", "callgrind"))
+    parser.add_argument("--keep-dumps", default="", metavar="DIR",
+                        help="copy each case's callgrind dump here, to read with "
+                             "callgrind_annotate --inclusive=yes")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--number", type=int, default=50, help=argparse.SUPPRESS)
     parser.add_argument("--only-steps", action="store_true", help=argparse.SUPPRESS)
@@ -451,7 +465,7 @@ def main() -> None:
         _worker(a.worker, a.number, a.compile, a.only_steps)
         return
     t0 = time.time()
-    rows = run(a.quick, include_compile=a.compile, build=not a.no_build)
+    rows = run(a.quick, include_compile=a.compile, build=not a.no_build, keep_dumps=a.keep_dumps)
     if not rows:
         return
     print_table(rows)
