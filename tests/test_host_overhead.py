@@ -6,6 +6,7 @@ stays within a bound of plain nn.Sequential's, measured in the same run."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 
@@ -138,3 +139,55 @@ def test_step_instructions_within_bound_of_plain():
     rows = cg.collect(5, only_steps=True, extension=extension, timeout=120)
     counts = {r["provider"]: r["instructions_per_call"] for r in rows}
     assert counts["ours"] <= 1.15 * counts["plain"], counts
+
+
+def _guards(model, x) -> tuple[list[str], int]:
+    """The guards Dynamo installs for a compiled training step of ``model``: every guard's
+    code (leaf guards and the object-aliasing checks) and the guard tree's node count
+    (accessors and leaves), read from the compiled frame's cache entry."""
+    torch._dynamo.reset()
+
+    def step(t):
+        return model(t)
+
+    torch.compile(step, fullgraph=True)(x).sum().backward()
+    entries = torch._C._dynamo.eval_frame._debug_get_cache_entry_list(step.__code__)
+    assert len(entries) == 1, f"{len(entries)} compiled entries, expected 1"
+    root = entries[0].guard_manager.root
+    codes, nodes, stack = [], 0, [root]
+    while stack:
+        manager = stack.pop()
+        nodes += 1
+        for guard in manager.get_leaf_guards():
+            codes += guard.verbose_code_parts()
+            nodes += 1
+        stack += manager.get_child_managers()
+    for guard in root.get_epilogue_lambda_guards():
+        codes += guard.verbose_code_parts()
+        nodes += len(guard.verbose_code_parts())
+    return codes, nodes
+
+
+# Guard-tree nodes of a compiled step under torch 2.13 (LayerNorm alone; LayerNorm, Linear,
+# GELU, Linear), with ~10% headroom. Each node is evaluated on every compiled call, cache-cold
+# after a large kernel (docs/architecture.md, "What a compiled call costs").
+GUARD_BUDGETS = {"LayerNorm": 265, "LayerNorm-Linear-GELU-Linear": 480}
+
+
+@pytest.mark.parametrize("name", list(GUARD_BUDGETS))
+def test_compiled_step_guards_no_plan_fields_and_stay_within_budget(name):
+    """A compiled step guards the plan's identity, not the fields of its steps (the pipeline
+    reads them from a constant, ``_plan.traced_plan``), and its guard tree stays within the
+    budget."""
+    torch.manual_seed(0)
+    ops = [te.ops.LayerNorm(H)]
+    if name != "LayerNorm":
+        ops += [te.ops.Linear(H, H), te.ops.GELU(), te.ops.Linear(H, H)]
+    codes, nodes = _guards(te.ops.Sequential(*ops), torch.randn(8, H, requires_grad=True))
+    fields = re.compile(r"\.(first_op_requiring_backward|has_extra_tensors|quantized|"
+                        r"backward_override|forward_steps|backward_steps)\b")
+    guarded = [code for code in (c.split("#")[0].strip() for c in codes) if fields.search(code)]
+    assert not guarded, f"{name}: plan fields guarded: {guarded[:5]}"
+    assert nodes <= GUARD_BUDGETS[name], (
+        f"{name}: {nodes} guard nodes per compiled call, budget {GUARD_BUDGETS[name]} "
+        f"(torch {torch.__version__})")

@@ -21,6 +21,7 @@ from torch.autograd.function import once_differentiable
 
 from . import _torch_shim
 from ._common import shares_storage, storage_address
+from ._plan import traced_plan
 from ._quantized import grad_output_quantizer_for, public
 from ..quantization.tensor import QuantizedTensorStorage
 
@@ -52,13 +53,17 @@ def _save_contexts(func_ctx, ctxs: list) -> None:
 def pipeline_forward(func_ctx, plan, basic_op_kwargs, arg_layout, *tensors):
     """The forward plan. ``func_ctx`` is None when nothing needs a gradient (no autograd)."""
     compiling = torch.compiler.is_compiling()
+    # traced: the plan's fields as constants (one guard on the plan, not one per field)
+    view = traced_plan(plan) if compiling else plan
     basic_ops, routing = plan.basic_ops, plan.routing
     input_pos, _, extra_pos = arg_layout
     x = tensors[input_pos]
     # one context per basic op, of the class the op declares, with its flags: whether the
     # backward reaches the op and whether its input needs a gradient
     if compiling:
-        first = plan.first_op_requiring_backward
+        first = view.first_op_requiring_backward
+        # (the classes from the plan, not the constant view: the backward copies the
+        # contexts, and copy.copy looks up the class, which a constant cannot have guarded)
         ctxs = [cls(requires_grad=i >= first, input_requires_grad=i > first)
                 for i, cls in enumerate(plan.context_types)]
     else:  # the defaults are class attributes: no __init__ call, only the overrides set
@@ -69,7 +74,7 @@ def pipeline_forward(func_ctx, plan, basic_op_kwargs, arg_layout, *tensors):
             ctx.input_requires_grad = irg
     if ctxs:
         ctxs[0].input_requires_grad = func_ctx is not None and x.requires_grad
-    has_extras = plan.has_extra_tensors
+    has_extras = view.has_extra_tensors
     if has_extras:
         extra_inputs = [
             [tensors[extra_pos[src[1]]] if src[0] == "public" else None for src in sources]
@@ -77,7 +82,7 @@ def pipeline_forward(func_ctx, plan, basic_op_kwargs, arg_layout, *tensors):
         ]
         extra_outputs: list[Optional[tuple]] = [None] * len(basic_ops)
 
-    for step in plan.forward_steps:
+    for step, op in zip(view.forward_steps, plan.forward_step_ops):
         op_extra_inputs = step.no_extra_inputs
         if step.has_extra_inputs:
             for i, slot, p_op, p_slot in step.channel_fills:
@@ -93,10 +98,10 @@ def pipeline_forward(func_ctx, plan, basic_op_kwargs, arg_layout, *tensors):
                     _protect_from_write(op_extra_inputs[k][slot], ctxs[:step.start],
                                         extra_outputs, step.outputs_read_after)
         prev_q = next_q = None
-        if plan.quantized:
+        if view.quantized:
             # a backward_override leaves the backward unquantized: no op hands dx back
             # quantized
-            if step.prev_idx is not None and plan.backward_override is None:
+            if step.prev_idx is not None and view.backward_override is None:
                 prev_q = grad_output_quantizer_for(basic_ops[step.prev_idx],
                                                    ctxs[step.prev_idx])
             if step.next_idx is not None:
@@ -105,18 +110,24 @@ def pipeline_forward(func_ctx, plan, basic_op_kwargs, arg_layout, *tensors):
                 # does not reach (no_grad, inference, nothing before it trained)
                 if next_q is not None and not ctxs[step.next_idx].requires_grad:
                     next_q = next_q.usage_variant(rowwise=True, columnwise=False)
-        x, op_extra_outputs = step.op.fuser_forward(
+        if basic_op_kwargs is not None:
+            kwargs = basic_op_kwargs[step.start:step.stop]
+        elif compiling:
+            kwargs = [{} for _ in step.idxs]
+        else:
+            kwargs = step.no_kwargs
+        x, op_extra_outputs = op.fuser_forward(
             ctxs[step.start:step.stop], x,
             basic_op_extra_inputs=op_extra_inputs,
             prev_op_grad_output_quantizer=prev_q,
             next_op_input_quantizer=next_q,
-            basic_op_kwargs=(step.no_kwargs if basic_op_kwargs is None
-                             else basic_op_kwargs[step.start:step.stop]),
+            basic_op_kwargs=kwargs,
         )
         if step.has_extra_outputs:
-            _collect_extra_outputs(step, basic_ops, routing, op_extra_outputs, extra_outputs)
+            _collect_extra_outputs(step, op, basic_ops, routing, op_extra_outputs,
+                                   extra_outputs)
         elif len(op_extra_outputs) != len(step.idxs) or any(op_extra_outputs):
-            _check_no_extra_outputs(step, op_extra_outputs)
+            _check_no_extra_outputs(step, op, op_extra_outputs)
 
     public_outputs = None
     if has_extras and routing.public_extra_outputs:
@@ -135,20 +146,22 @@ def pipeline_forward(func_ctx, plan, basic_op_kwargs, arg_layout, *tensors):
     return x
 
 
-def _per_basic_op(step, results, what: str, method: str) -> list:
-    """``results`` as a list with one entry per basic op of the group, or a RuntimeError
-    naming the op's method that returned another count."""
+def _per_basic_op(step, op, results, what: str, method: str) -> list:
+    """``results`` as a list with one entry per basic op of the group (``op``'s), or a
+    RuntimeError naming the op's method that returned another count."""
     results = list(results)
     if len(results) != len(step.idxs):
-        raise RuntimeError(f"{step.op.__class__.__name__}.{method} returned {what} for "
+        raise RuntimeError(f"{op.__class__.__name__}.{method} returned {what} for "
                            f"{len(results)} basic ops, expected {len(step.idxs)}")
     return results
 
 
-def _collect_extra_outputs(step, basic_ops, routing, op_extra_outputs, extra_outputs) -> None:
+def _collect_extra_outputs(step, op, basic_ops, routing, op_extra_outputs,
+                           extra_outputs) -> None:
     """Check one group's extra outputs (one tuple per basic op, None only where nothing
     outside the group reads it) and record them."""
-    op_extra_outputs = _per_basic_op(step, op_extra_outputs, "extra outputs", "fuser_forward")
+    op_extra_outputs = _per_basic_op(step, op, op_extra_outputs, "extra outputs",
+                                     "fuser_forward")
     for i, outs in zip(step.idxs, op_extra_outputs):
         outs = tuple(outs)
         name = basic_ops[i].__class__.__name__
@@ -161,18 +174,20 @@ def _collect_extra_outputs(step, basic_ops, routing, op_extra_outputs, extra_out
             if (i, slot) in routing.public_output_index:
                 raise RuntimeError(f"{name}: extra output {slot} is public, but the op "
                                    "returned None")
-            if any(c_op not in step.idx_set for c_op, _ in routing.consumers.get((i, slot), ())):
+            if any(not step.start <= c_op < step.stop
+                   for c_op, _ in routing.consumers.get((i, slot), ())):
                 raise RuntimeError(f"{name}: extra output {slot} returned None but is "
                                    "consumed outside its forward fusion")
         extra_outputs[i] = outs
 
 
-def _check_no_extra_outputs(step, op_extra_outputs) -> None:
+def _check_no_extra_outputs(step, op, op_extra_outputs) -> None:
     """A group without extra outputs returns an empty tuple per basic op."""
-    op_extra_outputs = _per_basic_op(step, op_extra_outputs, "extra outputs", "fuser_forward")
+    op_extra_outputs = _per_basic_op(step, op, op_extra_outputs, "extra outputs",
+                                     "fuser_forward")
     if any(len(outs) for outs in op_extra_outputs if outs):
         raise RuntimeError(
-            f"{step.op.__class__.__name__}.fuser_forward returned extra outputs for basic "
+            f"{op.__class__.__name__}.fuser_forward returned extra outputs for basic "
             "ops that have none"
         )
 
@@ -230,7 +245,8 @@ def pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
         ctx.saved_tensors = saved[start:end]
     del saved
 
-    has_extras = plan.has_extra_tensors
+    view = traced_plan(plan) if compiling else plan
+    has_extras = view.has_extra_tensors
     if has_extras:
         # grads of extra outputs: the caller's (public) plus those from channel consumers
         grad_extra_outputs = [[None] * op.num_extra_outputs for op in basic_ops]
@@ -246,7 +262,7 @@ def pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
         routed = set()
 
     dx = grad_output
-    for step in plan.backward_steps:
+    for step, op in zip(view.backward_steps, plan.backward_step_ops):
         if not step.requires_grad:
             dx = None
             break
@@ -256,11 +272,11 @@ def pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
             grad_extras = [tuple(grad_extra_outputs[i]) for i in step.idxs]
             if step.in_place_grad_slots and shared is not None:
                 _mark_writable_grads(step, step_ctxs, grad_extra_outputs, shared, dx, grads)
-        dx, op_param_grads, op_extra_input_grads = step.op.fuser_backward(
+        dx, op_param_grads, op_extra_input_grads = op.fuser_backward(
             step_ctxs, dx, basic_op_grad_extra_outputs=grad_extras)
-        _add_param_grads(step, op_param_grads, param_pos, grads)
+        _add_param_grads(step, op, op_param_grads, param_pos, grads)
         if step.has_extra_inputs:
-            _route_extra_input_grads(step, routing, op_extra_input_grads, extra_pos, grads,
+            _route_extra_input_grads(step, op, routing, op_extra_input_grads, extra_pos, grads,
                                      grad_extra_outputs, shared, routed)
         if boxes is not None:  # this step's saved tensors go now (see release_saved_early)
             for ctx in step_ctxs:
@@ -269,7 +285,7 @@ def pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
                 for j in range(start, end):
                     boxes[j][0] = None
 
-    if plan.quantized and not compiling:
+    if not compiling and plan.quantized:
         for op in basic_ops:  # delayed scaling: the backward scales' update (eager only)
             op.update_delayed_backward_state()
     if dx is not None:
@@ -301,12 +317,12 @@ def _mark_writable_grads(step, step_ctxs, grad_extra_outputs, shared, dx, grads)
         ctx.writable_grad_extra_outputs = tuple(writable)
 
 
-def _add_param_grads(step, op_param_grads, param_pos: tuple, grads: list) -> None:
+def _add_param_grads(step, op, op_param_grads, param_pos: tuple, grads: list) -> None:
     """Check what one backward step returned for parameters (a sequence per basic op of the
     group, one grad per parameter; an op without parameters may return all-None grads) and add
     the grads into ``grads`` at their argument positions."""
     if not isinstance(op_param_grads, (tuple, list)) or len(op_param_grads) != len(step.idxs):
-        op_param_grads = _per_basic_op(step, op_param_grads, "parameter grads",
+        op_param_grads = _per_basic_op(step, op, op_param_grads, "parameter grads",
                                        "fuser_backward")
     for i, pgrads in zip(step.idxs, op_param_grads):
         positions = param_pos[i]
@@ -315,7 +331,7 @@ def _add_param_grads(step, op_param_grads, param_pos: tuple, grads: list) -> Non
         if len(pgrads) != len(positions):
             if not positions and not any(g is not None for g in pgrads):
                 continue
-            basic_op = step.op.basic_ops[i - step.start] if step.op.is_fused_op else step.op
+            basic_op = op.basic_ops[i - step.start] if op.is_fused_op else op
             raise RuntimeError(
                 f"{basic_op.__class__.__name__} returned {len(pgrads)} parameter grads, "
                 f"expected {len(positions)}"
@@ -326,12 +342,12 @@ def _add_param_grads(step, op_param_grads, param_pos: tuple, grads: list) -> Non
                 grads[pos] = g if prev is None else prev + g
 
 
-def _route_extra_input_grads(step, routing, op_extra_input_grads, extra_pos, grads,
+def _route_extra_input_grads(step, op, routing, op_extra_input_grads, extra_pos, grads,
                              grad_extra_outputs, shared, routed) -> None:
     """Send each extra-input grad to its source: the caller's extra input (summed with any
     earlier one) or the producing op's extra-output grad, when the producer is in an earlier
     group."""
-    op_extra_input_grads = _per_basic_op(step, op_extra_input_grads, "extra-input grads",
+    op_extra_input_grads = _per_basic_op(step, op, op_extra_input_grads, "extra-input grads",
                                          "fuser_backward")
     for i, egrads in zip(step.idxs, op_extra_input_grads):
         egrads = tuple(egrads) if egrads is not None else ()
@@ -342,7 +358,7 @@ def _route_extra_input_grads(step, routing, op_extra_input_grads, extra_pos, gra
             if src[0] == "public":
                 pos = extra_pos[src[1]]
                 grads[pos] = g if grads[pos] is None else grads[pos] + g
-            elif src[1] not in step.idx_set:
+            elif not step.start <= src[1] < step.stop:  # produced outside the group
                 prev = grad_extra_outputs[src[1]][src[2]]
                 grad_extra_outputs[src[1]][src[2]] = g if prev is None else prev + g
                 if shared is not None:

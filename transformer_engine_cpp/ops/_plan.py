@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .op import BasicOperation, FusibleOperation
+from .op import BasicOperation, FusibleOperation, mark_constant_result
 
 FusionFunction = Callable[..., list]
 
@@ -80,7 +80,6 @@ class ForwardStep:
     idxs: tuple  # the basic ops of the group: range(start, stop)
     start: int
     stop: int
-    idx_set: frozenset
     no_kwargs: tuple  # one empty dict per basic op (calls without kwargs)
     no_extra_inputs: tuple  # ((),) per basic op (groups without extra inputs)
     has_extra_inputs: bool
@@ -107,13 +106,36 @@ class BackwardStep:
     idxs: tuple
     start: int
     stop: int
-    idx_set: frozenset
     requires_grad: bool  # whether the backward reaches any op of the group
     has_extra_inputs: bool
     has_extra_outputs: bool
     no_grad_extra_outputs: tuple  # ((),) per basic op
     # (position in the group, slot) of the extra-output grads the group may accumulate into
     in_place_grad_slots: tuple
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TracedPlan:
+    """The fields of a :class:`Plan` the pipeline Function reads, for a call traced by
+    torch.compile: :func:`traced_plan` hands them to the trace as constants, so Dynamo guards
+    the plan's identity once instead of every field it reads (a plan is immutable). Its steps
+    are the plan's without their ops, which the trace reads from the plan
+    (``forward_step_ops``, ``backward_step_ops``): an op's parameters are graph inputs, to be
+    guarded. ``no_kwargs`` is None in the forward steps (a trace cannot unpack a constant's
+    dict)."""
+
+    first_op_requiring_backward: int
+    quantized: bool
+    has_extra_tensors: bool
+    backward_override: Optional[str]
+    forward_steps: tuple
+    backward_steps: tuple
+
+
+@mark_constant_result
+def traced_plan(plan: Plan) -> TracedPlan:
+    """``plan.traced``; Dynamo runs it at trace time and keeps the result as a constant."""
+    return plan.traced
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -140,6 +162,10 @@ class Plan:
     # the basic ops whose context flags differ from the defaults (both True):
     # (index, requires_grad, input_requires_grad)
     context_flag_overrides: tuple
+    # each step's op, in the steps' order (the pipeline zips them with the steps)
+    forward_step_ops: tuple
+    backward_step_ops: tuple
+    traced: TracedPlan  # what a traced call reads, as constants (traced_plan)
 
     def __repr__(self) -> str:
         def group(op) -> str:
@@ -208,7 +234,7 @@ def _forward_steps(forward_ops: tuple, basic_ops: tuple, routing: Routing, first
                 if (i, slot) in routing.public_output_index
                 or any(c_op >= stop for c_op, _ in routing.consumers.get((i, slot), ())))
         steps.append(ForwardStep(
-            op=op, idxs=idxs, start=start, stop=stop, idx_set=idx_set,
+            op=op, idxs=idxs, start=start, stop=stop,
             no_kwargs=tuple({} for _ in idxs), no_extra_inputs=((),) * len(idxs),
             has_extra_inputs=any(basic_ops[i].num_extra_inputs for i in idxs),
             has_extra_outputs=any(basic_ops[i].num_extra_outputs for i in idxs),
@@ -232,7 +258,7 @@ def _forward_steps(forward_ops: tuple, basic_ops: tuple, routing: Routing, first
 def _backward_steps(backward_ops: tuple, basic_ops: tuple, first: int) -> tuple:
     steps = tuple(
         BackwardStep(
-            op=op, idxs=idxs, start=idxs[0], stop=idxs[-1] + 1, idx_set=frozenset(idxs),
+            op=op, idxs=idxs, start=idxs[0], stop=idxs[-1] + 1,
             requires_grad=idxs[-1] >= first,
             has_extra_inputs=any(basic_ops[i].num_extra_inputs for i in idxs),
             has_extra_outputs=any(basic_ops[i].num_extra_outputs for i in idxs),
@@ -256,21 +282,34 @@ def build_plan(basic_ops: tuple, routing: Routing, recipe, first: int,
     backward_ops = _map_to_basic_ops(_apply_fusions(list(joint), backward_fns, recipe),
                                      basic_ops, "backward")
     n = len(basic_ops)
+    forward_steps = _forward_steps(forward_ops, basic_ops, routing, first)
+    backward_steps = _backward_steps(backward_ops, basic_ops, first)
+    fields = dict(
+        first_op_requiring_backward=first,
+        quantized=recipe is not None,
+        has_extra_tensors=any(op.num_extra_inputs or op.num_extra_outputs for op in basic_ops),
+        backward_override=getattr(recipe, "backward_override", None),
+    )
+    traced = TracedPlan(
+        forward_steps=tuple(dataclasses.replace(s, op=None, no_kwargs=None)
+                            for s in forward_steps),
+        backward_steps=tuple(dataclasses.replace(s, op=None) for s in backward_steps),
+        **fields)
     return Plan(
         basic_ops=basic_ops,
         routing=routing,
         recipe_type=type(recipe),
-        backward_override=getattr(recipe, "backward_override", None),
-        first_op_requiring_backward=first,
         forward_ops=forward_ops,
         backward_ops=backward_ops,
-        forward_steps=_forward_steps(forward_ops, basic_ops, routing, first),
-        backward_steps=_backward_steps(backward_ops, basic_ops, first),
-        quantized=recipe is not None,
-        has_extra_tensors=any(op.num_extra_inputs or op.num_extra_outputs for op in basic_ops),
+        forward_steps=forward_steps,
+        backward_steps=backward_steps,
         context_types=tuple(op.context_type for op in basic_ops),
         context_flag_overrides=tuple((i, i >= first, i > first) for i in range(n)
                                      if not (i >= first and i > first)),
+        forward_step_ops=tuple(s.op for s in forward_steps),
+        backward_step_ops=tuple(s.op for s in backward_steps),
+        traced=traced,
+        **fields,
     )
 
 

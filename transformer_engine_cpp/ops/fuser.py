@@ -63,6 +63,8 @@ class OperationFuser:
         self._pre_forward_ops = tuple(
             (i, op) for i, op in enumerate(basic_ops)
             if type(op).pre_fuser_forward is not FusibleOperation.pre_fuser_forward)
+        # (a bool: a traced call then guards it alone, not the tuple's items)
+        self._has_pre_forward_ops = bool(self._pre_forward_ops)
         self._other_pre_forward_hooks = any(
             type(op).pre_fuser_forward is not BasicOperation.materialize_meta_parameters
             for _, op in self._pre_forward_ops)
@@ -211,7 +213,7 @@ class OperationFuser:
         else:
             first = self._first_op_requiring_backward(False, extra_inputs)
         params = [p for d in self._param_dicts for p in d.values()]
-        if self._pre_forward_ops:
+        if self._has_pre_forward_ops:
             run_hooks = self._other_pre_forward_hooks
             if compiling:  # raises for meta parameters, outside the traced code
                 _refuse_meta_parameters(self)
