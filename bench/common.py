@@ -51,6 +51,11 @@ class Result:
     compile_s: float = 0.0  # first calls (compilation for the compiled providers)
     saved_bytes: int = -1  # saved-activation bytes of one forward (-1: not measured)
     outside_gemm: float = float("nan")  # share of a step's time outside the GEMMs (profiled)
+    # target 1's floor, on ours' rows of the memory-bound cases (host_profile, µs per call):
+    # ours eager's host time (the call minus its kernels) and torch.compile's wrapper around
+    # the plain model
+    eager_host_us: float = float("nan")
+    compile_wrapper_us: float = float("nan")
     peak_bytes: int = -1  # peak bytes allocated during one step (-1: not measured)
     # the case's targets, on ours' rows (NaN: none): minimum t_torch / t_ours,
     # t_torch.compile / t_ours, copy efficiency, and t_ours / t_ours_compiled
@@ -243,6 +248,36 @@ def outside_gemm_fraction(step: Callable[[], object], repeats: int = 3) -> float
         return max(0.0, 1.0 - gemm * 1e-6 / wall)
     except Exception:
         return float("nan")
+
+
+# torch.compile's per-call wrapper, as torch.profiler names its events (torch 2.13): Dynamo's
+# guard evaluation, the compiled region, the pre-graph bytecode, AOTAutograd's runtime prologue
+# and its autograd Function (forward; "CompiledFunctionBackward" in a backward). The graph call
+# ("## Call CompiledFxGraph ...") is left out: for an inductor graph it holds the kernel.
+COMPILE_WRAPPER_EVENTS = ("TorchDynamo Cache Lookup", "Torch-Compiled Region",
+                          "Pregraph bytecode", "AOTDispatcher Runtime Wrapper Prologue",
+                          "CompiledFunction")
+KERNEL_EVENTS = ("te_cpp::", "aten::")
+
+
+def host_profile(fn: Callable[[], object], calls: int) -> dict:
+    """``fn()`` run ``calls`` times under torch.profiler (CPU); per call, in µs: ``call``
+    (wall time), ``kernels`` (self time of the te_cpp and aten ops), ``wrapper`` (self time of
+    COMPILE_WRAPPER_EVENTS) and ``events`` (self time by event name). The profiler's own cost
+    inflates every figure alike."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        wall = (time.perf_counter() - t0) / calls * 1e6
+    events = {e.key: e.self_cpu_time_total / calls for e in prof.key_averages()}
+    return {"call": wall,
+            "kernels": sum(v for k, v in events.items() if k.startswith(KERNEL_EVENTS)),
+            "wrapper": sum(v for k, v in events.items()
+                           if k.startswith(COMPILE_WRAPPER_EVENTS)),
+            "events": events}
 
 
 def write_csv(results: list[Result], path: str) -> None:

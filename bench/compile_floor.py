@@ -25,20 +25,19 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import common  # noqa: E402
 import suite  # noqa: E402
 
-# torch.compile's per-call wrapper events (torch 2.13), in call order
-WRAPPER_EVENTS = (
+# the columns: torch.compile's wrapper events (common.COMPILE_WRAPPER_EVENTS, in call order),
+# the graph call, and ours eager's pipeline Function
+COLUMNS = (
     ("guards", "TorchDynamo Cache Lookup"),
     ("region", "Torch-Compiled Region"),
     ("pregraph", "Pregraph bytecode"),
@@ -46,7 +45,6 @@ WRAPPER_EVENTS = (
     ("autograd fn", "CompiledFunction"),
     ("graph call", "## Call CompiledFxGraph"),
 )
-EAGER_EVENTS = (("autograd fn", "PipelineFunction"),)
 
 CASES = (
     ("C1 LayerNorm fwd", suite.layernorm_case, ((8, 256), (4096, 1024))),
@@ -55,30 +53,13 @@ CASES = (
 )
 
 
-def _event_times(prof, calls: int) -> dict:
-    """Per-call self CPU µs by column: the wrapper events, the kernels, everything else."""
-    out = {name: 0.0 for name, _ in WRAPPER_EVENTS + EAGER_EVENTS}
-    out["kernels"] = 0.0
-    for e in prof.key_averages():
-        for name, prefix in WRAPPER_EVENTS + EAGER_EVENTS:
-            if e.key.startswith(prefix):
-                out[name] += e.self_cpu_time_total / calls
-                break
-        else:
-            if e.key.startswith(("te_cpp::", "aten::")):
-                out["kernels"] += e.self_cpu_time_total / calls
-    return out
-
-
 def measure(fn, calls: int) -> dict:
-    with common._quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        wall = (time.perf_counter() - t0) / calls * 1e6
-    out = _event_times(prof, calls)
-    out["call"] = wall
-    return out
+    prof = common.host_profile(fn, calls)
+    row = {"call": prof["call"], "kernels": prof["kernels"], "wrapper": prof["wrapper"]}
+    for name, prefix in COLUMNS:
+        row[name] = sum(v for k, v in prof["events"].items() if k.startswith(prefix))
+    row["autograd fn"] += prof["events"].get("PipelineFunction", 0.0)  # ours eager's
+    return row
 
 
 def run(threads: int, calls: int, rounds: int, log=print) -> list[dict]:
@@ -114,7 +95,7 @@ def run(threads: int, calls: int, rounds: int, log=print) -> list[dict]:
 
 
 def render(rows: list[dict], threads: int) -> str:
-    cols = [name for name, _ in WRAPPER_EVENTS]
+    cols = [name for name, _ in COLUMNS]
     lines = [f"Per-call µs, fp32, {threads} threads, median over rounds, under torch.profiler "
              f"({common.environment()}).", "",
              "| case | shape | provider | call | kernels | eager host | "
@@ -124,7 +105,7 @@ def render(rows: list[dict], threads: int) -> str:
         eager = r["provider"] == "ours eager"
         # ours eager has no wrapper events: only its pipeline Function's own time is shown
         cells = [f"{r[c]:.1f}" if not eager or c == "autograd fn" else "" for c in cols]
-        wrapper = "" if eager else f"{sum(r[c] for c in cols if c != 'graph call'):.1f}"
+        wrapper = "" if eager else f"{r['wrapper']:.1f}"
         host = f"{r['eager host']:.1f}" if eager else ""
         lines.append(f"| {r['case']} | {r['shape']} | {r['provider']} | {r['call']:.1f} | "
                      f"{r['kernels']:.1f} | {host} | " + " | ".join(cells) + f" | {wrapper} |")

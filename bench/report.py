@@ -141,6 +141,48 @@ def floor_lines(results) -> list[str]:
     return lines
 
 
+def compile_floor_lines(results) -> list[str]:
+    """Target 1's floor ("ours compiled >= ours eager" on the memory-bound cases): a compiled
+    call runs ours eager's kernels plus at least torch.compile's wrapper (measured around the
+    plain model), an eager call the kernels plus our host path; so the best ratio a compiled
+    call can reach is t_eager / (t_eager - host + wrapper). Counts the missed rows where that
+    bound is itself below 1."""
+    rows = []
+    for _, by in _group(results).items():
+        r = by.get("ours")
+        achieved = _ratio(by, "ours compiled", "ours")
+        if r is None or r.case_id not in _MEMORY_BOUND or achieved is None:
+            continue
+        host = getattr(r, "eager_host_us", float("nan"))
+        wrapper = getattr(r, "compile_wrapper_us", float("nan"))
+        if host != host or wrapper != wrapper:  # not measured (NaN)
+            continue
+        rows.append((achieved, r.median_us / (r.median_us - host + wrapper), r))
+    if not rows:
+        return []
+    missed = [(a, b, r) for a, b, r in rows if a < 1.0]
+    bound = [(a, b, r) for a, b, r in missed if b < 1.0]
+    wrappers = [r.compile_wrapper_us for _, _, r in rows]
+    hosts = [r.eager_host_us for _, _, r in rows]
+    lines = [f"* torch.compile's wrapper around the plain model: {min(wrappers):.0f}-"
+             f"{max(wrappers):.0f} µs per call over these rows; our eager host path (the call "
+             f"minus its kernels): {min(hosts):.0f}-{max(hosts):.0f} µs",
+             f"* the best ratio a compiled call can reach, t(eager) / (t(eager) - host + "
+             f"wrapper), is below 1.00x on {len(bound)} of the {len(missed)} missed rows"]
+    if bound:
+        gaps = sorted(b - a for a, b, _ in bound)
+        lines.append(f"* on those rows ours compiled is {gaps[len(gaps) // 2]:.2f} below that "
+                     f"bound (median; range {gaps[0]:.2f} to {gaps[-1]:.2f})")
+    rest = [(a, b, r) for a, b, r in missed if b >= 1.0]
+    if rest:
+        worst = min(rest, key=lambda t: t[0] - t[1])
+        lines.append(f"* the other {len(rest)} missed rows: worst {worst[0]:.2f}x against a "
+                     f"bound of {worst[1]:.2f}x ({worst[2].case_id} {worst[2].case} "
+                     f"{worst[2].mode} {worst[2].dtype} {worst[2].shape}, {worst[2].threads} "
+                     "thread(s))")
+    return lines
+
+
 def verdict_lines(results) -> list[str]:
     """One line per target of VERDICTS: met on all its rows, or missed on k of n with the worst
     row and its value; rows without the providers a target compares are not counted."""
@@ -293,6 +335,11 @@ def render(results, env: str, readme: str, *, quick: bool, callgrind_rows=()) ->
     out += ["## Verdicts (issue 18's targets)", "", "Each target over every row of this run it "
             "covers (both thread counts); the tables below have the rows.", ""]
     out += verdict_lines(results) + [""]
+    compile_floor = compile_floor_lines(results)
+    if compile_floor:
+        out += ["The floor of \"ours compiled >= ours eager\" (memory-bound cases; "
+                "torch.profiler, `bench/compile_floor.py` for the events):", ""]
+        out += compile_floor + [""]
     floors = floor_lines(results)
     if floors:
         out += ["The MLP block's floor: time outside the GEMMs (aten::mm / addmm self time under "
@@ -333,7 +380,7 @@ def _load_csv(path):
             r = types.SimpleNamespace(**dict(zip(header, vals)))
             for name in ("median_us", "ratio_vs_ours", "ratio_min", "ratio_max", "gbps",
                          "copy_efficiency", "copy_gbps", "compile_s", "p20_us", "p80_us",
-                         "outside_gemm",
+                         "outside_gemm", "eager_host_us", "compile_wrapper_us",
                          "target_vs_eager", "target_vs_compile", "target_copy",
                          "target_compiled"):
                 setattr(r, name, float(getattr(r, name, "nan")))  # older CSVs lack some

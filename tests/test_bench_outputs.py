@@ -129,3 +129,47 @@ def test_outside_gemm_fraction_and_floor_line():
     lines = report.floor_lines([row("torch", 0.031), row("ours", 0.045)])
     assert lines == ["* C8 MLP block fwd+bwd float32 4x4x4: outside the GEMMs ours 4.5% of the "
                      "step, plain eager 3.1% (<= 2%: **missed**)"]
+
+
+def test_host_profile_and_compile_floor_lines():
+    """Target 1's floor: host_profile finds torch.compile's wrapper events around a compiled
+    call and none around an eager one; the report turns each row's eager host time and the
+    plain model's wrapper into the best ratio a compiled call can reach, and counts the misses
+    where that bound is below 1."""
+    sys.path.insert(0, BENCH)
+    import types
+
+    import torch
+
+    import common
+    import report
+
+    x = torch.randn(64, 64, requires_grad=True)
+    lin = torch.nn.Linear(64, 64)
+    compiled = torch.compile(lin, fullgraph=True)
+    compiled(x)
+    eager = common.host_profile(lambda: lin(x), 5)
+    prof = common.host_profile(lambda: compiled(x), 5)
+    assert eager["wrapper"] == 0 and eager["kernels"] > 0 and eager["call"] > eager["kernels"]
+    assert prof["wrapper"] > 0 and any(k.startswith("TorchDynamo Cache Lookup")
+                                       for k in prof["events"])
+
+    def rows(shape, eager_us, compiled_ratio, host, wrapper):
+        def row(provider, ratio):
+            return types.SimpleNamespace(case="LayerNorm", case_id="C1", mode="fwd",
+                                         dtype="float32", shape=shape, threads=2,
+                                         provider=provider, ratio_vs_ours=ratio,
+                                         median_us=eager_us, eager_host_us=host,
+                                         compile_wrapper_us=wrapper)
+        return [row("ours", 1.0), row("ours compiled", compiled_ratio)]
+
+    # 100 µs eager with 20 µs host; a 50 µs wrapper bounds compiled at 100 / 130 = 0.77x, and
+    # it reaches 1 / 1.4 = 0.71x; a 10 µs wrapper bounds it at 1.11x, and it reaches 0.91x
+    lines = report.compile_floor_lines(rows("8x8", 100.0, 1.4, 20.0, 50.0)
+                                       + rows("16x8", 100.0, 1.1, 20.0, 10.0))
+    assert lines[0] == ("* torch.compile's wrapper around the plain model: 10-50 µs per call "
+                        "over these rows; our eager host path (the call minus its kernels): "
+                        "20-20 µs")
+    assert "below 1.00x on 1 of the 2 missed rows" in lines[1]
+    assert "0.05 below that bound" in lines[2]
+    assert "worst 0.91x against a bound of 1.11x (C1 LayerNorm fwd float32 16x8" in lines[3]
