@@ -307,6 +307,35 @@ def test_recipe_settings_change_compiles_a_graph_of_its_own():
     assert not torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
+def test_compiled_call_leaves_the_recipe_state_an_eager_call_leaves():
+    """A compiled call sets its recipe's quantizer state on the ops, as an eager call does, on
+    every call of the graph (not only when traced): after an eager FP8 call, a compiled call
+    without a recipe leaves no quantizers, and a compiled FP8 call after an eager one without
+    a recipe leaves them set; two graphs serve all these calls."""
+    torch.manual_seed(0)
+    model = te.ops.Sequential(te.ops.Linear(32, 32))
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    linear = model[0].basic_ops[0] if hasattr(model[0], "basic_ops") else model[0]
+    x = torch.randn(16, 32, requires_grad=True)
+    recipe = te.recipe.Float8CurrentScaling()
+    compiled(x)
+    with te.autocast(recipe=recipe):
+        compiled(x)
+    for _ in range(2):  # the graphs run again, without tracing
+        with te.autocast(recipe=recipe):
+            model(x)
+        assert linear._quantizers is not None
+        compiled(x)
+        assert linear._quantizers is None and linear._fp8_metas is None
+        with te.autocast(recipe=recipe):
+            compiled(x)
+        assert linear._quantizers is not None and linear._fp8_metas is not None
+        model(x)
+        assert linear._quantizers is None
+    assert counter.frame_count == 2
+
+
 def _first_line_raised(fn, *args):
     with pytest.raises(te.ops.CompileUnsupportedError) as info:
         fn(*args)

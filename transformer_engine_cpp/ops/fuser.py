@@ -244,11 +244,13 @@ class OperationFuser:
             plan = self._compiled[plan_id]
             # the graph makes this recipe's states current, as an eager call would; the ops
             # read them only after these stores, so they are not guarded (ops without
-            # quantizers are left out: their state is always None)
+            # quantizers are left out: their state is always None). object.__setattr__:
+            # neither is a parameter, buffer or submodule, and each lookup of
+            # nn.Module.__setattr__ would be guarded.
             for i, metas, quantizers in self._compiled[states_id]:
                 op = self._basic_ops[i]
-                op._fp8_metas = metas
-                op._quantizers = quantizers
+                object.__setattr__(op, "_fp8_metas", metas)
+                object.__setattr__(op, "_quantizers", quantizers)
             self._last_recipe = _STATES_SET_BY_A_GRAPH  # the next eager call re-applies its own
         # the last plan while the configuration is unchanged (eager: under compile its fields
         # would become guards that any eager call in between invalidates)
