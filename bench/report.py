@@ -183,6 +183,36 @@ def compile_floor_lines(results) -> list[str]:
     return lines
 
 
+def host_floor_lines(callgrind_rows) -> list[str]:
+    """Target 2's floor (the C9 small steps): where a step's host instructions go, ours against
+    plain, from bench/callgrind.py's rows (8x256, one thread); [] without them."""
+    count = {(r["case"], r["provider"]): r["instructions_per_call"] for r in callgrind_rows}
+
+    def pair(case):
+        ours, plain = count.get((case, "ours")), count.get((case, "plain"))
+        return None if ours is None or plain is None else (ours / 1e3, plain / 1e3)
+
+    ops, fwd = pair("Sequential fwd: op calls only"), pair("Sequential fwd")
+    if ops is None or fwd is None:
+        return []
+    lines = [f"* the op calls alone (our te_cpp ops against ATen's): ours {ops[0]:,.0f}K, plain "
+             f"{ops[1]:,.0f}K instructions per forward",
+             f"* the forward step (grad enabled): ours {fwd[0]:,.0f}K, plain {fwd[1]:,.0f}K; "
+             f"outside the op calls ours {fwd[0] - ops[0]:,.0f}K (Sequential, the fuser and the "
+             f"pipeline Function, in Python, and the Function's C++ apply), plain "
+             f"{fwd[1] - ops[1]:,.0f}K (nn.Sequential's module calls and ATen's autograd nodes)"]
+    no_grad = pair("Sequential fwd (no_grad)")
+    if no_grad:
+        lines.append(f"* under no_grad: ours {no_grad[0]:,.0f}K, plain {no_grad[1]:,.0f}K")
+    compiled = pair("Sequential compiled fwd")
+    unguarded = pair("Sequential compiled fwd (guards skipped)")
+    if compiled and unguarded:
+        lines.append(f"* compiled: ours {compiled[0]:,.0f}K, plain {compiled[1]:,.0f}K, of which "
+                     f"Dynamo's guards ours {compiled[0] - unguarded[0]:,.0f}K, plain "
+                     f"{compiled[1] - unguarded[1]:,.0f}K")
+    return lines
+
+
 def verdict_lines(results) -> list[str]:
     """One line per target of VERDICTS: met on all its rows, or missed on k of n with the worst
     row and its value; rows without the providers a target compares are not counted."""
@@ -340,6 +370,10 @@ def render(results, env: str, readme: str, *, quick: bool, callgrind_rows=()) ->
         out += ["The floor of \"ours compiled >= ours eager\" (memory-bound cases; "
                 "torch.profiler, `bench/compile_floor.py` for the events):", ""]
         out += compile_floor + [""]
+    host_floor = host_floor_lines(callgrind_rows)
+    if host_floor:
+        out += ["The small steps' floor (C9; `bench/callgrind.py` at 8x256 fp32, one thread, "
+                "instructions per call; the table at the end):", ""] + host_floor + [""]
     floors = floor_lines(results)
     if floors:
         out += ["The MLP block's floor: time outside the GEMMs (aten::mm / addmm self time under "

@@ -562,7 +562,7 @@ def main() -> None:
     if a.callgrind if a.callgrind is not None else not quick:
         import callgrind
         print("[callgrind] host instruction counts (one valgrind process)", flush=True)
-        callgrind_rows = callgrind.run(quick=quick)
+        callgrind_rows = callgrind.run(quick=quick, include_compile=True)
         if callgrind_rows:
             stem = os.path.join(os.path.dirname(a.out), "callgrind")
             callgrind.write_outputs(callgrind_rows, stem)

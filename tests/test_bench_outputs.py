@@ -173,3 +173,25 @@ def test_host_profile_and_compile_floor_lines():
     assert "below 1.00x on 1 of the 2 missed rows" in lines[1]
     assert "0.05 below that bound" in lines[2]
     assert "worst 0.91x against a bound of 1.11x (C1 LayerNorm fwd float32 16x8" in lines[3]
+
+
+def test_host_floor_lines():
+    """Target 2's floor: the C9 step's instructions split into the op calls and the rest, ours
+    against plain, and the compiled step's guards; nothing without the callgrind rows."""
+    sys.path.insert(0, BENCH)
+    import report
+
+    counts = {"Sequential fwd: op calls only": (579_000, 586_000),
+              "Sequential fwd": (807_000, 716_000),
+              "Sequential fwd (no_grad)": (745_000, 696_000),
+              "Sequential compiled fwd": (1_063_000, 957_000),
+              "Sequential compiled fwd (guards skipped)": (1_003_000, 940_000)}
+    rows = [{"case": case, "provider": provider, "instructions_per_call": n}
+            for case, pair in counts.items() for provider, n in zip(("ours", "plain"), pair)]
+    lines = report.host_floor_lines(rows)
+    assert lines[0].endswith("ours 579K, plain 586K instructions per forward")
+    assert "ours 807K, plain 716K; outside the op calls ours 228K" in lines[1]
+    assert "plain 130K (nn.Sequential" in lines[1]
+    assert lines[2] == "* under no_grad: ours 745K, plain 696K"
+    assert lines[3].endswith("of which Dynamo's guards ours 60K, plain 17K")
+    assert report.host_floor_lines([]) == []
