@@ -189,6 +189,8 @@ def test_compiled_step_guards_no_plan_fields_and_stay_within_budget(name):
                         r"backward_override|forward_steps|backward_steps)\b")
     guarded = [code for code in (c.split("#")[0].strip() for c in codes) if fields.search(code)]
     assert not guarded, f"{name}: plan fields guarded: {guarded[:5]}"
+    plan_identity = re.compile(r"___check_obj_id\([^()]*\._compiled\[\d+\], \d+\)")
+    assert any(plan_identity.search(c) for c in codes), f"{name}: the plan's identity is unguarded"
     if torch.__version__.split("+")[0].rsplit(".", 1)[0] != GUARD_BUDGET_TORCH:
         return  # Dynamo's guard trees differ between releases; the budgets are for one
     assert nodes <= GUARD_BUDGETS[name], (
