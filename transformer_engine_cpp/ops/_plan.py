@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .op import BasicOperation, FusibleOperation, mark_constant_result
+from .op import BasicOperation, mark_constant_result
 
 FusionFunction = Callable[..., list]
 
@@ -74,9 +74,8 @@ class Routing:
 
 @dataclasses.dataclass(frozen=True)
 class ForwardStep:
-    """One forward group and its per-call bookkeeping."""
+    """One forward group's per-call bookkeeping (its op: ``Plan.forward_step_ops``)."""
 
-    op: FusibleOperation
     idxs: tuple  # the basic ops of the group: range(start, stop)
     start: int
     stop: int
@@ -100,9 +99,9 @@ class ForwardStep:
 
 @dataclasses.dataclass(frozen=True)
 class BackwardStep:
-    """One backward group (in forward order; the pipeline runs them reversed)."""
+    """One backward group's per-call bookkeeping, its basic ops in forward order (its op:
+    ``Plan.backward_step_ops``)."""
 
-    op: FusibleOperation
     idxs: tuple
     start: int
     stop: int
@@ -118,11 +117,10 @@ class BackwardStep:
 class TracedPlan:
     """The fields of a :class:`Plan` the pipeline Function reads, for a call traced by
     torch.compile: :func:`traced_plan` hands them to the trace as constants, so Dynamo guards
-    the plan's identity once instead of every field it reads (a plan is immutable). Its steps
-    are the plan's without their ops, which the trace reads from the plan
-    (``forward_step_ops``, ``backward_step_ops``): an op's parameters are graph inputs, to be
-    guarded. ``no_kwargs`` is None in the forward steps (a trace cannot unpack a constant's
-    dict)."""
+    the plan's identity once instead of every field it reads (a plan is immutable). The steps
+    hold no ops: the trace reads those from the plan (``forward_step_ops``,
+    ``backward_step_ops``), since an op's parameters are graph inputs, to be guarded. A trace
+    does not read ``no_kwargs`` (a constant's dict cannot be unpacked in it)."""
 
     first_op_requiring_backward: int
     quantized: bool
@@ -222,7 +220,7 @@ def _map_to_basic_ops(ops: list, basic_ops: tuple, what: str) -> tuple:
 def _forward_steps(forward_ops: tuple, basic_ops: tuple, routing: Routing, first: int) -> tuple:
     n = len(basic_ops)
     steps = []
-    for op, idxs in forward_ops:
+    for _, idxs in forward_ops:
         idx_set = frozenset(idxs)
         start, stop = idxs[0], idxs[-1] + 1
         writes = tuple((k, slot) for k, i in enumerate(idxs)
@@ -234,7 +232,7 @@ def _forward_steps(forward_ops: tuple, basic_ops: tuple, routing: Routing, first
                 if (i, slot) in routing.public_output_index
                 or any(c_op >= stop for c_op, _ in routing.consumers.get((i, slot), ())))
         steps.append(ForwardStep(
-            op=op, idxs=idxs, start=start, stop=stop,
+            idxs=idxs, start=start, stop=stop,
             no_kwargs=tuple({} for _ in idxs), no_extra_inputs=((),) * len(idxs),
             has_extra_inputs=any(basic_ops[i].num_extra_inputs for i in idxs),
             has_extra_outputs=any(basic_ops[i].num_extra_outputs for i in idxs),
@@ -258,7 +256,7 @@ def _forward_steps(forward_ops: tuple, basic_ops: tuple, routing: Routing, first
 def _backward_steps(backward_ops: tuple, basic_ops: tuple, first: int) -> tuple:
     steps = tuple(
         BackwardStep(
-            op=op, idxs=idxs, start=idxs[0], stop=idxs[-1] + 1,
+            idxs=idxs, start=idxs[0], stop=idxs[-1] + 1,
             requires_grad=idxs[-1] >= first,
             has_extra_inputs=any(basic_ops[i].num_extra_inputs for i in idxs),
             has_extra_outputs=any(basic_ops[i].num_extra_outputs for i in idxs),
@@ -266,7 +264,7 @@ def _backward_steps(backward_ops: tuple, basic_ops: tuple, first: int) -> tuple:
             in_place_grad_slots=tuple((k, slot) for k, i in enumerate(idxs)
                                       for slot in basic_ops[i].in_place_grad_extra_outputs()),
         )
-        for op, idxs in backward_ops
+        for _, idxs in backward_ops
     )
     return steps[::-1]
 
@@ -290,11 +288,7 @@ def build_plan(basic_ops: tuple, routing: Routing, recipe, first: int,
         has_extra_tensors=any(op.num_extra_inputs or op.num_extra_outputs for op in basic_ops),
         backward_override=getattr(recipe, "backward_override", None),
     )
-    traced = TracedPlan(
-        forward_steps=tuple(dataclasses.replace(s, op=None, no_kwargs=None)
-                            for s in forward_steps),
-        backward_steps=tuple(dataclasses.replace(s, op=None) for s in backward_steps),
-        **fields)
+    traced = TracedPlan(forward_steps=forward_steps, backward_steps=backward_steps, **fields)
     return Plan(
         basic_ops=basic_ops,
         routing=routing,
@@ -306,8 +300,8 @@ def build_plan(basic_ops: tuple, routing: Routing, recipe, first: int,
         context_types=tuple(op.context_type for op in basic_ops),
         context_flag_overrides=tuple((i, i >= first, i > first) for i in range(n)
                                      if not (i >= first and i > first)),
-        forward_step_ops=tuple(s.op for s in forward_steps),
-        backward_step_ops=tuple(s.op for s in backward_steps),
+        forward_step_ops=tuple(op for op, _ in forward_ops),
+        backward_step_ops=tuple(op for op, _ in backward_ops)[::-1],  # the steps' order
         traced=traced,
         **fields,
     )
