@@ -430,3 +430,42 @@ def test_pickled_and_deep_copied_ops_compile_after_compiled_fp8_calls():
             y = torch.compile(other, backend="aot_eager", fullgraph=True)(x)
             torch.testing.assert_close(y, other(x), rtol=0, atol=0)
             torch.testing.assert_close(y, op(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("tokens,dtype", [(64, torch.float32), (64, torch.float16),
+                                          (4096, torch.float32)], ids=["64", "64-fp16", "4096"])
+@pytest.mark.parametrize("config", ["all", "frozen_weight", "bias_only", "input_no_grad",
+                                    "inference_mode"])
+def test_compiled_plan_configurations_equal_eager(config, tokens, dtype):
+    """Each configuration of which ops the backward reaches (frozen weights, bias-only
+    training, an input without grad, inference_mode) is a plan of its own, read by the traced
+    call as constants (``_plan.traced_plan``): compiled equals eager bit for bit, outputs and
+    every gradient, at a realistic size and in fp16 too."""
+    torch.manual_seed(0)
+    h = 1024 if tokens == 4096 else 64
+    model = te.ops.Sequential(te.ops.LayerNorm(h, dtype=dtype), te.ops.Linear(h, h, dtype=dtype),
+                              te.ops.GELU(), te.ops.Linear(h, h, dtype=dtype))
+    if config == "frozen_weight":
+        model[1].weight.requires_grad_(False)
+    elif config == "bias_only":
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.endswith("bias"))
+    elif config == "input_no_grad":
+        for p in model[0].parameters():
+            p.requires_grad_(False)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    x = torch.randn(tokens, h, dtype=dtype)
+    dy = torch.randn(tokens, h, dtype=dtype)
+    if config == "inference_mode":
+        with torch.inference_mode():
+            torch.testing.assert_close(compiled(x), model(x), **COMPILED_VS_EAGER)
+        return
+    x.requires_grad_(config not in ("input_no_grad", "bias_only"))
+    params = [p for p in model.parameters() if p.requires_grad]
+    wrt = ([x] if x.requires_grad else []) + params
+    results = []
+    for m in (model, compiled):
+        y = m(x)
+        results.append([y.detach(), *torch.autograd.grad(y, wrt, dy)])
+    for got, want in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(got, want, **COMPILED_VS_EAGER)
