@@ -7,6 +7,8 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
+#include <cstring>
+
 namespace te_cpp {
 
 // Accumulation type: double for double, float for float / bf16 / fp16.
@@ -15,6 +17,35 @@ using acc_t = at::opmath_type<T>;
 
 template <typename T>
 using AccVec = at::vec::Vectorized<acc_t<T>>;
+
+// The first n (< a vector) bf16 / fp16 elements at p as fp32, zeros past them: one 16-bit
+// masked load (AVX512) or a copy into a zeroed register-sized buffer (AVX2), then the
+// whole-vector conversion, which is exact (bf16: the bits shifted up; fp16: vcvtph2ps).
+template <typename T>
+inline AccVec<T> load_acc_partial(const T* p, int64_t n) {
+  static_assert(std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>);
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m256i raw = _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1), p);
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+  } else {
+    return _mm512_cvtph_ps(raw);
+  }
+#elif defined(CPU_CAPABILITY_AVX2)
+  alignas(16) uint16_t bits[8] = {};
+  std::memcpy(bits, p, static_cast<size_t>(n) * sizeof(T));
+  const __m128i raw = _mm_load_si128(reinterpret_cast<const __m128i*>(bits));
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+  } else {
+    return _mm256_cvtph_ps(raw);
+  }
+#else
+  alignas(64) float buf[AccVec<T>::size()] = {};
+  for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<float>(p[i]);
+  return AccVec<T>::loadu(buf);
+#endif
+}
 
 // Load `n` (<= AccVec::size()) elements starting at p, converted to the accumulation type.
 template <typename T>
@@ -28,19 +59,29 @@ inline AccVec<T> load_acc(const T* p, int64_t n = AccVec<T>::size()) {
       at::vec::load_to_float<T>(p, out);  // vectorised bf16/fp16 -> fp32
       return out;
     }
-    alignas(64) A buf[AccVec<T>::size()] = {};
-    for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<A>(p[i]);
-    return AccVec<T>::loadu(buf);
+    return load_acc_partial(p, n);
   }
 }
 
+// The first n 16-bit lanes of bits (all of them by default) stored at p: a masked store
+// (AVX512), or through a register-sized buffer (AVX2).
 #if defined(CPU_CAPABILITY_AVX512)
-inline void store_half_width(void* p, __m256i bits) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits);
+inline void store_half_width(void* p, __m256i bits, int64_t n = 16) {
+  if (n == 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits);
+  } else {
+    _mm256_mask_storeu_epi16(p, static_cast<__mmask16>((1u << n) - 1), bits);
+  }
 }
 #elif defined(CPU_CAPABILITY_AVX2)
-inline void store_half_width(void* p, __m128i bits) {
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bits);
+inline void store_half_width(void* p, __m128i bits, int64_t n = 8) {
+  if (n == 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bits);
+  } else {
+    alignas(16) uint16_t buf[8];
+    _mm_store_si128(reinterpret_cast<__m128i*>(buf), bits);
+    std::memcpy(p, buf, static_cast<size_t>(n) * sizeof(uint16_t));
+  }
 }
 #endif
 
@@ -69,20 +110,17 @@ inline void store_acc(T* p, const AccVec<T>& v, int64_t n = AccVec<T>::size()) {
     }
 #endif
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-    if (n == AccVec<T>::size()) {
-      // one fp32 vector -> one half-width vector of T, stored whole (no staging buffer)
-      if constexpr (std::is_same_v<T, c10::BFloat16>) {
-        store_half_width(p, at::vec::cvtfp32_bf16(v));
-        return;
-      } else if constexpr (std::is_same_v<T, c10::Half>) {
-        store_half_width(p, at::vec::cvtfp32_fp16(v));
-        return;
-      }
+    // one fp32 vector -> one half-width vector of T, stored whole or its first n lanes
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      store_half_width(p, at::vec::cvtfp32_bf16(v), n);
+    } else {
+      store_half_width(p, at::vec::cvtfp32_fp16(v), n);
     }
-#endif
+#else
     // Vectorized<T> holds two float vectors' worth of bf16/fp16: convert (v, v) and store the
     // first n lanes.
     at::vec::convert_from_float<T>(v, v).store(p, n);
+#endif
   }
 }
 
