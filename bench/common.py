@@ -45,6 +45,13 @@ class Result:
     gbps: float = 0.0
     copy_efficiency: float = 0.0  # achieved GB/s / copy GB/s at the same byte count
     copy_gbps: float = 0.0  # the copy's bandwidth in the same run (median over rounds)
+    # the FLOP roofline (cases with a FLOP count): ours' achieved GFLOP/s; the compute roof,
+    # an fp32 GEMM's rate in the same run (median over rounds); the roof, the lower of that
+    # and the memory roof (flops / bytes_moved x copy_gbps); ours' fraction of the roof
+    gflops: float = 0.0
+    peak_gflops: float = 0.0
+    roof_gflops: float = 0.0
+    roof_efficiency: float = 0.0
     p20_us: float = 0.0  # spread of the per-round medians
     p80_us: float = 0.0
     case_id: str = ""
@@ -62,6 +69,7 @@ class Result:
     target_vs_eager: float = float("nan")
     target_vs_compile: float = float("nan")
     target_copy: float = float("nan")
+    target_roof: float = float("nan")  # used instead of target_copy where compute-bound
     target_compiled: float = float("nan")
     target_note: str = ""
 
@@ -113,21 +121,55 @@ def copy_gbps(nbytes: int, threads: int, min_run_time: float) -> float:
     return 2 * n * 4 / (t * 1e-6) / 1e9
 
 
+# The compute roof: an fp32 torch.mm of this size runs at the GEMM's rate (oneDNN's FMA
+# loops; within 5% of the 256-1024 sizes' rates on the development machines).
+PEAK_GEMM_N = 512
+
+
+def peak_gflops(threads: int, min_run_time: float) -> float:
+    """FLOP rate of an fp32 n x n x n torch.mm (2 n^3 flops): the FLOP roof of the roofline."""
+    n = PEAK_GEMM_N
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    t = time_us(lambda: torch.mm(a, b), threads, min_run_time)
+    return 2 * n ** 3 / (t * 1e-6) / 1e9
+
+
+def roofline(res: Result, flops: int, peaks: list[float]) -> None:
+    """Fills res's roofline fields from its time, bytes and copy bandwidth: the roof is the
+    lower of the compute roof (the median of peaks) and the memory roof (arithmetic intensity
+    flops / bytes_moved times the copy's bandwidth)."""
+    res.gflops = flops / (res.median_us * 1e-6) / 1e9
+    res.peak_gflops = statistics.median(peaks)
+    res.roof_gflops = min(res.peak_gflops, flops / res.bytes_moved * res.copy_gbps)
+    res.roof_efficiency = res.gflops / res.roof_gflops
+
+
+def compute_bound(r) -> bool:
+    """The row's FLOP roof is below its memory roof (measured in the same run)."""
+    return bool(r.roof_gflops) and r.roof_gflops == r.peak_gflops
+
+
 def run_case(case: str, dtype: torch.dtype, shape: str, mode: str, providers: list[Provider],
              *, ours: str, rounds: int, threads: int, min_run_time: float,
-             bytes_moved: int = 0, copy_bytes: int = 0, log=print) -> list[Result]:
-    """Times the providers in `rounds` interleaved rounds; ratios are against `ours`."""
+             bytes_moved: int = 0, copy_bytes: int = 0, flops: int = 0,
+             log=print) -> list[Result]:
+    """Times the providers in `rounds` interleaved rounds; ratios are against `ours`. With
+    copy_bytes, each round also times a copy; with flops as well, the GEMM's FLOP rate (the
+    roofline's two roofs)."""
     torch.set_num_threads(threads)
     for p in providers:  # warm-up (and compile)
         p.fn()
     times: dict[str, list[float]] = {p.name: [] for p in providers}
     copies: list[float] = []
+    peaks: list[float] = []
     for r in range(rounds):
         order = providers[r % len(providers):] + providers[:r % len(providers)]
         for p in order:
             times[p.name].append(time_us(p.fn, threads, min_run_time))
         if copy_bytes:
             copies.append(copy_gbps(copy_bytes, threads, min_run_time))
+            if flops:
+                peaks.append(peak_gflops(threads, min_run_time))
     results = []
     for p in providers:
         ratios = [t / o for t, o in zip(times[p.name], times[ours])]
@@ -141,12 +183,17 @@ def run_case(case: str, dtype: torch.dtype, shape: str, mode: str, providers: li
             if copies:
                 res.copy_gbps = statistics.median(copies)
                 res.copy_efficiency = res.gbps / res.copy_gbps
+                if peaks:
+                    roofline(res, flops, peaks)
         results.append(res)
     line = " | ".join(f"{r.provider} {r.median_us:8.1f}us x{r.ratio_vs_ours:4.2f}"
                       for r in results)
     eff = next((r for r in results if r.provider == ours), None)
     extra = (f" | ours {eff.gbps:5.1f} GB/s = {100 * eff.copy_efficiency:4.0f}% of copy"
              if eff and eff.copy_efficiency else "")
+    if eff and eff.roof_gflops:
+        extra += (f", {eff.gflops:5.1f} GFLOP/s = {100 * eff.roof_efficiency:4.0f}% of the "
+                  f"{'FLOP' if compute_bound(eff) else 'memory'} roof")
     log(f"  {case:<16} {mode:<8} {results[0].dtype:<9} {shape:<12} t{threads}: {line}{extra}")
     return results
 

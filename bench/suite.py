@@ -10,9 +10,9 @@ Before any timing, the outputs and gradients of ours and ours compiled are check
 plain eager (relative error of the whole tensor, per dtype). Timing: R interleaved rounds, each
 timing every provider once in rotated order (torch.utils.benchmark, explicit thread count);
 ratios are taken within a round and reported as the median (min-max) over rounds. Memory-bound
-cases also time a tensor copy of the same byte count in every round (the roofline); GEMM-bound
-cases time a bare torch.mm of the same shapes. The MLP block reports saved-activation bytes and
-the peak memory allocated during a step.
+cases also time a tensor copy of the same byte count and an fp32 GEMM in every round (the
+roofline's memory and FLOP roofs); GEMM-bound cases time a bare torch.mm of the same shapes.
+The MLP block reports saved-activation bytes and the peak memory allocated during a step.
 
     python bench/suite.py --quick      # 2 threads, fp32 + bf16, short rounds (< 5 min warm)
     python bench/suite.py              # full: + DRAM-size and odd shapes, + the 1-thread table
@@ -51,10 +51,13 @@ E4M3 = torch.float8_e4m3fn  # the te_cpp quantize ops name the format by its tor
 @dataclasses.dataclass
 class Target:
     """Issue 6 / the benchmark plan: minimum speedups of ours (t_provider / t_ours, median over
-    rounds) and the minimum fraction of copy bandwidth."""
+    rounds) and the minimum fraction of copy bandwidth (or of the FLOP roof)."""
     vs_eager: Optional[float] = None
     vs_compile: Optional[float] = None
     copy_efficiency: Optional[float] = None
+    # where the case's FLOP roof is below its memory roof (compute-bound on the machine), the
+    # minimum fraction of that roof instead of copy_efficiency
+    roof_efficiency: Optional[float] = None
     compiled_vs_ours: Optional[float] = None  # t_ours / t_ours_compiled
     note: str = ""
 
@@ -69,11 +72,55 @@ class Case:
     shape: str
     # minimal bytes moved per mode for one element size (0: not memory bound)
     min_bytes: Callable[[str, int], int] = lambda mode, esz: 0
+    # minimal floating-point operations per mode (0: no FLOP roofline; see FLOPS below)
+    flops: Callable[[str], int] = lambda mode: 0
     # GEMM shapes (M, K, N) per mode for the bare torch.mm roofline
     gemms: Callable[[str], Sequence[tuple[int, int, int]]] = lambda mode: ()
     targets: dict = dataclasses.field(default_factory=dict)  # mode -> Target
     memory: bool = False  # report saved-activation bytes and peak memory of a step
     grad: bool = True  # False: forward only, no autograd (kernels without a backward)
+
+
+# FLOP counts of the roofline, per element, of each formula in the accumulation type (fp32
+# for bf16 / fp16): +, -, x, / and max count one each, a fused multiply-add two; a sign or
+# absolute value counts none, nor do conversions and the FP8 casts (no floating-point
+# arithmetic of their own). An exp counts EXP_FLOPS: at::vec's exp_u20, which the kernels
+# use, reduces the range with two multiply-adds and a floor (5) and evaluates a degree-5
+# polynomial by Horner (5 multiply-adds, 10). A sigmoid is an exp, an add and a reciprocal.
+EXP_FLOPS = 15
+SIGMOID_FLOPS = EXP_FLOPS + 2
+FLOPS = {
+    # mu: sum x (1); var: sum (x - mu)^2 (3); y = (x - mu) rstd gamma + beta (4)
+    ("LayerNorm", "fwd"): 8,
+    # g = dy gamma (1); xhat (2); sums of g (1) and g xhat (2); dgamma (2), dbeta (1);
+    # dx = rstd (g - c1 - xhat c2) (4)
+    ("LayerNorm", "bwd"): 13,
+    # sum x^2 (2); y = x rstd gamma (2)
+    ("RMSNorm", "fwd"): 4,
+    # g (1); xhat (1); sum g xhat (2); dgamma (2); dx = rstd (g - xhat c2) (3)
+    ("RMSNorm", "bwd"): 9,
+    # x + bias (1), max (1)
+    ("Bias + ReLU", "fwd"): 2,
+    # x + bias (1); GELU as x sigmoid(x (c1 + c2 x^2)): x^2 (1), multiply-add (2), x (1),
+    # the sigmoid, x s (1)
+    ("Bias + GELU", "fwd"): 6 + SIGMOID_FLOPS,
+    # z = x + bias (1); x^2, multiply-add, product, sigmoid, f = x s (5 + sigmoid);
+    # dx = dy (f (1 - s) (c1 + c2' x^2) + s): 1 - s, product, two multiply-adds, dy (7);
+    # dbias (1)
+    ("dGELU + dbias", "bwd"): 14 + SIGMOID_FLOPS,
+    # per output element: a sigmoid(a) (1 + sigmoid), times b (1)
+    ("SwiGLU", "fwd"): 2 + SIGMOID_FLOPS,
+    # per output element: s and f = a s (1 + sigmoid); g = dy b (1);
+    # da = (g a) (1 - s) s + g s (7); db = dy f (1)
+    ("SwiGLU", "bwd"): 10 + SIGMOID_FLOPS,
+    # amax: max |x| (1); x scale (1)
+    ("FP8 quantize (current scaling)", "fwd"): 2,
+    ("MXFP8 quantize", "fwd"): 2,
+}
+
+
+def _flops(name: str, elements: int) -> Callable[[str], int]:
+    return lambda mode: FLOPS.get((name, mode), 0) * elements
 
 
 def _copy_params(src: torch.nn.Module, dst_params: Sequence[torch.nn.Parameter]) -> None:
@@ -94,7 +141,8 @@ def layernorm_case(T, H):
     # fwd: read x, write y; bwd: read dy and x, write dx (stats and dgamma/dbeta are O(T + H))
     return Case("C1", "LayerNorm", ("fwd", "bwd"), build, f"{T}x{H}",
                 min_bytes=lambda mode, e: (2 if mode == "fwd" else 3) * T * H * e,
-                targets={"fwd": Target(1.0, 1.0, 0.6, 1.0), "bwd": Target(1.0, 1.0, 0.6, 1.0)})
+                flops=_flops("LayerNorm", T * H),
+                targets={m: Target(1.0, 1.0, 0.6, 0.7, 1.0) for m in ("fwd", "bwd")})
 
 
 def rmsnorm_case(T, H):
@@ -107,7 +155,8 @@ def rmsnorm_case(T, H):
         return plain, ours, (torch.randn(T, H, dtype=dtype),)
     return Case("C2", "RMSNorm", ("fwd", "bwd"), build, f"{T}x{H}",
                 min_bytes=lambda mode, e: (2 if mode == "fwd" else 3) * T * H * e,
-                targets={"fwd": Target(2.0, 1.0, 0.6, 1.0), "bwd": Target(2.0, 1.0, 0.6, 1.0)})
+                flops=_flops("RMSNorm", T * H),
+                targets={m: Target(2.0, 1.0, 0.6, 0.7, 1.0) for m in ("fwd", "bwd")})
 
 
 def bias_act_builder(T, F, act):
@@ -123,19 +172,17 @@ def bias_act_builder(T, F, act):
 
 def bias_act_case(T, F, act):
     # forward: read x, write y (the pre-activation need not be written)
-    return Case("C3", f"Bias + {act.upper() if act == 'gelu' else 'ReLU'}", ("fwd",),
-                bias_act_builder(T, F, act), f"{T}x{F}",
-                min_bytes=lambda mode, e: 2 * T * F * e,
-                targets={"fwd": Target(1.5, 1.0, 0.6 if act == "relu" else None, 1.0,
-                                       note="GELU is exp-bound on 2 cores" if act == "gelu"
-                                       else "")})
+    name = f"Bias + {act.upper() if act == 'gelu' else 'ReLU'}"
+    return Case("C3", name, ("fwd",), bias_act_builder(T, F, act), f"{T}x{F}",
+                min_bytes=lambda mode, e: 2 * T * F * e, flops=_flops(name, T * F),
+                targets={"fwd": Target(1.5, 1.0, 0.6, 0.7, 1.0)})
 
 
 def dact_dbias_case(T, F):
     # backward of Bias -> GELU (BackwardActivationBias): read dy and the saved input, write dx
     return Case("C4", "dGELU + dbias", ("bwd",), bias_act_builder(T, F, "gelu"), f"{T}x{F}",
-                min_bytes=lambda mode, e: 3 * T * F * e,
-                targets={"bwd": Target(1.2, 1.0, 0.6, 1.0, note="GELU' is exp-bound on 2 cores")})
+                min_bytes=lambda mode, e: 3 * T * F * e, flops=_flops("dGELU + dbias", T * F),
+                targets={"bwd": Target(1.2, 1.0, 0.6, 0.7, 1.0)})
 
 
 def swiglu_case(T, F):
@@ -145,7 +192,9 @@ def swiglu_case(T, F):
     # fwd: read T x 2F, write T x F; bwd: read dy (T x F) and x (T x 2F), write dx (T x 2F)
     return Case("C5", "SwiGLU", ("fwd", "bwd"), build, f"{T}x2*{F}",
                 min_bytes=lambda mode, e: (3 if mode == "fwd" else 5) * T * F * e,
-                targets={"fwd": Target(1.4, 1.0, 0.6, 1.0), "bwd": Target(1.5, 1.0, 0.6, 1.0)})
+                flops=_flops("SwiGLU", T * F),
+                targets={"fwd": Target(1.4, 1.0, 0.6, 0.7, 1.0),
+                         "bwd": Target(1.5, 1.0, 0.6, 0.7, 1.0)})
 
 
 def linear_gelu_case(T, H, F):
@@ -319,7 +368,7 @@ def quantize_case(T, H, kind):
     def build(dtype):
         return _Quantize(plain_fn), _Quantize(fn), (torch.randn(T, H, dtype=dtype) * 3,)
     return Case("C10", name, ("fwd",), build, f"{T}x{H}", min_bytes=nbytes, grad=False,
-                targets={"fwd": Target(1.0, 1.0, 0.6, 1.0)})
+                flops=_flops(name, T * H), targets={"fwd": Target(1.0, 1.0, 0.6, 0.7, 1.0)})
 
 
 def all_cases(full: bool, quick: bool) -> list[Case]:
@@ -463,7 +512,7 @@ def run_case_dtype(case: Case, dtype, threads: int, rounds: int, min_run_time: f
         res = common.run_case(f"{case.id} {case.name}", dtype, case.shape, mode,
                               providers + extra, ours="ours", rounds=rounds, threads=threads,
                               min_run_time=min_run_time, bytes_moved=nbytes,
-                              copy_bytes=nbytes // 2, log=log)
+                              copy_bytes=nbytes // 2, flops=case.flops(mode), log=log)
         if nbytes and mode in ("fwd", "bwd"):
             _compile_floor(res, steps, mode)
         if case.memory and mode == "fwd+bwd":
@@ -487,6 +536,7 @@ def run_case_dtype(case: Case, dtype, threads: int, rounds: int, min_run_time: f
                 r.target_vs_eager = nan if t.vs_eager is None else t.vs_eager
                 r.target_vs_compile = nan if t.vs_compile is None else t.vs_compile
                 r.target_copy = nan if t.copy_efficiency is None else t.copy_efficiency
+                r.target_roof = nan if t.roof_efficiency is None else t.roof_efficiency
                 r.target_compiled = nan if t.compiled_vs_ours is None else t.compiled_vs_ours
                 r.target_note = t.note
         results += res

@@ -100,9 +100,47 @@ def test_report_verdict_lines():
     assert "**met** on all 2 rows (lowest 1.30x" in lines[
         "ours eager >= plain eager, memory-bound cases"]
     assert "**missed** on 1 of 1 rows; worst 33% against 60%" in lines[
-        "bf16 / fp16 memory-bound kernels >= 60% of copy"]
+        "bf16 / fp16 memory-bound kernels >= 60% of copy (rows whose memory roof binds)"]
+    assert lines["bf16 / fp16 compute-bound kernels >= 70% of the FLOP roof (rows whose FLOP "
+                 "roof binds)"].endswith("not measured in this run")
     assert lines["small steps (C9): ours eager >= plain eager"].endswith(
         "not measured in this run")
+
+
+def test_roofline_picks_the_lower_roof_and_its_target():
+    """Target 3's roofline: a row's roof is the lower of the GEMM's FLOP rate and its
+    operations per byte times the copy's bandwidth; a row under its FLOP roof is judged by the
+    fraction of that roof (70%), one under its memory roof by the fraction of copy (60%)."""
+    sys.path.insert(0, BENCH)
+    import common
+    import report
+
+    def row(flops_per_byte, us, copy_eff):
+        # 1 MB moved in `us` µs; the copy at 100 GB/s; the GEMM at 100 GFLOP/s
+        r = common.Result("LayerNorm", "bfloat16", f"{flops_per_byte}", "fwd", 2, "ours", us,
+                          1.0, 1.0, 1.0,
+                          bytes_moved=10**6, case_id="C1", target_copy=0.6, target_roof=0.7)
+        r.gbps, r.copy_gbps, r.copy_efficiency = 1e6 / (us * 1e3), 100.0, copy_eff
+        common.roofline(r, int(flops_per_byte * 10**6), [90.0, 100.0, 110.0])
+        return r
+
+    # 2 flops per byte: memory roof 200 GFLOP/s, FLOP roof 100: compute-bound, at 80 GFLOP/s
+    compute = row(2, 25.0, 0.4)
+    assert (compute.peak_gflops, compute.roof_gflops) == (100.0, 100.0)
+    assert compute.gflops == 80.0 and compute.roof_efficiency == 0.8
+    assert common.compute_bound(compute) and report._compute_bound(compute)
+    # 0.5 flops per byte: memory roof 50 GFLOP/s: memory-bound, at 20 GFLOP/s (40% of copy)
+    memory = row(0.5, 25.0, 0.4)
+    assert memory.roof_gflops == 50.0 and memory.roof_efficiency == 0.4
+    assert not common.compute_bound(memory) and not report._compute_bound(memory)
+    lines = dict(zip((v[0] for v in report.VERDICTS), report.verdict_lines([compute, memory])))
+    assert "**met** on all 1 rows (lowest 80%" in lines[
+        "bf16 / fp16 compute-bound kernels >= 70% of the FLOP roof (rows whose FLOP roof binds)"]
+    assert "**missed** on 1 of 1 rows; worst 40% against 60%" in lines[
+        "bf16 / fp16 memory-bound kernels >= 60% of copy (rows whose memory roof binds)"]
+    table = "\n".join(report.summary_table([compute, memory]))
+    assert "| 80% (80.0 of 100, FLOP) |" in table and "roof ≥70% ✓" in table
+    assert "| 40% (20.0 of 50, memory) |" in table and "copy ≥60% ✗" in table
 
 
 def test_outside_gemm_fraction_and_floor_line():
