@@ -532,6 +532,47 @@ def test_mxfp8_of_a_transposed_view(rows, cols, dtype, fmt):
     assert torch.equal(data, cdata) and torch.equal(scale, cscale)
 
 
+def _bf16_blocks(nblocks, seed, wild):
+    """nblocks MXFP8 blocks of bf16 built from bit patterns: per block a top binade, elements
+    up to a per-block 4 to 32 binades below it (across both formats' FP8 denormal boundaries)
+    with every 7-bit mantissa (ties of the FP8 rounding included) and either sign; zeros and
+    bf16 denormals; with wild, NaN, inf and blocks whose maximum is huge or tiny (a scale e
+    outside the bf16 fast path's range)."""
+    g = torch.Generator().manual_seed(seed)
+    n = nblocks * 32
+    top = torch.randint(127 - 100, 127 + 100, (nblocks, 1), generator=g)
+    if wild:
+        top = torch.randint(1, 255, (nblocks, 1), generator=g)
+    spread = torch.randint(4, 33, (nblocks, 1), generator=g)
+    below = (torch.rand(nblocks, 32, generator=g) * (spread + 1)).long()
+    exp = (top - below).clamp(0, 254).reshape(-1)
+    bits = (torch.randint(0, 2, (n,), generator=g) << 15) | (exp << 7) | torch.randint(
+        0, 128, (n,), generator=g)
+    pick = torch.rand(n, generator=g)
+    bits = torch.where(pick < 0.05, bits & 0x8000, bits)  # signed zeros
+    bits = torch.where((pick >= 0.05) & (pick < 0.051), bits & 0x807F, bits)  # denormals
+    if wild:
+        bits = torch.where((pick >= 0.10) & (pick < 0.105), 0x7FC1 | (bits & 0x8000), bits)
+        bits = torch.where((pick >= 0.105) & (pick < 0.107), 0x7F80 | (bits & 0x8000), bits)
+    x = bits.to(torch.int16).view(torch.bfloat16).reshape(nblocks, 32)
+    x[::97] = 0.0  # all-zero blocks
+    return x.reshape(-1, 256)
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("wild", [False, True], ids=["in_range", "wild"])
+def test_mxfp8_bf16_bit_patterns(fmt, wild):
+    """bf16 MXFP8 (the CPU kernel works on bf16 as 16-bit lanes, taking the fp32 path for the
+    blocks it cannot: FP8 denormals, inf and tiny block maxima): the reference's bytes and
+    scales over 4096 blocks of bit-pattern-built values, with rounding ties, zeros, denormals
+    and, in the wild set, NaN, inf and extreme scales."""
+    x = _bf16_blocks(4096, 3 if wild else 2, wild)
+    data, scale = te_ops.mxfp8_quantize(x, fmt)
+    rdata, rscale = ref_mxfp8(x, fmt)
+    assert_bits_equal(scale, rscale)
+    assert_fp8_bytes_equal(data, rdata, fmt)
+
+
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
 def test_mxfp8_scale_fits_block_amax(fmt):
     """The rule's intent: block_amax * 2^-(e-127) lies in (fp8_max/2, fp8_max]."""

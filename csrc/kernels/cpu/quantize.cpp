@@ -374,6 +374,81 @@ inline void mxfp8_16_blocks(const T* __restrict x, uint8_t* __restrict data,
                     _mm512_mul_ps(load_acc<T>(xj + 3 * W), s1));
   }
 }
+
+// 16 consecutive MXFP8 blocks of bf16, worked on as 16-bit lanes: a block of 32 bf16 is one
+// vector. A bf16 times a block multiplier 2^(127 - e) is the bf16 with its exponent moved, so
+// the product needs no fp32 arithmetic: the FP8 code is the bf16 magnitude rounded to nearest
+// even at the FP8 mantissa width (kDrop bits dropped, a carry moving into the exponent as in
+// fp8_codes), plus the block's exponent offset, then saturated (min with the largest finite
+// code), NaN made 0x7F, and the sign merged. The same bytes as mxfp8_16_blocks, which handles
+// the rest: a group holding a block with e outside [bias, 253] (an inf or a very small block
+// maximum), and each block holding an element other than zero whose scaled value is below
+// FP8's normal range (an FP8 denormal: its rounding is not at a fixed bit).
+template <c10::ScalarType F>
+inline void mxfp8_16_blocks_bf16(const c10::BFloat16* __restrict x, uint8_t* __restrict data,
+                                 uint8_t* __restrict scales) {
+  constexpr int64_t B = 32;
+  // E4M3: 3 mantissa bits of bf16's 7 kept, bias 7, largest finite code 0x7E.
+  // E5M2: 2 kept, bias 15, largest finite code 0x7B.
+  constexpr int kDrop = F == fp8::kE4M3 ? 4 : 5;
+  constexpr int kBias = F == fp8::kE4M3 ? 7 : 15;
+  constexpr int16_t kMaxCode = F == fp8::kE4M3 ? 0x7E : 0x7B;
+  __m512 m[16];
+  for (int j = 0; j < 16; ++j) {
+    // the even elements' magnitudes as fp32 (shifted up), the odd ones' (masked): bf16 is the
+    // upper half of an fp32, so these are exact; NaN skipped as in mxfp8_16_blocks
+    const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(x + j * B));
+    const __m512 even = _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_slli_epi32(v, 16), _mm512_set1_epi32(0x7FFFFFFF)));
+    const __m512 odd =
+        _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(0x7FFF0000)));
+    m[j] = _mm512_max_ps(odd, _mm512_max_ps(even, _mm512_setzero_ps()));
+  }
+  __m512 rcp;
+  const __m512i e = mx_exponents(max_lanes_16(m), fp8::max_norm_rcp<F>(), rcp);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(scales), _mm512_cvtepi32_epi8(e));
+  // every multiplier 2^(127 - e) a normal fp32 (e <= 253) that does not raise a zero's code
+  // above 0 (e >= kBias, below which the block maximum is under 2^-120); else the fp32 path
+  if (_mm512_cmplt_epu32_mask(_mm512_sub_epi32(e, _mm512_set1_epi32(kBias)),
+                              _mm512_set1_epi32(254 - kBias)) != 0xFFFF) {
+    mxfp8_16_blocks<c10::BFloat16, F>(x, data, scales, fp8::max_norm_rcp<F>());
+    return;
+  }
+  const __m512i mag_mask = _mm512_set1_epi16(0x7FFF);
+  const __m512i round_half = _mm512_set1_epi16((1 << (kDrop - 1)) - 1);
+  const __m512i one = _mm512_set1_epi16(1);
+  const __m512i zero = _mm512_setzero_si512();
+  for (int j = 0; j < 16; ++j) {
+    const int ej = scales[j];
+    // the scaled value's FP8 biased exponent is E - ej + kBias for a bf16 exponent E, normal
+    // for E >= ej - kBias + 1: below that magnitude (and above zero) the fp32 path
+    const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(x + j * B));
+    const __m512i mag = _mm512_and_si512(v, mag_mask);
+    const __mmask32 low = _mm512_cmplt_epu16_mask(
+        mag, _mm512_set1_epi16(static_cast<int16_t>((ej - kBias + 1) << 7)));
+    if (_mm512_mask_cmpneq_epu16_mask(low, mag, zero) != 0) {
+      const __m512 s = _mm512_set1_ps(fp8::e8m0_rcp(static_cast<uint8_t>(ej)));
+      const c10::BFloat16* xj = x + j * B;
+      store_fp8<F>(data + j * B, _mm512_mul_ps(load_acc<c10::BFloat16>(xj), s));
+      store_fp8<F>(data + j * B + 16, _mm512_mul_ps(load_acc<c10::BFloat16>(xj + 16), s));
+      continue;
+    }
+    // round to nearest even at bit kDrop: (mag + half - 1 + odd) >> kDrop, odd the kept LSB
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi16(mag, kDrop), one);
+    __m512i c = _mm512_srli_epi16(_mm512_add_epi16(_mm512_add_epi16(mag, round_half), odd),
+                                  kDrop);
+    // exponent rebias: (kBias - ej) << mantissa bits (7 - kDrop), at most 0; zeros clamp to
+    // 0; inf and the values past the largest finite code saturate
+    c = _mm512_add_epi16(c, _mm512_set1_epi16(static_cast<int16_t>((kBias - ej)
+                                                                  << (7 - kDrop))));
+    c = _mm512_min_epi16(_mm512_max_epi16(c, zero), _mm512_set1_epi16(kMaxCode));
+    c = _mm512_mask_mov_epi16(c, _mm512_cmpgt_epu16_mask(mag, _mm512_set1_epi16(0x7F80)),
+                              _mm512_set1_epi16(0x7F));  // NaN
+    // c | ((v >> 8) & 0x80): the sign bit into bit 7
+    c = _mm512_ternarylogic_epi32(c, _mm512_srli_epi16(v, 8), _mm512_set1_epi16(0x80), 0xF8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(data + j * B), _mm512_cvtepi16_epi8(c));
+  }
+}
 #endif
 
 // One MXFP8 block of 32 elements, scalar (fp8::mxfp8_block_exponent and cast_to_fp8).
@@ -409,7 +484,11 @@ void mxfp8_quantize_blocks(const T* x, uint8_t* data, uint8_t* scales, int64_t n
     static_assert(B == 2 * W, "the AVX512 path handles a block as two vectors");
     int64_t b = b0;
     for (; b + 16 <= b1; b += 16) {
-      mxfp8_16_blocks<T, F>(xl + b * B, dl + b * B, sl + b, fp8::max_norm_rcp<F>());
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        mxfp8_16_blocks_bf16<F>(xl + b * B, dl + b * B, sl + b);
+      } else {
+        mxfp8_16_blocks<T, F>(xl + b * B, dl + b * B, sl + b, fp8::max_norm_rcp<F>());
+      }
     }
     for (; b < b1; ++b) {
       const T* xb = xl + b * B;
