@@ -100,12 +100,7 @@ inline void store_acc(T* p, const AccVec<T>& v, int64_t n = AccVec<T>::size()) {
     if constexpr (std::is_same_v<T, c10::BFloat16>) {
       // vcvtneps2bf16: round to nearest even in one instruction (NaN stays NaN; fp32
       // denormals, below 1.2e-38, become zero), then a whole or a masked store
-      const __m256i bits = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
-      if (n == AccVec<T>::size()) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits);
-      } else {
-        _mm256_mask_storeu_epi16(p, static_cast<__mmask16>((1u << n) - 1), bits);
-      }
+      store_half_width(p, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)), n);
       return;
     }
 #endif
