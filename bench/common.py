@@ -22,6 +22,8 @@ from typing import Callable, Optional
 import torch
 import torch.utils.benchmark as tbench
 
+import report  # torch-free; its row classification is the one the log line uses
+
 
 @dataclasses.dataclass
 class Provider:
@@ -144,11 +146,6 @@ def roofline(res: Result, flops: int, peaks: list[float]) -> None:
     res.roof_efficiency = res.gflops / res.roof_gflops
 
 
-def compute_bound(r) -> bool:
-    """The row's FLOP roof is below its memory roof (measured in the same run)."""
-    return bool(r.roof_gflops) and r.roof_gflops == r.peak_gflops
-
-
 def run_case(case: str, dtype: torch.dtype, shape: str, mode: str, providers: list[Provider],
              *, ours: str, rounds: int, threads: int, min_run_time: float,
              bytes_moved: int = 0, copy_bytes: int = 0, flops: int = 0,
@@ -193,7 +190,7 @@ def run_case(case: str, dtype: torch.dtype, shape: str, mode: str, providers: li
              if eff and eff.copy_efficiency else "")
     if eff and eff.roof_gflops:
         extra += (f", {eff.gflops:5.1f} GFLOP/s = {100 * eff.roof_efficiency:4.0f}% of the "
-                  f"{'FLOP' if compute_bound(eff) else 'memory'} roof")
+                  f"{'FLOP' if report.compute_bound(eff) else 'memory'} roof")
     log(f"  {case:<16} {mode:<8} {results[0].dtype:<9} {shape:<12} t{threads}: {line}{extra}")
     return results
 

@@ -78,7 +78,7 @@ def summary_table(results) -> list[str]:
         cells.append(f"{100 * ours.copy_efficiency:.0f}% ({ours.gbps:.1f})"
                      if ours.copy_efficiency else "")
         cells.append(f"{100 * ours.roof_efficiency:.0f}% ({ours.gflops:.1f} of "
-                     f"{ours.roof_gflops:.0f}, {'FLOP' if _compute_bound(ours) else 'memory'})"
+                     f"{ours.roof_gflops:.0f}, {'FLOP' if compute_bound(ours) else 'memory'})"
                      if _has_roof(ours) else "")
         mm = by.get("torch.mm")
         cells.append(f"{1 / mm.ratio_vs_ours:.3f}" if mm else "")
@@ -88,7 +88,7 @@ def summary_table(results) -> list[str]:
             _goal("compile", by["torch.compile"].ratio_vs_ours, ours.target_vs_compile,
                   "{:g}x".format) if "torch.compile" in by else "",
             _goal("roof", ours.roof_efficiency, ours.target_roof, lambda v: f"{100 * v:.0f}%")
-            if _compute_bound(ours) else
+            if compute_bound(ours) else
             _goal("copy", ours.copy_efficiency, ours.target_copy, lambda v: f"{100 * v:.0f}%"),
             _goal("compiled", 1 / oc.ratio_vs_ours, ours.target_compiled, "{:g}x".format)
             if oc else "",
@@ -111,15 +111,15 @@ def _has_roof(r) -> bool:
     return roof == roof and roof > 0  # older CSVs: NaN
 
 
-def _compute_bound(r) -> bool:
+def compute_bound(r) -> bool:
     """The row's FLOP roof (the GEMM's rate) is below its memory roof: the op's arithmetic,
-    not the copy bandwidth, bounds it on this machine (common.compute_bound)."""
+    not the copy bandwidth, bounds it on this machine (common.roofline's fields)."""
     return _has_roof(r) and r.roof_gflops == r.peak_gflops
 
 
 def _copy_target(by, r):
     """Target 3 on a bf16 / fp16 row whose memory roof binds: the fraction of copy bandwidth."""
-    if not r.copy_efficiency or r.target_copy != r.target_copy or _compute_bound(r):
+    if not r.copy_efficiency or r.target_copy != r.target_copy or compute_bound(r):
         return None
     return r.copy_efficiency
 
@@ -127,7 +127,7 @@ def _copy_target(by, r):
 def _roof_target(by, r):
     """Target 3 on a bf16 / fp16 row whose FLOP roof binds: the fraction of that roof."""
     target = getattr(r, "target_roof", float("nan"))
-    if not _compute_bound(r) or target != target:
+    if not compute_bound(r) or target != target:
         return None
     return r.roof_efficiency
 

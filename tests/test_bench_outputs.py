@@ -128,11 +128,11 @@ def test_roofline_picks_the_lower_roof_and_its_target():
     compute = row(2, 25.0, 0.4)
     assert (compute.peak_gflops, compute.roof_gflops) == (100.0, 100.0)
     assert compute.gflops == 80.0 and compute.roof_efficiency == 0.8
-    assert common.compute_bound(compute) and report._compute_bound(compute)
+    assert report.compute_bound(compute)
     # 0.5 flops per byte: memory roof 50 GFLOP/s: memory-bound, at 20 GFLOP/s (40% of copy)
     memory = row(0.5, 25.0, 0.4)
     assert memory.roof_gflops == 50.0 and memory.roof_efficiency == 0.4
-    assert not common.compute_bound(memory) and not report._compute_bound(memory)
+    assert not report.compute_bound(memory)
     lines = dict(zip((v[0] for v in report.VERDICTS), report.verdict_lines([compute, memory])))
     assert "**met** on all 1 rows (lowest 80%" in lines[
         "bf16 / fp16 compute-bound kernels >= 70% of the FLOP roof (rows whose FLOP roof binds)"]
