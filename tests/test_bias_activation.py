@@ -24,7 +24,12 @@ def _run(act_cls, x_dtype, bias_dtype, *, seed=0, shape=(3, 5, 37)):
     seq = te.ops.Sequential(te.ops.Bias(shape[-1], dtype=bias_dtype), act_cls())
     with torch.no_grad():
         seq[0].bias.normal_()
-    x = torch.randn(shape, dtype=x_dtype, requires_grad=True)
+        seq[0].bias[:4] = 0.0
+    x = torch.randn(shape, dtype=x_dtype)
+    # x + bias subnormal in fp32 (and in bf16) in the first columns: rounded to the input's
+    # dtype as the unfused Bias stores it, which the activation (ReLU's x > 0) can see
+    x[..., :4] = torch.tensor([1e-39, -1e-39, 3e-39, 5e-40], dtype=x_dtype)
+    x.requires_grad_(True)
     dy = torch.randn(shape, dtype=torch.promote_types(x_dtype, bias_dtype))
     y = seq(x)
     y.backward(dy)

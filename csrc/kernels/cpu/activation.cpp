@@ -150,6 +150,11 @@ inline AccVec<T> round_to(const AccVec<T>& v) {
   } else {
 #if defined(CPU_CAPABILITY_AVX512)
     if constexpr (std::is_same_v<T, c10::BFloat16>) {
+#if defined(__AVX512BF16__)
+      // store_acc's vcvtneps2bf16, widened back (the bits shifted up)
+      const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+#else
       // round to nearest even on the upper 16 bits (as at::vec::cvtfp32_bf16); NaN kept
       const __m512 f = v;
       const __m512i bits = _mm512_castps_si512(f);
@@ -158,6 +163,7 @@ inline AccVec<T> round_to(const AccVec<T>& v) {
       r = _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
       return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(f, f, _CMP_ORD_Q), f,
                                   _mm512_castsi512_ps(r));
+#endif
     } else if constexpr (std::is_same_v<T, c10::Half>) {
       __m512 out;
       at::vec::cvtfp16_fp32(at::vec::cvtfp32_fp16(v), out);
