@@ -84,10 +84,10 @@ class Case:
 # FLOP counts of the roofline, per element, of each formula in the accumulation type (fp32
 # for bf16 / fp16): +, -, x, / and max count one each, a fused multiply-add two; a sign or
 # absolute value counts none, nor do conversions and the FP8 casts (no floating-point
-# arithmetic of their own). An exp counts EXP_FLOPS: at::vec's exp_u20, which the kernels
-# use, reduces the argument with two multiply-adds and a subtraction (5) and evaluates a
-# degree-5 polynomial by Horner (5 multiply-adds, 10); its clamps and its scaling by a power
-# of two (an exponent operation) are not counted. A sigmoid is an exp, an add and a reciprocal.
+# arithmetic of their own). An exp counts EXP_FLOPS: the kernels' exp (vec_math.h) reduces
+# the argument with a multiply and two multiply-adds (5) and evaluates a degree-5 polynomial
+# by Horner (5 multiply-adds, 10); its clamps, rounding and scaling by a power of two (an
+# exponent operation) are not counted. A sigmoid is an exp, an add and a reciprocal.
 EXP_FLOPS = 15
 SIGMOID_FLOPS = EXP_FLOPS + 2
 FLOPS = {

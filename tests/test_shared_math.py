@@ -39,8 +39,13 @@ GATED = ["glu", "geglu", "qgeglu", "reglu", "sreglu", "swiglu", "clamped_swiglu"
 PARAMS = {"clamped_swiglu": (7.0, 1.702, 1.0), "situglu": (1.5, 0.75)}
 NORM_EPS = (1e-5, 0.0)
 L2_EPS = (1e-6, 0.0)
+# the exp's edges: 88.72283935546875 is the first fp32 whose exp overflows (sigmoid(-x) is 0
+# from there: SiLU's x sigmoid(x) is -0, not NaN), 88.72283172607422 the last that does not;
+# below -87.34 exp is subnormal, below -103.98 it is 0
+EXP_EDGES = [88.72283935546875, 88.72283172607422, 87.5, 103.9, 150.0]
 SPECIALS = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-39, -1e-39, 88.8, -88.8,
-            1e4, -1e4, 7.0, -7.0, 7.000001, -7.000001, 20.0, -20.0]
+            1e4, -1e4, 7.0, -7.0, 7.000001, -7.000001, 20.0, -20.0,
+            *EXP_EDGES, *[-v for v in EXP_EDGES]]
 # scalar (math library) against the CPU kernel (at::vec), per precision: (rtol, atol)
 TOL = {torch.float32: (2e-5, 2e-6), torch.float64: (1e-12, 1e-14)}
 # the norms add their row sums in another order: (rtol, atol)
@@ -165,6 +170,7 @@ def test_shared_math_compiles_as_cuda_device_code(tmp_path):
 
 WIDTH = 19  # columns 16..18 are a partial vector for every at::vec width (4, 8, 16 lanes)
 REPEAT = 3  # the last REPEAT columns repeat the first REPEAT
+ROWS = 2 * len(SPECIALS) + 6  # room for the specials in columns 0 and 1
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 
 
@@ -197,7 +203,7 @@ def _assert_tail_equals_body(t, what, half=None):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("cls", ACTIVATIONS, ids=lambda c: c.__name__)
 def test_activation_row_tail_equals_body(cls, dtype):
-    rows, stem = 40, cls.op_stem
+    rows, stem = ROWS, cls.op_stem
     scaled, gated = cls in SCALED, cls.gated
     params = op_params(cls()) + ((0,) if gated else ())
     scales = (torch.rand(rows, generator=torch.Generator().manual_seed(3)) + 0.5,)
@@ -227,7 +233,7 @@ def test_activation_row_tail_equals_body(cls, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_norm_row_tail_equals_body(dtype):
-    rows = 40
+    rows = ROWS
     x = _repeating(rows, WIDTH, dtype, 1)
     x[3] = 0.0  # a zero row (inf rstd / rnorm with eps = 0)
     dy = _repeating(rows, WIDTH, dtype, 2, specials=True)
@@ -254,8 +260,8 @@ def test_norm_row_tail_equals_body(dtype):
 # contraction off, a row's tail rounds it as the vector body does.
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_rmsnorm_bwd_add_row_tail_equals_body(dtype):
-    x = _repeating(40, WIDTH, dtype, 1)
-    dy = _repeating(40, WIDTH, dtype, 2, specials=True)
+    x = _repeating(ROWS, WIDTH, dtype, 1)
+    dy = _repeating(ROWS, WIDTH, dtype, 2, specials=True)
     w = _repeating(1, WIDTH, dtype, 3)[0]
     for zc in (False, True):
         _, rs = ops.rmsnorm_fwd(x, w, 1e-5, zc)

@@ -57,12 +57,12 @@ struct Gelu {
   explicit Gelu(const ActConfig&) {}
   TE_MATH V f(const V& x) const {
     // 2u = x (c1 + c2 x^2); x NaN: f is NaN through the product with x
-    return x * O::sigmoid_in_product(x * O::fma(x * x, c2, c1));
+    return x * O::sigmoid(x * O::fma(x * x, c2, c1));
   }
   // g * f'(x), as PyTorch's tanh-GELU backward (g times the derivative)
   TE_MATH void grad(const V& x, const V& g, V& f, V& gx) const {
     const V x2 = x * x;
-    const V s = O::sigmoid_in_product(x * O::fma(x2, c2, c1));
+    const V s = O::sigmoid(x * O::fma(x2, c2, c1));
     f = x * s;
     gx = g * O::fma(f * (one - s), O::fma(x2, c2x3, c1), s);
   }
@@ -99,9 +99,9 @@ struct ScaledSilu {
   const V one{A(1)}, alpha;
   ScaledSilu(const ActConfig&, A a) : alpha(a) {}
   // x NaN: f and gx are NaN through the products with x
-  TE_MATH V f(const V& x) const { return x * O::sigmoid_in_product(alpha * x); }
+  TE_MATH V f(const V& x) const { return x * O::sigmoid(alpha * x); }
   TE_MATH void grad(const V& x, const V& g, V& f, V& gx) const {
-    const V s = O::sigmoid_in_product(alpha * x);
+    const V s = O::sigmoid(alpha * x);
     f = x * s;
     gx = scaled_silu_grad(x, g, s, one, alpha);
   }

@@ -75,10 +75,6 @@ struct ScalarOps {
   static TE_MATH A sqrt(A x) { return detail::sqrt(x); }
   // 1 / (1 + exp(-x)): 0 where exp(-x) overflows, NaN for NaN x
   static TE_MATH A sigmoid(A x) { return A(1) / (A(1) + detail::exp(-x)); }
-  // sigmoid(x) where the caller multiplies the result by a factor that is NaN whenever x is
-  // (x sigmoid(a x), ...): a vector implementation may skip its NaN fix-up there. The same
-  // function for a scalar.
-  static TE_MATH A sigmoid_in_product(A x) { return sigmoid(x); }
 };
 
 template <>
