@@ -4,11 +4,12 @@ autograd Function, ...) around ours and around the plain model, next to ours eag
 
     python bench/compile_floor.py [--threads 2] [--calls 40] [--rounds 5]
 
-This is the measured floor of issue 18's "ours compiled >= ours eager" on the memory-bound
-cases: a compiled call costs the same kernel plus torch.compile's wrapper, an eager call the
-kernel plus our eager host path. Where torch.compile's wrapper around the *plain* model
-already exceeds our whole eager host path at that shape, no change to our traced code can
-make ours compiled as fast as ours eager.
+This splits the floor of issue 18's "ours compiled >= ours eager" on the memory-bound cases
+into torch.compile's events: a compiled call costs the same kernel plus torch.compile's
+wrapper, an eager call the kernel plus our eager host path. Where torch.compile's wrapper
+around the *plain* model already exceeds our whole eager host path at that shape, no change to
+our traced code can make ours compiled as fast as ours eager. The suite measures that floor
+itself without a profiler, whose cost grows with the shape (common.cold_call_us).
 
 Method: one process; the suite's own models and inputs (bench/suite.py's case builders); a
 training forward (grad enabled) per call; per round each provider runs ``calls`` forwards under

@@ -79,6 +79,8 @@ class Case:
     targets: dict = dataclasses.field(default_factory=dict)  # mode -> Target
     memory: bool = False  # report saved-activation bytes and peak memory of a step
     grad: bool = True  # False: forward only, no autograd (kernels without a backward)
+    # the same case at 8 rows (memory-bound cases): target 1's floor times its calls
+    small: Optional[Callable[[], "Case"]] = None
 
 
 # FLOP counts of the roofline, per element, of each formula in the accumulation type (fp32
@@ -141,6 +143,7 @@ def layernorm_case(T, H):
         return plain, ours, (torch.randn(T, H, dtype=dtype),)
     # fwd: read x, write y; bwd: read dy and x, write dx (stats and dgamma/dbeta are O(T + H))
     return Case("C1", "LayerNorm", ("fwd", "bwd"), build, f"{T}x{H}",
+                small=lambda: layernorm_case(8, H),
                 min_bytes=lambda mode, e: (2 if mode == "fwd" else 3) * T * H * e,
                 flops=_flops("LayerNorm", T * H),
                 targets={m: Target(1.0, 1.0, 0.6, 0.7, 1.0) for m in ("fwd", "bwd")})
@@ -155,6 +158,7 @@ def rmsnorm_case(T, H):
         _copy_params(plain, [ours[0].weight])
         return plain, ours, (torch.randn(T, H, dtype=dtype),)
     return Case("C2", "RMSNorm", ("fwd", "bwd"), build, f"{T}x{H}",
+                small=lambda: rmsnorm_case(8, H),
                 min_bytes=lambda mode, e: (2 if mode == "fwd" else 3) * T * H * e,
                 flops=_flops("RMSNorm", T * H),
                 targets={m: Target(2.0, 1.0, 0.6, 0.7, 1.0) for m in ("fwd", "bwd")})
@@ -175,6 +179,7 @@ def bias_act_case(T, F, act):
     # forward: read x, write y (the pre-activation need not be written)
     name = f"Bias + {act.upper() if act == 'gelu' else 'ReLU'}"
     return Case("C3", name, ("fwd",), bias_act_builder(T, F, act), f"{T}x{F}",
+                small=lambda: bias_act_case(8, F, act),
                 min_bytes=lambda mode, e: 2 * T * F * e, flops=_flops(name, T * F),
                 targets={"fwd": Target(1.5, 1.0, 0.6, 0.7, 1.0)})
 
@@ -182,6 +187,7 @@ def bias_act_case(T, F, act):
 def dact_dbias_case(T, F):
     # backward of Bias -> GELU (BackwardActivationBias): read dy and the saved input, write dx
     return Case("C4", "dGELU + dbias", ("bwd",), bias_act_builder(T, F, "gelu"), f"{T}x{F}",
+                small=lambda: dact_dbias_case(8, F),
                 min_bytes=lambda mode, e: 3 * T * F * e, flops=_flops("dGELU + dbias", T * F),
                 targets={"bwd": Target(1.2, 1.0, 0.6, 0.7, 1.0)})
 
@@ -192,6 +198,7 @@ def swiglu_case(T, F):
                 (torch.randn(T, 2 * F, dtype=dtype),))
     # fwd: read T x 2F, write T x F; bwd: read dy (T x F) and x (T x 2F), write dx (T x 2F)
     return Case("C5", "SwiGLU", ("fwd", "bwd"), build, f"{T}x2*{F}",
+                small=lambda: swiglu_case(8, F),
                 min_bytes=lambda mode, e: (3 if mode == "fwd" else 5) * T * F * e,
                 flops=_flops("SwiGLU", T * F),
                 targets={"fwd": Target(1.4, 1.0, 0.6, 0.7, 1.0),
@@ -369,6 +376,7 @@ def quantize_case(T, H, kind):
     def build(dtype):
         return _Quantize(plain_fn), _Quantize(fn), (torch.randn(T, H, dtype=dtype) * 3,)
     return Case("C10", name, ("fwd",), build, f"{T}x{H}", min_bytes=nbytes, grad=False,
+                small=lambda: quantize_case(8, H, kind),
                 flops=_flops(name, T * H), targets={"fwd": Target(1.0, 1.0, 0.6, 0.7, 1.0)})
 
 
@@ -472,23 +480,29 @@ def _grad_like(y: torch.Tensor) -> Optional[torch.Tensor]:
     return torch.randn_like(y) if y.is_floating_point() else None
 
 
-def run_case_dtype(case: Case, dtype, threads: int, rounds: int, min_run_time: float,
-                   log) -> list[common.Result]:
-    torch._dynamo.reset()
-    torch.manual_seed(0)
+def _steps(case: Case, dtype) -> dict[str, Step]:
+    """The four providers' steps on one set of inputs (compiled on their first call)."""
     plain, ours, inputs = case.build(dtype)
     inputs = tuple(x.requires_grad_(case.grad) for x in inputs)
     with torch.no_grad():
         grads = tuple(_grad_like(y) for y in _outputs(plain(*inputs)))
-    # a backward-only timing repeats the backward on a retained graph, which AOTAutograd's
-    # donated buffers (saved tensors reused as backward scratch) do not allow
-    torch._functorch.config.donated_buffer = "bwd" not in case.modes
     models = {"torch": plain, "torch.compile": torch.compile(plain, fullgraph=True),
               "ours": ours, "ours compiled": torch.compile(ours, fullgraph=True)}
     steps = {}
     for name, model in models.items():
         params = list(plain.parameters() if name.startswith("torch") else ours.parameters())
         steps[name] = Step(model, inputs, grads, params if case.grad else [], case.grad)
+    return steps
+
+
+def run_case_dtype(case: Case, dtype, threads: int, rounds: int, min_run_time: float,
+                   log) -> list[common.Result]:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    # a backward-only timing repeats the backward on a retained graph, which AOTAutograd's
+    # donated buffers (saved tensors reused as backward scratch) do not allow
+    torch._functorch.config.donated_buffer = "bwd" not in case.modes
+    steps = _steps(case, dtype)
     torch.set_num_threads(threads)
     # first calls compile: timed separately, reported as compile seconds
     compile_s = {}
@@ -514,8 +528,6 @@ def run_case_dtype(case: Case, dtype, threads: int, rounds: int, min_run_time: f
                               providers + extra, ours="ours", rounds=rounds, threads=threads,
                               min_run_time=min_run_time, bytes_moved=nbytes,
                               copy_bytes=nbytes // 2, flops=case.flops(mode), log=log)
-        if nbytes and mode in ("fwd", "bwd"):
-            _compile_floor(res, steps, mode)
         if case.memory and mode == "fwd+bwd":
             for r in res:
                 if r.provider in steps:
@@ -541,20 +553,30 @@ def run_case_dtype(case: Case, dtype, threads: int, rounds: int, min_run_time: f
                 r.target_compiled = nan if t.compiled_vs_ours is None else t.compiled_vs_ours
                 r.target_note = t.note
         results += res
+    if case.small is not None:  # after every mode's timing: its compiles add cache entries
+        _compile_floor(results, steps, _steps(case.small(), dtype), log)
     return results
 
 
-def _compile_floor(res: list, steps: dict, mode: str) -> None:
-    """Target 1's floor on ours' row (a memory-bound case): ours eager's host time (the call
-    minus its kernels) and torch.compile's wrapper around the plain model, per call under
-    torch.profiler (common.host_profile), over about 0.2 s of calls each. A compiled call of
-    ours runs the same kernels as ours eager plus at least that wrapper."""
-    ours = next(r for r in res if r.provider == "ours")
-    calls = max(5, min(500, int(2e5 / max(ours.median_us, 1.0))))
-    eager = common.host_profile(steps["ours"].fn(mode), calls)
-    plain = common.host_profile(steps["torch.compile"].fn(mode), calls)
-    ours.eager_host_us = max(0.0, eager["call"] - eager["kernels"])
-    ours.compile_wrapper_us = plain["wrapper"]
+def _compile_floor(results: list, steps: dict, small: dict, log) -> None:
+    """Target 1's floor on ours' rows of a memory-bound case: the host cost of a call with
+    caches as the row leaves them, measured as a call of the same case at 8 rows right after
+    one call of the row's own ours eager (common.cold_call_us; no profiler): ours eager
+    (eager_host_us), the plain model compiled (compile_wrapper_us: torch.compile's wrapper and
+    an 8-row kernel) and ours compiled (compiled_host_us). Ours compiled at the row's shape runs
+    ours eager's kernels plus at least torch.compile's wrapper."""
+    providers = ("ours", "torch.compile", "ours compiled")
+    for r in results:
+        if r.provider != "ours" or not r.bytes_moved:
+            continue
+        for name in providers:  # compile, and warm the small steps up
+            small[name].fn(r.mode)()
+        calls = max(15, min(100, int(3e5 / (3 * (r.median_us + 100.0)))))
+        cold = common.cold_call_us(steps["ours"].fn(r.mode),
+                                   [small[name].fn(r.mode) for name in providers], calls)
+        r.eager_host_us, r.compile_wrapper_us, r.compiled_host_us = cold
+        log(f"  floor {r.mode}: an 8-row call after the row's call, µs: ours eager "
+            f"{cold[0]:.0f}, plain compiled {cold[1]:.0f}, ours compiled {cold[2]:.0f}")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
