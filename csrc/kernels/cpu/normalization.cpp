@@ -83,15 +83,16 @@ inline A sum_sq_dev(const A* v, int64_t n, A c) {
 }
 
 // One chunk of a row's first visit: x[i, i + k) loaded from memory in the accumulation type,
-// added (kSquares = false: sum(x)) or its squares added (true: sum(x^2)) into acc, and for
-// bf16/fp16 stored into the fp32 scratch row (so the later passes read fp32 from L1). A partial
+// added (kSquares = false: sum(x)) or its squares added (true: sum(x^2)) into acc, and with
+// kScratch stored into the fp32 scratch row (so the later passes read fp32 from L1). A partial
 // chunk loads zeros past the row's end, which add nothing.
-template <bool kSquares, typename T, typename A = acc_t<T>>
+template <bool kSquares, typename T, bool kScratch = !std::is_same_v<T, acc_t<T>>,
+          typename A = acc_t<T>>
 C10_ALWAYS_INLINE void first_pass_chunk(const T* __restrict row, A* __restrict scratch, int64_t i,
                                         int64_t k, at::vec::Vectorized<A>& acc) {
   constexpr int64_t W = at::vec::Vectorized<A>::size();
   const at::vec::Vectorized<A> v = load_acc<T>(row + i, k);
-  if constexpr (!std::is_same_v<T, A>) {
+  if constexpr (kScratch) {
     if (k == W) {
       v.store(scratch + i);
     } else {
@@ -112,8 +113,10 @@ C10_ALWAYS_INLINE void first_pass_chunk(const T* __restrict row, A* __restrict s
 // tail goes through the vector formulas with partial loads.
 //
 // Forward row visit: (1) x read once from memory: sum(x) for LayerNorm, sum(x^2) for RMSNorm
-// (bf16/fp16: converted into an fp32 scratch row on the way); (2) LayerNorm only:
-// sum((x - mu)^2) over the cached row (two-pass variance); (3) y from the cached row.
+// (LayerNorm in bf16/fp16: converted into an fp32 scratch row on the way); (2) LayerNorm only:
+// sum((x - mu)^2) over the cached row (two-pass variance); (3) y from the cached row. RMSNorm
+// in bf16/fp16 converts the row again in (3), now from L1, rather than storing and reloading
+// an fp32 copy for its one later pass.
 
 template <bool kCentered, typename T>
 void norm_fwd_kernel(const NormFwdArgs& a) {
@@ -134,7 +137,7 @@ void norm_fwd_kernel(const NormFwdArgs& a) {
   A* rstdp = static_cast<A*>(a.rstd);
   const A epsa = static_cast<A>(a.eps);
   at::parallel_for(0, rows, row_grain(n), [=](int64_t r0, int64_t r1) {
-    constexpr bool kConvert = !std::is_same_v<T, A>;
+    constexpr bool kConvert = !std::is_same_v<T, A> && kCentered;
     std::vector<A> scratch_v(kConvert ? static_cast<size_t>(n) : 0);
     A* __restrict scratch = scratch_v.data();
     const A* __restrict g = gamma;
@@ -143,13 +146,13 @@ void norm_fwd_kernel(const NormFwdArgs& a) {
       const T* __restrict xr = xp + r * n;
       V lanes[kLanes] = {V(A(0)), V(A(0)), V(A(0)), V(A(0))};
       for_chunks_lanes<W>(n, lanes, [&](int64_t i, int64_t k, V& acc) {
-        first_pass_chunk<!kCentered, T>(xr, scratch, i, k, acc);
+        first_pass_chunk<!kCentered, T, kConvert>(xr, scratch, i, k, acc);
       });
       const A s = hsum<A>(combine_lanes(lanes));
-      const A* __restrict xa;
+      const A* __restrict xa = nullptr;
       if constexpr (kConvert) {
         xa = scratch;
-      } else {
+      } else if constexpr (std::is_same_v<T, A>) {
         xa = xr;
       }
       A mu(0), var;
@@ -165,7 +168,13 @@ void norm_fwd_kernel(const NormFwdArgs& a) {
       const V muv(mu), rsv(rs);
       T* __restrict yr = yp + r * n;
       for_chunks<W>(n, [&](int64_t i, int64_t k) {
-        const V xh = math::norm_xhat<kCentered>(V::loadu(xa + i, k), muv, rsv);
+        V xv;
+        if constexpr (std::is_same_v<T, A> || kConvert) {
+          xv = V::loadu(xa + i, k);
+        } else {
+          xv = load_acc<T>(xr + i, k);
+        }
+        const V xh = math::norm_xhat<kCentered>(xv, muv, rsv);
         const V bv = kCentered ? V::loadu(be + i, k) : V(A(0));  // RMSNorm: no beta
         store_acc<T>(yr + i, math::norm_out<kCentered>(xh, V::loadu(g + i, k), bv), k);
       });
