@@ -86,8 +86,7 @@ inline A sum_sq_dev(const A* v, int64_t n, A c) {
 // added (kSquares = false: sum(x)) or its squares added (true: sum(x^2)) into acc, and with
 // kScratch stored into the fp32 scratch row (so the later passes read fp32 from L1). A partial
 // chunk loads zeros past the row's end, which add nothing.
-template <bool kSquares, typename T, bool kScratch = !std::is_same_v<T, acc_t<T>>,
-          typename A = acc_t<T>>
+template <bool kSquares, bool kScratch, typename T, typename A = acc_t<T>>
 C10_ALWAYS_INLINE void first_pass_chunk(const T* __restrict row, A* __restrict scratch, int64_t i,
                                         int64_t k, at::vec::Vectorized<A>& acc) {
   constexpr int64_t W = at::vec::Vectorized<A>::size();
@@ -137,8 +136,8 @@ void norm_fwd_kernel(const NormFwdArgs& a) {
   A* rstdp = static_cast<A*>(a.rstd);
   const A epsa = static_cast<A>(a.eps);
   at::parallel_for(0, rows, row_grain(n), [=](int64_t r0, int64_t r1) {
-    constexpr bool kConvert = !std::is_same_v<T, A> && kCentered;
-    std::vector<A> scratch_v(kConvert ? static_cast<size_t>(n) : 0);
+    constexpr bool kScratch = kCentered && !std::is_same_v<T, A>;
+    std::vector<A> scratch_v(kScratch ? static_cast<size_t>(n) : 0);
     A* __restrict scratch = scratch_v.data();
     const A* __restrict g = gamma;
     const A* __restrict be = beta;
@@ -146,17 +145,17 @@ void norm_fwd_kernel(const NormFwdArgs& a) {
       const T* __restrict xr = xp + r * n;
       V lanes[kLanes] = {V(A(0)), V(A(0)), V(A(0)), V(A(0))};
       for_chunks_lanes<W>(n, lanes, [&](int64_t i, int64_t k, V& acc) {
-        first_pass_chunk<!kCentered, T, kConvert>(xr, scratch, i, k, acc);
+        first_pass_chunk<!kCentered, kScratch>(xr, scratch, i, k, acc);
       });
       const A s = hsum<A>(combine_lanes(lanes));
-      const A* __restrict xa = nullptr;
-      if constexpr (kConvert) {
-        xa = scratch;
-      } else if constexpr (std::is_same_v<T, A>) {
-        xa = xr;
-      }
       A mu(0), var;
       if constexpr (kCentered) {
+        const A* __restrict xa;
+        if constexpr (kScratch) {
+          xa = scratch;
+        } else {
+          xa = xr;
+        }
         mu = math::row_mean(s, n);
         var = math::row_mean(sum_sq_dev<A>(xa, n, mu), n);
         meanp[r] = mu;
@@ -168,12 +167,7 @@ void norm_fwd_kernel(const NormFwdArgs& a) {
       const V muv(mu), rsv(rs);
       T* __restrict yr = yp + r * n;
       for_chunks<W>(n, [&](int64_t i, int64_t k) {
-        V xv;
-        if constexpr (std::is_same_v<T, A> || kConvert) {
-          xv = V::loadu(xa + i, k);
-        } else {
-          xv = load_acc<T>(xr + i, k);
-        }
+        const V xv = kScratch ? V::loadu(scratch + i, k) : load_acc<T>(xr + i, k);
         const V xh = math::norm_xhat<kCentered>(xv, muv, rsv);
         const V bv = kCentered ? V::loadu(be + i, k) : V(A(0));  // RMSNorm: no beta
         store_acc<T>(yr + i, math::norm_out<kCentered>(xh, V::loadu(g + i, k), bv), k);
