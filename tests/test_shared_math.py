@@ -28,6 +28,8 @@ from torch.utils import cpp_extension
 import activations
 from device_code import compile_ptx
 from activations import SCALED, op_params
+from tolerances import tols
+import transformer_engine_cpp as te
 from transformer_engine_cpp.ops.basic import ACTIVATIONS
 
 ops = torch.ops.te_cpp
@@ -267,3 +269,32 @@ def test_rmsnorm_bwd_add_row_tail_equals_body(dtype):
         _, rs = ops.rmsnorm_fwd(x, w, 1e-5, zc)
         _assert_tail_equals_body(ops.rmsnorm_bwd_add(dy, x, rs, w, zc, dy)[0],
                                  f"rmsnorm_bwd_add {dtype}")
+
+
+# ---- the exp-based activations at a realistic size -------------------------------------------
+
+EXP_ACTS = [c for c in ACTIVATIONS
+            if c not in SCALED and c.op_stem in ("gelu", "silu", "qgelu", "geglu", "swiglu")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("cls", EXP_ACTS, ids=lambda c: c.__name__)
+def test_exp_activations_at_4096x1024_match_float64(cls, dtype):
+    """A 4096x1024 step (both threads, every chunk position) of each activation whose kernel
+    runs the vector exp: output and input gradient against the float64 reference within the
+    dtype's tolerance. The activation's input is spread to +-12, so the sigmoid saturates on
+    both sides; a gated op's linear half is standard normal."""
+    g = torch.Generator().manual_seed(7)
+    x64 = (torch.rand(4096, 1024, generator=g, dtype=torch.float64) - 0.5) * 24
+    if cls.gated:
+        x64 = torch.cat([x64, torch.randn(4096, 1024, generator=g, dtype=torch.float64)], -1)
+    x = x64.to(dtype).requires_grad_()
+    dy = torch.randn(4096, 1024, generator=g, dtype=torch.float64).to(dtype)
+    op = cls()
+    y = te.ops.Sequential(op)(x)
+    y.backward(dy)
+    xr = x.detach().double().requires_grad_()
+    yr = activations.reference(op)(xr)
+    yr.backward(dy.double())
+    torch.testing.assert_close(y, yr.to(dtype), **tols(dtype))
+    torch.testing.assert_close(x.grad, xr.grad.to(dtype), **tols(dtype))
