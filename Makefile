@@ -39,7 +39,8 @@ demo-tp: build
 # Benchmarks (never part of `make test`): the suite, bench/suite.py (matplotlib: installed here).
 # `make bench`: the quick run (under 5 minutes once the compile cache is warm), into bench/out/
 # only (suite.csv, suite.md, ratios.png). `make bench-report`: the full run, which also renders
-# the committed report, bench/README.md + bench/ratios.png (as BENCH_ARGS=--full does).
+# this CPU model's section of the committed report (bench/machines/<model>/) and bench/README.md
+# from every model's section (as BENCH_ARGS=--full does).
 BENCH_ARGS ?= --quick
 bench: build
 	@py=$(PY); $$py -c "import matplotlib" 2>/dev/null || $$py -m pip install -q matplotlib >&2; \

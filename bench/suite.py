@@ -18,8 +18,9 @@ The MLP block reports saved-activation bytes and the peak memory allocated durin
     python bench/suite.py              # full: + DRAM-size and odd shapes, + the 1-thread table
 
 Every run writes bench/out/suite.csv and renders its report beside it (bench/out/suite.md,
-bench/out/ratios.png); the full run also renders the committed report, bench/README.md with
-bench/ratios.png (--readme chooses another path, or none).
+bench/out/ratios.png); the full run also renders this CPU model's section of the committed
+report, bench/machines/<model>/, and bench/README.md from every model's section (--readme
+chooses another path, or none).
 """
 
 from __future__ import annotations
@@ -631,7 +632,7 @@ def main() -> None:
         common.write_csv(results, a.out + ".csv")  # after every job: a stopped run keeps them
     common.write_csv(results, a.out + ".csv")
     print(f"wrote {a.out}.csv ({time.perf_counter() - t_start:.0f} s)")
-    callgrind_rows = []
+    callgrind_rows, csvs = [], [a.out + ".csv"]
     if a.callgrind if a.callgrind is not None else not quick:
         import callgrind
         print("[callgrind] host instruction counts (one valgrind process)", flush=True)
@@ -640,9 +641,10 @@ def main() -> None:
             stem = os.path.join(os.path.dirname(a.out), "callgrind")
             callgrind.write_outputs(callgrind_rows, stem)
             callgrind.print_table(callgrind_rows)
+            csvs.append(stem + ".csv")
     import report
-    for path in report.report_paths(a.out, quick=quick, readme=a.readme):
-        report.render(results, env, path, quick=quick, callgrind_rows=callgrind_rows)
+    for path in report.render_reports(results, env, a.out, quick=quick, readme=a.readme,
+                                      callgrind_rows=callgrind_rows, csvs=csvs):
         print(f"wrote {path} ({time.perf_counter() - t_start:.0f} s in all)")
 
 

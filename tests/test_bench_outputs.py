@@ -1,6 +1,7 @@
 """Where the benchmark suite writes (no timing): every run renders its own report beside its CSV
-in bench/out/; the committed report, bench/README.md + bench/ratios.png, changes only in the
-full run (`make bench-report`, `bench/suite.py --full`) or when a path is asked for."""
+in bench/out/; the committed report, bench/README.md with its per-CPU sections in
+bench/machines/, changes only in the full run (`make bench-report`, `bench/suite.py --full`) or
+when a path is asked for."""
 
 import json
 import os
@@ -244,3 +245,57 @@ def test_host_floor_lines():
     assert lines[2] == "* under no_grad: ours 745K, plain 696K"
     assert lines[3].endswith("of which Dynamo's guards ours 60K, plain 17K")
     assert report.host_floor_lines([]) == []
+
+
+def _verdict_rows(ours_vs_torch):
+    sys.path.insert(0, BENCH)
+    import common
+    return [common.Result("LayerNorm", "float32", "4x4", "fwd", 2, p, 10.0, r, r, r,
+                          bytes_moved=0, case_id="C1", target_vs_eager=1.0)
+            for p, r in (("torch", ours_vs_torch), ("ours", 1.0))]
+
+
+def test_collected_report_keeps_a_section_per_cpu_model(tmp_path):
+    """A collected report keeps the latest run of each CPU model: a run replaces its own
+    model's section (machines/<model>/) and leaves the others, and the verdict table has a
+    column per model."""
+    sys.path.insert(0, BENCH)
+    import report
+
+    amd = ("torch 2.13.0+cpu, python 3.11.7, AMD EPYC (avx2 avx512f), 2 cpus, ATen parallel "
+           "backend OpenMP")
+    intel = ("torch 2.13.0+cpu, python 3.11.7, Intel(R) Xeon(R) Processor (avx2 amx_bf16), "
+             "2 cpus, ATen parallel backend OpenMP")
+    assert (report.machine_name(amd), report.machine_name(intel)) == ("AMD EPYC", "Intel Xeon")
+    readme = tmp_path / "README.md"
+    csv_path = tmp_path / "suite.csv"
+    csv_path.write_text("# a run\n")
+    label = "ours eager >= plain eager, memory-bound cases"
+    report.render_collected(_verdict_rows(1.3), amd, str(readme), quick=False)
+    report.render_collected(_verdict_rows(0.9), intel, str(readme), quick=False,
+                            csvs=[str(csv_path)])
+    text = readme.read_text()
+    assert (tmp_path / "machines" / "intel-xeon" / "suite.csv").read_text() == "# a run\n"
+    row = next(ln for ln in text.split("\n") if ln.startswith(f"| {label} |"))
+    assert row.endswith("| met (lowest 1.30x) | **missed** 1 of 1 (worst 0.90x) |")
+    assert text.index("## AMD EPYC") < text.index("## Intel Xeon")
+    assert "\n### Verdicts (issue 18's targets)\n" in text and "\n## 2 threads" not in text
+    # the Intel model's next run replaces its section only
+    report.render_collected(_verdict_rows(1.1), intel, str(readme), quick=False)
+    text = readme.read_text()
+    row = next(ln for ln in text.split("\n") if ln.startswith(f"| {label} |"))
+    assert row.endswith("| met (lowest 1.30x) | met (lowest 1.10x) |")
+    assert text.count("### 2 threads") == 2
+    assert text == report.assemble(str(tmp_path))
+
+
+def test_committed_report_is_assembled_from_its_sections():
+    """bench/README.md is exactly what bench/report.py assembles from bench/machines/ (no hand
+    edits), and every section's plot is there."""
+    sys.path.insert(0, BENCH)
+    import report
+
+    with open(COMMITTED) as f:
+        assert f.read() == report.assemble(BENCH)
+    for slug in os.listdir(os.path.join(BENCH, report.MACHINES)):
+        assert os.path.exists(os.path.join(BENCH, report.MACHINES, slug, "ratios.png"))
