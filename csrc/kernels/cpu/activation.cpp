@@ -35,22 +35,6 @@ struct GatedGeometry {
 
 using cpu::for_chunks;
 
-// Software prefetch distance of the streaming kernels (bytes ahead of the chunk in hand): the
-// hardware prefetchers alone left the loads of the gated kernels waiting on memory.
-constexpr int64_t kPrefetchBytes = 4096;
-
-// Requests the cache line kPrefetchBytes ahead of p (a hint: never faults, even past the end).
-template <typename T>
-C10_ALWAYS_INLINE void prefetch_ahead(const T* p) {
-  __builtin_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, 0, 3);
-}
-
-// The same for a line about to be written (prefetchw where the CPU has it).
-template <typename T>
-C10_ALWAYS_INLINE void prefetch_ahead_for_write(T* p) {
-  __builtin_prefetch(reinterpret_cast<char*>(p) + kPrefetchBytes, 1, 3);
-}
-
 // The unary kernels run over the rows * features elements as one flat range.
 
 template <Act K>

@@ -90,6 +90,7 @@ template <bool kSquares, bool kScratch, typename T, typename A = acc_t<T>>
 C10_ALWAYS_INLINE void first_pass_chunk(const T* __restrict row, A* __restrict scratch, int64_t i,
                                         int64_t k, at::vec::Vectorized<A>& acc) {
   constexpr int64_t W = at::vec::Vectorized<A>::size();
+  prefetch_ahead(row + i);
   const at::vec::Vectorized<A> v = load_acc<T>(row + i, k);
   if constexpr (kScratch) {
     if (k == W) {
@@ -209,6 +210,8 @@ void norm_bwd_kernel(const NormBwdArgs& a) {
     } sums[kLanes];
     for (Sums& s : sums) s = {V(A(0)), V(A(0))};
     for_chunks_lanes<W>(n, sums, [&](int64_t i, int64_t k, Sums& s) {
+      prefetch_ahead(xr + i);
+      prefetch_ahead(dyr + i);
       const V xh = math::norm_xhat<kCentered>(load_acc<T>(xr + i, k), muv, rsv);
       const V d = load_acc<T>(dyr + i, k);
       const V gd = d * V::loadu(g + i, k);
