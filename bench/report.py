@@ -445,18 +445,21 @@ def _body(results, callgrind_rows) -> list[str]:
     return out
 
 
-def _run_lines(env: str, quick: bool) -> list[str]:
+def _machine_lines(results, env: str, folder: str, *, quick: bool, callgrind_rows) -> list[str]:
+    """One run on one machine: when and where it ran, its plot (ratios.png, drawn into folder
+    when matplotlib is installed) and its verdicts, floors and tables."""
     cmd = "make bench" if quick else "make bench-report"
-    return [f"This run: `{cmd}`, {time.strftime('%Y-%m-%d %H:%M')}.  ", f"Machine: {env}"]
+    out = [f"This run: `{cmd}`, {time.strftime('%Y-%m-%d %H:%M')}.  ", f"Machine: {env}", ""]
+    if plot(results, os.path.join(folder, "ratios.png")):
+        out += ["![speedups](ratios.png)", ""]
+    return out + _body(results, callgrind_rows)
 
 
 def render(results, env: str, path: str, *, quick: bool, callgrind_rows=()) -> None:
     """One run's own report, whole, at path (with ratios.png in its folder)."""
-    have_png = plot(results, os.path.join(os.path.dirname(path), "ratios.png"))
-    out = ["# Benchmarks", "", _INTRO, ""] + _run_lines(env, quick) + ["", _METHOD, ""]
-    if have_png:
-        out += ["![speedups](ratios.png)", ""]
-    out += _body(results, callgrind_rows)
+    out = ["# Benchmarks", "", _INTRO, "", _METHOD, ""]
+    out += _machine_lines(results, env, os.path.dirname(path), quick=quick,
+                          callgrind_rows=callgrind_rows)
     with open(path, "w") as f:
         f.write("\n".join(out))
 
@@ -493,11 +496,8 @@ def render_collected(results, env: str, path: str, *, quick: bool, callgrind_row
     name = machine_name(env)
     folder = os.path.join(os.path.dirname(os.path.abspath(path)), MACHINES, machine_slug(name))
     os.makedirs(folder, exist_ok=True)
-    have_png = plot(results, os.path.join(folder, "ratios.png"))
-    out = [f"# {name}", ""] + _run_lines(env, quick) + [""]
-    if have_png:
-        out += ["![speedups](ratios.png)", ""]
-    out += _body(results, callgrind_rows)
+    out = [f"# {name}", ""] + _machine_lines(results, env, folder, quick=quick,
+                                             callgrind_rows=callgrind_rows)
     with open(os.path.join(folder, "report.md"), "w") as f:
         f.write("\n".join(out))
     for src in csvs:
