@@ -5,6 +5,7 @@
 #include <Python.h>
 
 #include "common/stub_registry.h"
+#include "kernels/cpu/lookup_count.h"
 
 namespace {
 
@@ -24,6 +25,10 @@ PyObject* cpu_capability(PyObject*, PyObject*) {
 #else
   return PyUnicode_FromString("DEFAULT");
 #endif
+}
+
+PyObject* activation_lookup_tables(PyObject*, PyObject*) {
+  return PyLong_FromLongLong(te_cpp::cpu::activation_lookup_tables());
 }
 
 // [(stub name, has a CPU kernel, has a CUDA kernel)] for every backend stub of the front ends.
@@ -47,6 +52,8 @@ PyObject* kernel_stubs(PyObject*, PyObject*) {
 PyMethodDef kMethods[] = {
     {"built_with_cuda", built_with_cuda, METH_NOARGS, "Whether the CUDA kernels were compiled."},
     {"cpu_capability", cpu_capability, METH_NOARGS, "The at::vec ISA of the CPU kernels."},
+    {"activation_lookup_tables", activation_lookup_tables, METH_NOARGS,
+     "How many bf16 / fp16 activation lookup tables the CPU kernels have built."},
     {"kernel_stubs", kernel_stubs, METH_NOARGS,
      "[(stub, has_cpu, has_cuda)] for every backend stub."},
     {nullptr, nullptr, 0, nullptr},

@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "kernels/cpu/act_lookup.h"
 #include "kernels/cpu/activation_math.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/cpu/vec.h"
@@ -47,8 +48,19 @@ void fwd_kernel(const ActFwdArgs& a) {
     const T* xp = static_cast<const T*>(a.x);
     T* yp = static_cast<T*>(a.y);
     if constexpr (!is_gated(K)) {
+      const int64_t total = a.rows * a.features;
+      if constexpr (cpu::kTabulated<K, T, false>) {
+        if (const float* table = cpu::lookup_for<K, T, false>(cfg, total)) {
+          at::parallel_for(0, total, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
+            for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
+              store_acc<T>(yp + i0 + i, cpu::lookup(table, xp + i0 + i, k), k);
+            });
+          });
+          return;
+        }
+      }
       const typename cpu::ActTraits<K, A>::Act act(cfg);
-      at::parallel_for(0, a.rows * a.features, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
+      at::parallel_for(0, total, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
         for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
           store_acc<T>(yp + i0 + i, act.f(load_acc<T>(xp + i0 + i, k)), k);
         });
@@ -57,6 +69,13 @@ void fwd_kernel(const ActFwdArgs& a) {
       const cpu::Gated<K, A> gated(cfg);
       const int64_t rows = a.rows, n = a.features;
       const GatedGeometry g(n, cfg.interleave);
+      // y = table[a] * b: the tabulated gated activations' linear half is the identity
+      static_assert(!cpu::kTabulated<K, T, false> ||
+                    std::is_same_v<typename cpu::ActTraits<K, A>::Lin, cpu::Identity<A>>);
+      const float* table = nullptr;
+      if constexpr (cpu::kTabulated<K, T, false>) {
+        table = cpu::lookup_for<K, T, false>(cfg, rows * n / 2);
+      }
       at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
           for (int64_t s = 0; s < g.segments; ++s) {
@@ -67,7 +86,14 @@ void fwd_kernel(const ActFwdArgs& a) {
               prefetch_ahead(xa + i);
               prefetch_ahead(xb + i);
               prefetch_ahead_for_write(yr + i);
-              store_acc<T>(yr + i, gated.f(load_acc<T>(xa + i, k), load_acc<T>(xb + i, k)), k);
+              const AccVec<T> vb = load_acc<T>(xb + i, k);
+              if constexpr (cpu::kTabulated<K, T, false>) {
+                if (table != nullptr) {
+                  store_acc<T>(yr + i, cpu::lookup(table, xa + i, k) * vb, k);
+                  return;
+                }
+              }
+              store_acc<T>(yr + i, gated.f(load_acc<T>(xa + i, k), vb), k);
             });
           }
         }
@@ -88,8 +114,20 @@ void bwd_kernel(const ActBwdArgs& a) {
     const T* dyp = static_cast<const T*>(a.dy);
     T* dxp = static_cast<T*>(a.dx);
     if constexpr (!is_gated(K)) {
+      const int64_t total = a.rows * a.features;
+      if constexpr (cpu::kTabulated<K, T, true>) {
+        if (const float* slope = cpu::lookup_for<K, T, true>(cfg, total)) {
+          at::parallel_for(0, total, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
+            for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
+              store_acc<T>(dxp + i0 + i,
+                           load_acc<T>(dyp + i0 + i, k) * cpu::lookup(slope, xp + i0 + i, k), k);
+            });
+          });
+          return;
+        }
+      }
       const typename cpu::ActTraits<K, A>::Act act(cfg);
-      at::parallel_for(0, a.rows * a.features, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
+      at::parallel_for(0, total, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
         for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
           Vec f, gx;
           act.grad(load_acc<T>(xp + i0 + i, k), load_acc<T>(dyp + i0 + i, k), f, gx);
@@ -100,6 +138,14 @@ void bwd_kernel(const ActBwdArgs& a) {
       const cpu::Gated<K, A> gated(cfg);
       const int64_t rows = a.rows, n = a.features;
       const GatedGeometry g(n, cfg.interleave);
+      // With the linear half the identity (fb = b): da = (dy b) slope[a], db = dy value[a].
+      const float *slope = nullptr, *value = nullptr;
+      if constexpr (cpu::kTabulated<K, T, true>) {
+        static_assert(cpu::kTabulated<K, T, false> &&
+                      std::is_same_v<typename cpu::ActTraits<K, A>::Lin, cpu::Identity<A>>);
+        slope = cpu::lookup_for<K, T, true>(cfg, rows * n / 2);
+        value = slope != nullptr ? cpu::lookup_for<K, T, false>(cfg, rows * n / 2) : nullptr;
+      }
       at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
           for (int64_t s = 0; s < g.segments; ++s) {
@@ -112,6 +158,16 @@ void bwd_kernel(const ActBwdArgs& a) {
               prefetch_ahead(dyr + i);
               prefetch_ahead_for_write(dxp + a_off + i);
               prefetch_ahead_for_write(dxp + b_off + i);
+              if constexpr (cpu::kTabulated<K, T, true>) {
+                if (value != nullptr) {
+                  const Vec dy = load_acc<T>(dyr + i, k);
+                  store_acc<T>(dxp + a_off + i,
+                               (dy * load_acc<T>(xp + b_off + i, k)) *
+                                   cpu::lookup(slope, xp + a_off + i, k), k);
+                  store_acc<T>(dxp + b_off + i, dy * cpu::lookup(value, xp + a_off + i, k), k);
+                  return;
+                }
+              }
               Vec fa, fb, da, db;
               gated.grad(load_acc<T>(xp + a_off + i, k), load_acc<T>(xp + b_off + i, k),
                          load_acc<T>(dyr + i, k), fa, fb, da, db);
@@ -133,40 +189,20 @@ inline AccVec<T> round_to(const AccVec<T>& v) {
     return v;
   } else {
 #if defined(CPU_CAPABILITY_AVX512)
-    if constexpr (std::is_same_v<T, c10::BFloat16>) {
-#if defined(__AVX512BF16__)
-      // store_acc's vcvtneps2bf16, widened back (the bits shifted up)
-      const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-#else
-      // round to nearest even on the upper 16 bits (as at::vec::cvtfp32_bf16); NaN kept
-      const __m512 f = v;
-      const __m512i bits = _mm512_castps_si512(f);
-      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-      __m512i r = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-      r = _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
-      return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(f, f, _CMP_ORD_Q), f,
-                                  _mm512_castsi512_ps(r));
-#endif
-    } else if constexpr (std::is_same_v<T, c10::Half>) {
-      __m512 out;
-      at::vec::cvtfp16_fp32(at::vec::cvtfp32_fp16(v), out);
-      return out;
-    }
+    return cpu::widen_bits<T>(cpu::half_bits<T>(v));
 #elif defined(CPU_CAPABILITY_AVX2)
+    __m256 out;
     if constexpr (std::is_same_v<T, c10::BFloat16>) {
-      __m256 out;
       at::vec::cvtbf16_fp32(at::vec::cvtfp32_bf16(v), out);
-      return out;
-    } else if constexpr (std::is_same_v<T, c10::Half>) {
-      __m256 out;
+    } else {
       at::vec::cvtfp16_fp32(at::vec::cvtfp32_fp16(v), out);
-      return out;
     }
-#endif
+    return out;
+#else
     alignas(64) T buf[AccVec<T>::size()];
     store_acc<T>(buf, v);
     return load_acc<T>(buf);
+#endif
   }
 }
 
@@ -182,12 +218,22 @@ void bias_act_kernel(const BiasActArgs& a) {
     const T* xp = static_cast<const T*>(a.x);
     const T* bp = static_cast<const T*>(a.bias);
     T* yp = static_cast<T*>(a.y);
+    const float* table = nullptr;
+    if constexpr (cpu::kTabulated<K, T, false>) {
+      table = cpu::lookup_for<K, T, false>(a.cfg, rows * n);
+    }
     at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const T* xr = xp + r * n;
         T* yr = yp + r * n;
         for_chunks<W>(n, [&](int64_t i, int64_t k) {
           const AccVec<T> z = load_acc<T>(xr + i, k) + load_acc<T>(bp + i, k);
+          if constexpr (cpu::kTabulated<K, T, false>) {
+            if (table != nullptr) {
+              store_acc<T>(yr + i, cpu::lookup_rounded<T>(table, z), k);
+              return;
+            }
+          }
           // ReLU commutes with rounding (max(round(z), 0) = round(max(z, 0))): the store's
           // rounding is enough; the others read z as bias_fwd would have stored it.
           store_acc<T>(yr + i, act.f(K == Act::RELU ? z : round_to<T>(z)), k);
@@ -210,11 +256,25 @@ void dbias_dact_kernel(const DbiasDactArgs& a) {
     const T* bp = static_cast<const T*>(a.bias);
     const T* dyp = static_cast<const T*>(a.dy);
     T* dxp = static_cast<T*>(a.dx);
+    const float* slope = nullptr;
+    if constexpr (cpu::kTabulated<K, T, true>) {
+      slope = cpu::lookup_for<K, T, true>(a.cfg, rows * n);
+    }
     auto run = [&](auto with_bias) {
       constexpr bool kBias = decltype(with_bias)::value;
       // dx = dy * act'(z) for row r, columns [i, i + k): stored, and returned for the sums.
       auto dact = [&](int64_t r, int64_t i, int64_t k) {
         const int64_t off = r * n + i;
+        if constexpr (cpu::kTabulated<K, T, true>) {
+          if (slope != nullptr) {
+            const Vec s = kBias ? cpu::lookup_rounded<T>(slope, load_acc<T>(xp + off, k) +
+                                                                    load_acc<T>(bp + i, k))
+                                : cpu::lookup(slope, xp + off, k);
+            const Vec d = load_acc<T>(dyp + off, k) * s;
+            store_acc<T>(dxp + off, d, k);
+            return d;
+          }
+        }
         Vec z = load_acc<T>(xp + off, k);
         if constexpr (kBias) z = round_to<T>(z + load_acc<T>(bp + i, k));
         Vec f, d;
@@ -379,6 +439,10 @@ void scaled_act_bwd_cpu(const ScaledActBwdArgs& a) {
 }
 
 }  // namespace
+
+int64_t cpu::activation_lookup_tables() {
+  return cpu::lookup_tables_built.load(std::memory_order_relaxed);
+}
 
 TE_REGISTER_KERNEL(activation_fwd_stub, CPU, activation_fwd_cpu);
 TE_REGISTER_KERNEL(activation_bwd_stub, CPU, activation_bwd_cpu);

@@ -1,0 +1,167 @@
+// Lookup tables of the exp-based activations for bf16 / fp16 inputs. A 16-bit float has 65536
+// values, so act.f(x), and f'(x) where the gradient is g * f'(x), can be computed once for
+// every one of them, by the same vector code as the kernels, and then read with a gather
+// instead of an exp and a reciprocal per element. The tables hold the fp32 results before any
+// rounding, so a kernel that reads them computes exactly what it would compute itself, bit for
+// bit (tests/test_activation_lookup.py checks every input value of every tabulated op).
+#pragma once
+
+#include <ATen/cpu/vec/vec.h>
+
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "kernels/cpu/activation_math.h"
+#include "kernels/cpu/lookup_count.h"
+#include "kernels/cpu/vec.h"
+#include "ops/activation.h"
+
+namespace te_cpp::cpu {
+
+template <typename T>
+constexpr bool is_half_float = std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>;
+
+// Activations whose (act half's) value is tabulated: those that spend an exp per element.
+// The cheap ones (ReLU and its squares, the clamps) stay computed: a gather costs them more.
+constexpr bool has_value_table(Act k) {
+  switch (k) {
+    case Act::GELU: case Act::SILU: case Act::QGELU:
+    case Act::GEGLU: case Act::QGEGLU: case Act::SWIGLU: case Act::GLU:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Activations whose act half's gradient is g * f'(x), one product with a function of x alone
+// (common/activation_math.h: Gelu::grad), so it can be read as g * slope[x]. SiLU's and
+// sigmoid's gradients multiply g in earlier (autograd's order), which a table cannot reproduce.
+constexpr bool has_slope_table(Act k) { return k == Act::GELU || k == Act::GEGLU; }
+
+// Calls with fewer elements compute: building a table takes about as long as such a call, and
+// a small call would read more table than data.
+constexpr int64_t kLookupMinElems = int64_t{1} << 16;
+
+// The most tables kept per (activation, dtype, kind): one per distinct ActConfig parameters;
+// past it the kernels compute.
+constexpr size_t kMaxLookupTables = 16;
+
+inline std::atomic<int64_t> lookup_tables_built{0};
+
+// The table of act.f (kSlope false) or of act.grad's result for g = 1, f'(x) (kSlope true), for
+// every 16-bit pattern of T, built on first use and kept for the process. Tables belong to the
+// act functor (GELU's serve GEGLU too) and its configuration's parameters.
+template <typename ActF, typename T, bool kSlope>
+const float* lookup_table(const ActConfig& cfg) {
+  static_assert(is_half_float<T>);
+  using Vec = AccVec<T>;
+  constexpr int64_t kEntries = int64_t{1} << 16;
+  static std::mutex mutex;
+  static std::vector<std::pair<std::array<double, 3>, std::unique_ptr<float[]>>> tables;
+  const std::array<double, 3> key{cfg.p0, cfg.p1, cfg.p2};
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const auto& [k, table] : tables) {
+    if (std::memcmp(k.data(), key.data(), sizeof(key)) == 0) return table.get();
+  }
+  if (tables.size() >= kMaxLookupTables) return nullptr;
+  auto table = std::make_unique<float[]>(kEntries);
+  const ActF act(cfg);
+  std::vector<uint16_t> bits(Vec::size());
+  for (int64_t i = 0; i < kEntries; i += Vec::size()) {
+    for (int64_t j = 0; j < Vec::size(); ++j) bits[j] = static_cast<uint16_t>(i + j);
+    const Vec x = load_acc<T>(reinterpret_cast<const T*>(bits.data()));
+    if constexpr (kSlope) {
+      Vec f, slope;
+      act.grad(x, Vec(1.f), f, slope);
+      slope.store(table.get() + i);
+    } else {
+      act.f(x).store(table.get() + i);
+    }
+  }
+  tables.emplace_back(key, std::move(table));
+  lookup_tables_built.fetch_add(1, std::memory_order_relaxed);
+  return tables.back().second.get();
+}
+
+// Whether T inputs of K have the table (kSlope: of f'(x), else of f(x)).
+template <Act K, typename T, bool kSlope>
+constexpr bool kTabulated =
+    is_half_float<T> && (kSlope ? has_slope_table(K) : has_value_table(K));
+
+// The call's table, or nullptr where it computes instead (a small call, or too many
+// configurations).
+template <Act K, typename T, bool kSlope>
+const float* lookup_for(const ActConfig& cfg, int64_t elems) {
+  static_assert(kTabulated<K, T, kSlope>);
+  using ActF = typename ActTraits<K, float>::Act;
+  return elems >= kLookupMinElems ? lookup_table<ActF, T, kSlope>(cfg) : nullptr;
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+// v rounded to T (round to nearest even, as store_acc<T> stores it), as the 16-bit patterns in
+// a half-width vector.
+template <typename T>
+C10_ALWAYS_INLINE __m256i half_bits(const __m512& v) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+#if defined(__AVX512BF16__)
+    return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+#else
+    return at::vec::cvtfp32_bf16(v);
+#endif
+  } else {
+    return at::vec::cvtfp32_fp16(v);
+  }
+}
+
+// The fp32 values of 16 T patterns (exact).
+template <typename T>
+C10_ALWAYS_INLINE __m512 widen_bits(const __m256i& h) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else {
+    return _mm512_cvtph_ps(h);
+  }
+}
+#endif
+
+// table[x] for the first k elements of p (entry 0 past them): one gather (AVX-512, AVX2) or a
+// loop.
+template <typename T>
+C10_ALWAYS_INLINE AccVec<T> lookup(const float* table, const T* p, int64_t k) {
+  static_assert(is_half_float<T>);
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m256i h = k == 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                            : _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << k) - 1), p);
+  return _mm512_i32gather_ps(_mm512_cvtepu16_epi32(h), table, 4);
+#elif defined(CPU_CAPABILITY_AVX2)
+  alignas(16) uint16_t bits[8] = {};
+  if (k < 8) std::memcpy(bits, p, static_cast<size_t>(k) * sizeof(T));
+  const __m128i h = k == 8 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))
+                           : _mm_load_si128(reinterpret_cast<const __m128i*>(bits));
+  return _mm256_i32gather_ps(table, _mm256_cvtepu16_epi32(h), 4);
+#else
+  alignas(64) float out[AccVec<T>::size()] = {};
+  for (int64_t j = 0; j < k; ++j) out[j] = table[p[j].x];
+  return AccVec<T>::loadu(out);
+#endif
+}
+
+// table[z rounded to T], z rounded as store_acc<T> rounds.
+template <typename T>
+C10_ALWAYS_INLINE AccVec<T> lookup_rounded(const float* table, const AccVec<T>& z) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_i32gather_ps(_mm512_cvtepu16_epi32(half_bits<T>(z)), table, 4);
+#else
+  alignas(64) T bits[AccVec<T>::size()];
+  store_acc<T>(bits, z);
+  return lookup(table, bits, AccVec<T>::size());
+#endif
+}
+
+}  // namespace te_cpp::cpu

@@ -1,0 +1,130 @@
+"""The CPU kernels' lookup tables of the exp-based activations for bf16 / fp16 inputs
+(csrc/kernels/cpu/act_lookup.h): a call of at least 65536 elements reads act(x), and f'(x) where
+the gradient is dy * f'(x), from tables computed once over every 16-bit input value; a smaller
+call computes. The two must agree bit for bit on every input value, for every activation (a
+table built from a formula that is not the kernel's, or read where the gradient is not
+dy * f'(x), shows here), and the tables are built where the kernels say they are."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from activations import BIAS_ACT, DBIAS_DACT, GATED, UNARY, op_params
+
+ops = torch.ops.te_cpp
+ROWS = 256  # ROWS x 256 = 65536: every 16-bit pattern once, one row per computed call
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+def _every_value(dtype):
+    """All 65536 values of a 16-bit float dtype (NaNs and infinities included), ROWS x 256."""
+    bits = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16)
+    return bits.view(dtype).reshape(ROWS, 256)
+
+
+def _by_rows(fn, *tensors):
+    """fn applied to each row of the tensors alone (calls below the table's size: computed),
+    the results stacked as one call's; tuples of results stacked element-wise."""
+    parts = [fn(*(t[r:r + 1] for t in tensors)) for r in range(ROWS)]
+    if isinstance(parts[0], tuple):
+        return tuple(torch.cat(p) for p in zip(*parts))
+    return torch.cat(parts)
+
+
+def _assert_same_bits(got, want, what):
+    # NaN payloads may differ between a table entry and a fresh computation of the same NaN
+    # input, as between any two NaN-producing paths; every other value must match exactly
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan), what
+    assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16)), what
+
+
+def _unary_args(cls):
+    return op_params(cls())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cls", UNARY, ids=lambda c: c.__name__)
+def test_unary_table_call_equals_the_computed_one_on_every_input(cls, dtype):
+    stem, params = cls.op_stem, _unary_args(cls)
+    x = _every_value(dtype)
+    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(0)).to(dtype)
+    fwd = getattr(ops, f"{stem}_fwd")
+    bwd = getattr(ops, f"{stem}_bwd")
+    _assert_same_bits(fwd(x, *params), _by_rows(lambda t: fwd(t, *params), x), f"{stem}_fwd")
+    _assert_same_bits(bwd(dy, x, *params), _by_rows(lambda d, t: bwd(d, t, *params), dy, x),
+                      f"{stem}_bwd")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cls", GATED, ids=lambda c: c.__name__)
+def test_gated_table_call_equals_the_computed_one_on_every_input(cls, dtype):
+    stem, params = cls.op_stem, op_params(cls())
+    gen = torch.Generator().manual_seed(1)
+    x = torch.cat([_every_value(dtype), torch.randn(ROWS, 256, generator=gen).to(dtype)], 1)
+    dy = torch.randn(ROWS, 256, generator=gen).to(dtype)
+    fwd = getattr(ops, f"{stem}_fwd")
+    bwd = getattr(ops, f"{stem}_bwd")
+    _assert_same_bits(fwd(x, *params, 0), _by_rows(lambda t: fwd(t, *params, 0), x),
+                      f"{stem}_fwd")
+    _assert_same_bits(bwd(dy, x, *params, 0),
+                      _by_rows(lambda d, t: bwd(d, t, *params, 0), dy, x), f"{stem}_bwd")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cls", sorted(set(BIAS_ACT) | set(DBIAS_DACT), key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_bias_fusions_table_call_equals_the_computed_one_on_every_input(cls, dtype):
+    stem = cls.op_stem
+    gen = torch.Generator().manual_seed(2)
+    # with a bias, z = x + bias rounded: x from every value, bias small, so z covers most
+    x = _every_value(dtype)
+    bias = (0.01 * torch.randn(256, generator=gen)).to(dtype)
+    dy = torch.randn(x.shape, generator=gen).to(dtype)
+    if cls in BIAS_ACT:
+        _assert_same_bits(ops.bias_act_fwd(x, bias, stem),
+                          _by_rows(lambda t: ops.bias_act_fwd(t, bias, stem), x),
+                          f"bias_act_fwd {stem}")
+    if cls in DBIAS_DACT:
+        dbias_dact = getattr(ops, f"dbias_d{stem}")
+        for b in (None, bias):
+            dx, _ = dbias_dact(dy, x, dtype, b)
+            want = _by_rows(lambda d, t: dbias_dact(d, t, dtype, b)[0], dy, x)
+            _assert_same_bits(dx, want, f"dbias_d{stem} bias={b is not None}")
+
+
+_COUNT_SCRIPT = textwrap.dedent("""
+    import torch
+    from transformer_engine_cpp import _C
+    ops = torch.ops.te_cpp
+    built = _C.activation_lookup_tables
+    seen = [built()]
+    big = torch.randn(256, 256)
+    ops.gelu_fwd(big[:255].bfloat16()); seen.append(built())   # 65280 elements: computed
+    ops.gelu_fwd(big.bfloat16()); seen.append(built())         # the bf16 GELU value table
+    ops.gelu_fwd(big.bfloat16()); seen.append(built())         # kept
+    ops.bias_act_fwd(big.bfloat16(), big[0].bfloat16(), "gelu"); seen.append(built())  # shared
+    ops.gelu_bwd(big.bfloat16(), big.bfloat16()); seen.append(built())  # the slope table
+    ops.geglu_fwd(torch.randn(256, 512).bfloat16()); seen.append(built())  # GELU's, shared
+    ops.gelu_fwd(big.half()); seen.append(built())             # fp16's own
+    ops.gelu_fwd(big); seen.append(built())                    # fp32: computed
+    ops.relu_fwd(big.bfloat16()); seen.append(built())         # ReLU: computed
+    ops.silu_bwd(big.bfloat16(), big.bfloat16()); seen.append(built())  # no slope form
+    ops.swiglu_fwd(torch.randn(256, 512).bfloat16()); seen.append(built())  # SiLU values
+    print(seen)
+""")
+
+
+def test_tables_are_built_once_for_the_calls_that_read_them():
+    """In a fresh process: which calls build a table (the size threshold, one table per
+    activation function, dtype and kind, kept for the process; none for fp32, ReLU, or SiLU's
+    gradient)."""
+    res = subprocess.run([sys.executable, "-c", _COUNT_SCRIPT], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == str([0, 0, 1, 1, 1, 2, 2, 3, 3, 3, 3, 4])
