@@ -12,7 +12,7 @@
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/mm.h>
 
-#include "kernels/cpu/activation_math.h"
+#include "ops/activation.h"
 #include "ops/elementwise.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/cpu/vec.h"
@@ -36,28 +36,15 @@ Tensor vector(at::ScalarType dtype, const void* p, int64_t n) {
   return at::from_blob(const_cast<void*>(p), {n}, at::TensorOptions().dtype(dtype));
 }
 
-// Over z [rows, n]: z += bias in place (when bias is given); then y = act(z) (when act is).
-template <typename T, typename ActF>
-void bias_act_epilogue(T* z, const T* bias, T* y, int64_t rows, int64_t n, const ActF* act) {
-  using A = acc_t<T>;
+// z [rows, n] += bias in place.
+template <typename T>
+void bias_epilogue(T* z, const T* bias, int64_t rows, int64_t n) {
   constexpr int64_t W = AccVec<T>::size();
   at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       T* zr = z + r * n;
-      T* yr = y ? y + r * n : nullptr;
       for_chunks<W>(n, [&](int64_t i, int64_t k) {
-        AccVec<T> v = load_acc<T>(zr + i, k);
-        if (bias) {
-          v += load_acc<T>(bias + i, k);
-          store_acc<T>(zr + i, v, k);
-        }
-        if (act) {
-          // the activation reads the stored (rounded) pre-activation, as the unfused ops do
-          if constexpr (!std::is_same_v<T, A>) {
-            if (bias) v = load_acc<T>(zr + i, k);
-          }
-          store_acc<T>(yr + i, act->f(v), k);
-        }
+        store_acc<T>(zr + i, load_acc<T>(zr + i, k) + load_acc<T>(bias + i, k), k);
       });
     }
   });
@@ -105,14 +92,12 @@ bool gemm_cpu(const GemmArgs& g) {
       TORCH_INTERNAL_ASSERT(g.ldd == g.n, "gemm_cpu: the bias pass needs a contiguous D");
       TE_DISPATCH_FLOAT(g.dtype, "linear_fwd_add", [&] {
         using T = scalar_t;
-        const cpu::Identity<acc_t<T>>* no_act = nullptr;
-        bias_act_epilogue<T>(static_cast<T*>(g.d), static_cast<const T*>(g.bias), nullptr, g.m,
-                             g.n, no_act);
+        bias_epilogue<T>(static_cast<T*>(g.d), static_cast<const T*>(g.bias), g.m, g.n);
       });
       return true;
     case GemmEpilogue::kBiasAct: {
-      // z = alpha x W^T + bias from the GEMM (bias as its C operand: one rounding), then one
-      // pass y = act(z)
+      // z = alpha x W^T + bias from the GEMM (bias as its C operand: one rounding), then the
+      // activation's own CPU kernel, y = act(z), in one pass
       TORCH_INTERNAL_ASSERT(g.beta == 0.0 && g.ldd == g.n, "gemm_cpu: kBiasAct needs beta 0");
       Tensor Z = matrix(g.dtype, g.aux, g.m, g.n, false, g.ldd);
       if (g.bias != nullptr) {
@@ -120,15 +105,8 @@ bool gemm_cpu(const GemmArgs& g) {
       } else {
         product(Z, A, B, g);
       }
-      TE_DISPATCH_FLOAT(g.dtype, "linear_bias_act_fwd", [&] {
-        using T = scalar_t;
-        visit_act(g.act, [&](auto k) {
-          constexpr Act K = decltype(k)::value;
-          const typename cpu::ActTraits<K, acc_t<T>>::Act act_fn(ActConfig{K});
-          bias_act_epilogue<T>(static_cast<T*>(g.aux), nullptr, static_cast<T*>(g.d), g.m, g.n,
-                               &act_fn);
-        });
-      });
+      activation_fwd_stub(c10::DeviceType::CPU,
+                          ActFwdArgs{g.dtype, ActConfig{g.act}, g.m, g.n, g.aux, g.d});
       return true;
     }
     case GemmEpilogue::kDActBiasGrad:
