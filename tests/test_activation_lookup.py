@@ -1,9 +1,10 @@
 """The CPU kernels' lookup tables of the exp-based activations for bf16 / fp16 inputs
-(csrc/kernels/cpu/act_lookup.h): a call of at least 65536 elements reads act(x), and f'(x) where
-the gradient is dy * f'(x), from tables computed once over every 16-bit input value; a smaller
-call computes. The two must agree bit for bit on every input value, for every activation (a
-table built from a formula that is not the kernel's, or read where the gradient is not
-dy * f'(x), shows here), and the tables are built where the kernels say they are."""
+(csrc/kernels/cpu/act_lookup.h): a call of at least 65536 elements reads act(x), and for the
+backward GELU's slope f'(x) or the sigmoid that SiLU, QGELU and sigmoid are made of, from
+tables computed once over every 16-bit input value; a smaller call computes.
+The two must agree bit for bit on every input value, for every activation (a table built from
+a formula that is not the kernel's, or read where the gradient is not what the table assumes,
+shows here), and the tables are built where the kernels say they are."""
 
 from __future__ import annotations
 
@@ -114,17 +115,19 @@ _COUNT_SCRIPT = textwrap.dedent("""
     ops.gelu_fwd(big.half()); seen.append(built())             # fp16's own
     ops.gelu_fwd(big); seen.append(built())                    # fp32: computed
     ops.relu_fwd(big.bfloat16()); seen.append(built())         # ReLU: computed
-    ops.silu_bwd(big.bfloat16(), big.bfloat16()); seen.append(built())  # no slope form
-    ops.swiglu_fwd(torch.randn(256, 512).bfloat16()); seen.append(built())  # SiLU values
+    ops.silu_bwd(big.bfloat16(), big.bfloat16()); seen.append(built())  # SiLU's sigmoid
+    ops.swiglu_fwd(torch.randn(256, 512).bfloat16()); seen.append(built())  # SiLU's values
+    ops.swiglu_bwd(big.bfloat16(), torch.randn(256, 512).bfloat16())
+    seen.append(built())                                       # SiLU's sigmoid, shared
+    ops.srelu_bwd(big.bfloat16(), big.bfloat16()); seen.append(built())  # squared ReLU: none
     print(seen)
 """)
 
 
 def test_tables_are_built_once_for_the_calls_that_read_them():
     """In a fresh process: which calls build a table (the size threshold, one table per
-    activation function, dtype and kind, kept for the process; none for fp32, ReLU, or SiLU's
-    gradient)."""
+    activation function, dtype and kind, kept for the process; none for fp32 or the ReLUs)."""
     res = subprocess.run([sys.executable, "-c", _COUNT_SCRIPT], capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == str([0, 0, 1, 1, 1, 2, 2, 3, 3, 3, 3, 4])
+    assert res.stdout.strip() == str([0, 0, 1, 1, 1, 2, 2, 3, 3, 3, 4, 5, 5, 5])

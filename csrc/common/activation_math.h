@@ -99,9 +99,14 @@ struct ScaledSilu {
   const V one{A(1)}, alpha;
   ScaledSilu(const ActConfig&, A a) : alpha(a) {}
   // x NaN: f and gx are NaN through the products with x
-  TE_MATH V f(const V& x) const { return x * O::sigmoid(alpha * x); }
+  TE_MATH V f(const V& x) const { return x * sigmoid_part(x); }
   TE_MATH void grad(const V& x, const V& g, V& f, V& gx) const {
-    const V s = O::sigmoid(alpha * x);
+    grad_from_sigmoid(x, g, sigmoid_part(x), f, gx);
+  }
+  // The sigmoid f and grad are made of, a function of x alone (the CPU kernels read it from a
+  // table for 16-bit inputs), and grad given it.
+  TE_MATH V sigmoid_part(const V& x) const { return O::sigmoid(alpha * x); }
+  TE_MATH void grad_from_sigmoid(const V& x, const V& g, const V& s, V& f, V& gx) const {
     f = x * s;
     gx = scaled_silu_grad(x, g, s, one, alpha);
   }
@@ -144,9 +149,14 @@ struct Sigmoid {
   const V one{A(1)};
   explicit Sigmoid(const ActConfig&) {}
   TE_MATH V f(const V& x) const { return O::sigmoid(x); }
-  // sigmoid_backward: g (1 - s) s
   TE_MATH void grad(const V& x, const V& g, V& f, V& gx) const {
-    f = O::sigmoid(x);
+    grad_from_sigmoid(x, g, sigmoid_part(x), f, gx);
+  }
+  // as ScaledSilu's
+  TE_MATH V sigmoid_part(const V& x) const { return O::sigmoid(x); }
+  // sigmoid_backward: g (1 - s) s
+  TE_MATH void grad_from_sigmoid(const V&, const V& g, const V& s, V& f, V& gx) const {
+    f = s;
     gx = g * (one - f) * f;
   }
 };
@@ -265,6 +275,14 @@ struct Gated {
     V dfb;
     lin.both(b, fb, dfb);
     act.grad(a, g * fb, fa, da);
+    db = lin.grad(b, g * fa, dfb);
+  }
+  // grad with act's sigmoid part s given (for act functors that have one)
+  TE_MATH void grad_from_sigmoid(const V& a, const V& b, const V& g, const V& s, V& fa, V& fb,
+                                 V& da, V& db) const {
+    V dfb;
+    lin.both(b, fb, dfb);
+    act.grad_from_sigmoid(a, g * fb, s, fa, da);
     db = lin.grad(b, g * fa, dfb);
   }
 };

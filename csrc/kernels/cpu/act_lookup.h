@@ -13,6 +13,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -27,6 +28,13 @@ namespace te_cpp::cpu {
 template <typename T>
 constexpr bool is_half_float = std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>;
 
+// What a table holds, for every value x of T:
+//   kValue:   act.f(x);
+//   kSlope:   f'(x), act.grad's result for g = 1, where the gradient is g * f'(x);
+//   kSigmoid: act.sigmoid_part(x), the one transcendental of a sigmoid-based act functor, from
+//             which act.grad_from_sigmoid makes the value and the gradient.
+enum class Table { kValue, kSlope, kSigmoid };
+
 // Activations whose (act half's) value is tabulated: those that spend an exp per element.
 // The cheap ones (ReLU and its squares, the clamps) stay computed: a gather costs them more.
 constexpr bool has_value_table(Act k) {
@@ -39,10 +47,20 @@ constexpr bool has_value_table(Act k) {
   }
 }
 
-// Activations whose act half's gradient is g * f'(x), one product with a function of x alone
-// (common/activation_math.h: Gelu::grad), so it can be read as g * slope[x]. SiLU's and
-// sigmoid's gradients multiply g in earlier (autograd's order), which a table cannot reproduce.
-constexpr bool has_slope_table(Act k) { return k == Act::GELU || k == Act::GEGLU; }
+// The table the backward of K reads, if any: the slope where the act half's gradient is
+// g * f'(x), one product with a function of x alone (common/activation_math.h: Gelu::grad);
+// the sigmoid where g enters earlier (autograd's order: SiLU, QGELU, sigmoid), so that only the
+// sigmoid can be read and the rest is computed as the functor computes it.
+constexpr std::optional<Table> grad_table(Act k) {
+  switch (k) {
+    case Act::GELU: case Act::GEGLU:
+      return Table::kSlope;
+    case Act::SILU: case Act::QGELU: case Act::SWIGLU: case Act::QGEGLU: case Act::GLU:
+      return Table::kSigmoid;
+    default:
+      return std::nullopt;
+  }
+}
 
 // Calls with fewer elements compute: building a table takes about as long as such a call, and
 // a small call would read more table than data.
@@ -54,10 +72,10 @@ constexpr size_t kMaxLookupTables = 16;
 
 inline std::atomic<int64_t> lookup_tables_built{0};
 
-// The table of act.f (kSlope false) or of act.grad's result for g = 1, f'(x) (kSlope true), for
-// every 16-bit pattern of T, built on first use and kept for the process. Tables belong to the
-// act functor (GELU's serve GEGLU too) and its configuration's parameters.
-template <typename ActF, typename T, bool kSlope>
+// The table of kind kKind of the act functor ActF for every 16-bit pattern of T, built on first
+// use and kept for the process. Tables belong to the act functor (GELU's serve GEGLU too) and
+// its configuration's parameters.
+template <typename ActF, typename T, Table kKind>
 const float* lookup_table(const ActConfig& cfg) {
   static_assert(is_half_float<T>);
   using Vec = AccVec<T>;
@@ -76,12 +94,14 @@ const float* lookup_table(const ActConfig& cfg) {
   for (int64_t i = 0; i < kEntries; i += Vec::size()) {
     for (int64_t j = 0; j < Vec::size(); ++j) bits[j] = static_cast<uint16_t>(i + j);
     const Vec x = load_acc<T>(reinterpret_cast<const T*>(bits.data()));
-    if constexpr (kSlope) {
+    if constexpr (kKind == Table::kValue) {
+      act.f(x).store(table.get() + i);
+    } else if constexpr (kKind == Table::kSlope) {
       Vec f, slope;
       act.grad(x, Vec(1.f), f, slope);
       slope.store(table.get() + i);
     } else {
-      act.f(x).store(table.get() + i);
+      act.sigmoid_part(x).store(table.get() + i);
     }
   }
   tables.emplace_back(key, std::move(table));
@@ -89,18 +109,18 @@ const float* lookup_table(const ActConfig& cfg) {
   return tables.back().second.get();
 }
 
-// Whether T inputs of K have the table (kSlope: of f'(x), else of f(x)).
-template <Act K, typename T, bool kSlope>
+// Whether T inputs of K have the table of kind kKind.
+template <Act K, typename T, Table kKind>
 constexpr bool kTabulated =
-    is_half_float<T> && (kSlope ? has_slope_table(K) : has_value_table(K));
+    is_half_float<T> && (kKind == Table::kValue ? has_value_table(K) : grad_table(K) == kKind);
 
 // The call's table, or nullptr where it computes instead (a small call, or too many
 // configurations).
-template <Act K, typename T, bool kSlope>
+template <Act K, typename T, Table kKind>
 const float* lookup_for(const ActConfig& cfg, int64_t elems) {
-  static_assert(kTabulated<K, T, kSlope>);
+  static_assert(kTabulated<K, T, kKind>);
   using ActF = typename ActTraits<K, float>::Act;
-  return elems >= kLookupMinElems ? lookup_table<ActF, T, kSlope>(cfg) : nullptr;
+  return elems >= kLookupMinElems ? lookup_table<ActF, T, kKind>(cfg) : nullptr;
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -152,16 +172,47 @@ C10_ALWAYS_INLINE AccVec<T> lookup(const float* table, const T* p, int64_t k) {
 #endif
 }
 
-// table[z rounded to T], z rounded as store_acc<T> rounds.
+// table[zr] for zr = z rounded to T (as store_acc<T> rounds), zr also returned.
 template <typename T>
-C10_ALWAYS_INLINE AccVec<T> lookup_rounded(const float* table, const AccVec<T>& z) {
+C10_ALWAYS_INLINE AccVec<T> lookup_rounded(const float* table, const AccVec<T>& z,
+                                           AccVec<T>& zr) {
 #if defined(CPU_CAPABILITY_AVX512)
-  return _mm512_i32gather_ps(_mm512_cvtepu16_epi32(half_bits<T>(z)), table, 4);
+  const __m256i h = half_bits<T>(z);
+  zr = widen_bits<T>(h);
+  return _mm512_i32gather_ps(_mm512_cvtepu16_epi32(h), table, 4);
 #else
   alignas(64) T bits[AccVec<T>::size()];
   store_acc<T>(bits, z);
+  zr = load_acc<T>(bits);
   return lookup(table, bits, AccVec<T>::size());
 #endif
+}
+
+template <typename T>
+C10_ALWAYS_INLINE AccVec<T> lookup_rounded(const float* table, const AccVec<T>& z) {
+  AccVec<T> zr;
+  return lookup_rounded<T>(table, z, zr);
+}
+
+// Whether the backward of K reads a table for T inputs, and the call's table.
+template <Act K, typename T>
+constexpr bool kGradTabulated = is_half_float<T> && grad_table(K).has_value();
+
+template <Act K, typename T>
+const float* grad_lookup_for(const ActConfig& cfg, int64_t elems) {
+  return lookup_for<K, T, *grad_table(K)>(cfg, elems);
+}
+
+// act.grad(x, g, f, gx) given the entry of x in K's grad table: gx = g * slope (f not set), or
+// act.grad_from_sigmoid (f set).
+template <Act K, typename ActF, typename Vec>
+C10_ALWAYS_INLINE void grad_from_entry(const ActF& act, const Vec& x, const Vec& g,
+                                       const Vec& entry, Vec& f, Vec& gx) {
+  if constexpr (*grad_table(K) == Table::kSlope) {
+    gx = g * entry;
+  } else {
+    act.grad_from_sigmoid(x, g, entry, f, gx);
+  }
 }
 
 }  // namespace te_cpp::cpu

@@ -49,8 +49,8 @@ void fwd_kernel(const ActFwdArgs& a) {
     T* yp = static_cast<T*>(a.y);
     if constexpr (!is_gated(K)) {
       const int64_t total = a.rows * a.features;
-      if constexpr (cpu::kTabulated<K, T, false>) {
-        if (const float* table = cpu::lookup_for<K, T, false>(cfg, total)) {
+      if constexpr (cpu::kTabulated<K, T, cpu::Table::kValue>) {
+        if (const float* table = cpu::lookup_for<K, T, cpu::Table::kValue>(cfg, total)) {
           at::parallel_for(0, total, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
             for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
               store_acc<T>(yp + i0 + i, cpu::lookup(table, xp + i0 + i, k), k);
@@ -70,11 +70,11 @@ void fwd_kernel(const ActFwdArgs& a) {
       const int64_t rows = a.rows, n = a.features;
       const GatedGeometry g(n, cfg.interleave);
       // y = table[a] * b: the tabulated gated activations' linear half is the identity
-      static_assert(!cpu::kTabulated<K, T, false> ||
+      static_assert(!cpu::kTabulated<K, T, cpu::Table::kValue> ||
                     std::is_same_v<typename cpu::ActTraits<K, A>::Lin, cpu::Identity<A>>);
       const float* table = nullptr;
-      if constexpr (cpu::kTabulated<K, T, false>) {
-        table = cpu::lookup_for<K, T, false>(cfg, rows * n / 2);
+      if constexpr (cpu::kTabulated<K, T, cpu::Table::kValue>) {
+        table = cpu::lookup_for<K, T, cpu::Table::kValue>(cfg, rows * n / 2);
       }
       at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
@@ -87,7 +87,7 @@ void fwd_kernel(const ActFwdArgs& a) {
               prefetch_ahead(xb + i);
               prefetch_ahead_for_write(yr + i);
               const AccVec<T> vb = load_acc<T>(xb + i, k);
-              if constexpr (cpu::kTabulated<K, T, false>) {
+              if constexpr (cpu::kTabulated<K, T, cpu::Table::kValue>) {
                 if (table != nullptr) {
                   store_acc<T>(yr + i, cpu::lookup(table, xa + i, k) * vb, k);
                   return;
@@ -115,18 +115,21 @@ void bwd_kernel(const ActBwdArgs& a) {
     T* dxp = static_cast<T*>(a.dx);
     if constexpr (!is_gated(K)) {
       const int64_t total = a.rows * a.features;
-      if constexpr (cpu::kTabulated<K, T, true>) {
-        if (const float* slope = cpu::lookup_for<K, T, true>(cfg, total)) {
+      const typename cpu::ActTraits<K, A>::Act act(cfg);
+      if constexpr (cpu::kGradTabulated<K, T>) {
+        if (const float* table = cpu::grad_lookup_for<K, T>(cfg, total)) {
           at::parallel_for(0, total, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
             for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
-              store_acc<T>(dxp + i0 + i,
-                           load_acc<T>(dyp + i0 + i, k) * cpu::lookup(slope, xp + i0 + i, k), k);
+              const T* x = xp + i0 + i;
+              Vec f, gx;
+              cpu::grad_from_entry<K>(act, load_acc<T>(x, k), load_acc<T>(dyp + i0 + i, k),
+                                      cpu::lookup(table, x, k), f, gx);
+              store_acc<T>(dxp + i0 + i, gx, k);
             });
           });
           return;
         }
       }
-      const typename cpu::ActTraits<K, A>::Act act(cfg);
       at::parallel_for(0, total, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
         for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
           Vec f, gx;
@@ -138,13 +141,16 @@ void bwd_kernel(const ActBwdArgs& a) {
       const cpu::Gated<K, A> gated(cfg);
       const int64_t rows = a.rows, n = a.features;
       const GatedGeometry g(n, cfg.interleave);
-      // With the linear half the identity (fb = b): da = (dy b) slope[a], db = dy value[a].
-      const float *slope = nullptr, *value = nullptr;
-      if constexpr (cpu::kTabulated<K, T, true>) {
-        static_assert(cpu::kTabulated<K, T, false> &&
-                      std::is_same_v<typename cpu::ActTraits<K, A>::Lin, cpu::Identity<A>>);
-        slope = cpu::lookup_for<K, T, true>(cfg, rows * n / 2);
-        value = slope != nullptr ? cpu::lookup_for<K, T, false>(cfg, rows * n / 2) : nullptr;
+      // The tabulated gated activations' linear half is the identity (fb = b). From slopes:
+      // da = (dy b) slope[a], db = dy value[a]; from sigmoids: gated.grad_from_sigmoid.
+      const float *table = nullptr, *value = nullptr;
+      if constexpr (cpu::kGradTabulated<K, T>) {
+        static_assert(std::is_same_v<typename cpu::ActTraits<K, A>::Lin, cpu::Identity<A>>);
+        table = cpu::grad_lookup_for<K, T>(cfg, rows * n / 2);
+        if constexpr (*cpu::grad_table(K) == cpu::Table::kSlope) {
+          value = cpu::lookup_for<K, T, cpu::Table::kValue>(cfg, rows * n / 2);
+          if (value == nullptr) table = nullptr;
+        }
       }
       at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
@@ -158,13 +164,21 @@ void bwd_kernel(const ActBwdArgs& a) {
               prefetch_ahead(dyr + i);
               prefetch_ahead_for_write(dxp + a_off + i);
               prefetch_ahead_for_write(dxp + b_off + i);
-              if constexpr (cpu::kTabulated<K, T, true>) {
-                if (value != nullptr) {
+              if constexpr (cpu::kGradTabulated<K, T>) {
+                if (table != nullptr) {
+                  const T* xa = xp + a_off + i;
                   const Vec dy = load_acc<T>(dyr + i, k);
-                  store_acc<T>(dxp + a_off + i,
-                               (dy * load_acc<T>(xp + b_off + i, k)) *
-                                   cpu::lookup(slope, xp + a_off + i, k), k);
-                  store_acc<T>(dxp + b_off + i, dy * cpu::lookup(value, xp + a_off + i, k), k);
+                  const Vec vb = load_acc<T>(xp + b_off + i, k);
+                  Vec fa, fb, da, db;
+                  if constexpr (*cpu::grad_table(K) == cpu::Table::kSlope) {
+                    da = (dy * vb) * cpu::lookup(table, xa, k);
+                    db = dy * cpu::lookup(value, xa, k);
+                  } else {
+                    gated.grad_from_sigmoid(load_acc<T>(xa, k), vb, dy, cpu::lookup(table, xa, k),
+                                            fa, fb, da, db);
+                  }
+                  store_acc<T>(dxp + a_off + i, da, k);
+                  store_acc<T>(dxp + b_off + i, db, k);
                   return;
                 }
               }
@@ -219,8 +233,8 @@ void bias_act_kernel(const BiasActArgs& a) {
     const T* bp = static_cast<const T*>(a.bias);
     T* yp = static_cast<T*>(a.y);
     const float* table = nullptr;
-    if constexpr (cpu::kTabulated<K, T, false>) {
-      table = cpu::lookup_for<K, T, false>(a.cfg, rows * n);
+    if constexpr (cpu::kTabulated<K, T, cpu::Table::kValue>) {
+      table = cpu::lookup_for<K, T, cpu::Table::kValue>(a.cfg, rows * n);
     }
     at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
@@ -228,7 +242,7 @@ void bias_act_kernel(const BiasActArgs& a) {
         T* yr = yp + r * n;
         for_chunks<W>(n, [&](int64_t i, int64_t k) {
           const AccVec<T> z = load_acc<T>(xr + i, k) + load_acc<T>(bp + i, k);
-          if constexpr (cpu::kTabulated<K, T, false>) {
+          if constexpr (cpu::kTabulated<K, T, cpu::Table::kValue>) {
             if (table != nullptr) {
               store_acc<T>(yr + i, cpu::lookup_rounded<T>(table, z), k);
               return;
@@ -256,21 +270,25 @@ void dbias_dact_kernel(const DbiasDactArgs& a) {
     const T* bp = static_cast<const T*>(a.bias);
     const T* dyp = static_cast<const T*>(a.dy);
     T* dxp = static_cast<T*>(a.dx);
-    const float* slope = nullptr;
-    if constexpr (cpu::kTabulated<K, T, true>) {
-      slope = cpu::lookup_for<K, T, true>(a.cfg, rows * n);
-    }
+    const float* table = nullptr;
+    if constexpr (cpu::kGradTabulated<K, T>) table = cpu::grad_lookup_for<K, T>(a.cfg, rows * n);
     auto run = [&](auto with_bias) {
       constexpr bool kBias = decltype(with_bias)::value;
       // dx = dy * act'(z) for row r, columns [i, i + k): stored, and returned for the sums.
       auto dact = [&](int64_t r, int64_t i, int64_t k) {
         const int64_t off = r * n + i;
-        if constexpr (cpu::kTabulated<K, T, true>) {
-          if (slope != nullptr) {
-            const Vec s = kBias ? cpu::lookup_rounded<T>(slope, load_acc<T>(xp + off, k) +
-                                                                    load_acc<T>(bp + i, k))
-                                : cpu::lookup(slope, xp + off, k);
-            const Vec d = load_acc<T>(dyp + off, k) * s;
+        if constexpr (cpu::kGradTabulated<K, T>) {
+          if (table != nullptr) {
+            Vec z, entry;
+            if constexpr (kBias) {
+              entry = cpu::lookup_rounded<T>(
+                  table, load_acc<T>(xp + off, k) + load_acc<T>(bp + i, k), z);
+            } else {
+              z = load_acc<T>(xp + off, k);
+              entry = cpu::lookup(table, xp + off, k);
+            }
+            Vec f, d;
+            cpu::grad_from_entry<K>(act, z, load_acc<T>(dyp + off, k), entry, f, d);
             store_acc<T>(dxp + off, d, k);
             return d;
           }
