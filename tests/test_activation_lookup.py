@@ -15,7 +15,7 @@ import textwrap
 import pytest
 import torch
 
-from activations import BIAS_ACT, DBIAS_DACT, GATED, UNARY, op_params
+from activations import BIAS_ACT, DBIAS_DACT, GATED, SCALED, UNARY, op_params
 
 ops = torch.ops.te_cpp
 ROWS = 256  # ROWS x 256 = 65536: every 16-bit pattern once, one row per computed call
@@ -97,6 +97,29 @@ def test_bias_fusions_table_call_equals_the_computed_one_on_every_input(cls, dty
             dx, _ = dbias_dact(dy, x, dtype, b)
             want = _by_rows(lambda d, t: dbias_dact(d, t, dtype, b)[0], dy, x)
             _assert_same_bits(dx, want, f"dbias_d{stem} bias={b is not None}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cls", SCALED, ids=lambda c: c.__name__)
+def test_scaled_table_call_equals_the_computed_one_on_every_input(cls, dtype):
+    """The scaled (MoE) activations, dscales included (a row's sum, the same either way)."""
+    stem, params = cls.op_stem, op_params(cls())
+    gen = torch.Generator().manual_seed(3)
+    x = _every_value(dtype)
+    if cls.gated:
+        x = torch.cat([x, torch.randn(ROWS, 256, generator=gen).to(dtype)], 1)
+        params = (*params, 0)
+    dy = torch.randn(ROWS, 256, generator=gen).to(dtype)
+    scales = torch.rand(ROWS, generator=gen)
+    fwd = getattr(ops, f"{stem}_fwd")
+    bwd = getattr(ops, f"{stem}_bwd")
+    _assert_same_bits(fwd(x, scales, *params),
+                      _by_rows(lambda t, s: fwd(t, s, *params), x, scales), f"{stem}_fwd")
+    dx, dscales = bwd(dy, x, scales, True, *params)
+    want_dx, want_dscales = _by_rows(lambda d, t, s: bwd(d, t, s, True, *params), dy, x, scales)
+    _assert_same_bits(dx, want_dx, f"{stem}_bwd dx")
+    torch.testing.assert_close(dscales, want_dscales, rtol=0, atol=0, equal_nan=True,
+                               msg=f"{stem}_bwd dscales")
 
 
 _COUNT_SCRIPT = textwrap.dedent("""

@@ -342,6 +342,12 @@ void scaled_fwd_kernel(const ScaledActFwdArgs& a) {
     const T* xp = static_cast<const T*>(a.x);
     const A* sp = static_cast<const A*>(a.scales);
     T* yp = static_cast<T*>(a.y);
+    // act(a) from the table (a gated one's linear half is then the identity)
+    const float* table = nullptr;
+    if constexpr (cpu::kTabulated<K, T, cpu::Table::kValue>) {
+      static_assert(std::is_same_v<typename cpu::ActTraits<K, A>::Lin, cpu::Identity<A>>);
+      table = cpu::lookup_for<K, T, cpu::Table::kValue>(cfg, rows * n_out);
+    }
     at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const Vec sv(sp[r]);
@@ -349,8 +355,16 @@ void scaled_fwd_kernel(const ScaledActFwdArgs& a) {
           const T* xa = xp + r * n + seg * g.stride;
           T* yr = yp + r * n_out + seg * g.len;
           for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
-            const Vec va = load_acc<T>(xa + i, k);
             Vec v;
+            if constexpr (cpu::kTabulated<K, T, cpu::Table::kValue>) {
+              if (table != nullptr) {
+                v = cpu::lookup(table, xa + i, k);
+                if constexpr (is_gated(K)) v = v * load_acc<T>(xa + g.len + i, k);
+                store_acc<T>(yr + i, sv * v, k);
+                return;
+              }
+            }
+            const Vec va = load_acc<T>(xa + i, k);
             if constexpr (is_gated(K)) {
               v = gated.f(va, load_acc<T>(xa + g.len + i, k));
             } else {
@@ -381,6 +395,12 @@ void scaled_bwd_kernel(const ScaledActBwdArgs& a) {
     const A* sp = static_cast<const A*>(a.scales);
     T* dxp = static_cast<T*>(a.dx);
     A* dsp = static_cast<A*>(a.dscales);
+    // act's sigmoid from the table (fa is needed for dscales: a slope table would not give it)
+    const float* table = nullptr;
+    if constexpr (cpu::kGradTabulated<K, T>) {
+      static_assert(*cpu::grad_table(K) == cpu::Table::kSigmoid);
+      table = cpu::grad_lookup_for<K, T>(cfg, rows * n_out);
+    }
     at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const Vec sv(sp[r]);
@@ -394,16 +414,32 @@ void scaled_bwd_kernel(const ScaledActBwdArgs& a) {
             const Vec d = load_acc<T>(dyr + i, k);
             const Vec gs = d * sv;
             Vec fa, da;
+            const Vec va = load_acc<T>(xp + a_off + i, k);
+            bool from_table = false;
             if constexpr (is_gated(K)) {
               const int64_t b_off = a_off + g.len;
+              const Vec vb = load_acc<T>(xp + b_off + i, k);
               Vec fb, db;
-              gated.grad(load_acc<T>(xp + a_off + i, k), load_acc<T>(xp + b_off + i, k), gs, fa,
-                         fb, da, db);
+              if constexpr (cpu::kGradTabulated<K, T>) {
+                if (table != nullptr) {
+                  gated.grad_from_sigmoid(va, vb, gs, cpu::lookup(table, xp + a_off + i, k), fa,
+                                          fb, da, db);
+                  from_table = true;
+                }
+              }
+              if (!from_table) gated.grad(va, vb, gs, fa, fb, da, db);
               store_acc<T>(dxp + a_off + i, da, k);
               store_acc<T>(dxp + b_off + i, db, k);
               if (dsp != nullptr) acc += d * (fa * fb);
             } else {
-              gated.act.grad(load_acc<T>(xp + a_off + i, k), gs, fa, da);
+              if constexpr (cpu::kGradTabulated<K, T>) {
+                if (table != nullptr) {
+                  gated.act.grad_from_sigmoid(va, gs, cpu::lookup(table, xp + a_off + i, k), fa,
+                                              da);
+                  from_table = true;
+                }
+              }
+              if (!from_table) gated.act.grad(va, gs, fa, da);
               store_acc<T>(dxp + a_off + i, da, k);
               if (dsp != nullptr) acc += d * fa;
             }
