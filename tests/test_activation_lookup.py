@@ -143,14 +143,19 @@ _COUNT_SCRIPT = textwrap.dedent("""
     ops.swiglu_bwd(big.bfloat16(), torch.randn(256, 512).bfloat16())
     seen.append(built())                                       # SiLU's sigmoid, shared
     ops.srelu_bwd(big.bfloat16(), big.bfloat16()); seen.append(built())  # squared ReLU: none
+    wide = torch.randn(256, 512).bfloat16()
+    ops.clamped_swiglu_fwd(wide, 7.0, 1.702, 1.0); seen.append(built())  # its configuration's
+    ops.clamped_swiglu_fwd(wide, 6.0, 1.702, 1.0); seen.append(built())  # another limit
+    ops.clamped_swiglu_fwd(wide, 7.0, 1.702, 1.0); seen.append(built())  # kept
     print(seen)
 """)
 
 
 def test_tables_are_built_once_for_the_calls_that_read_them():
     """In a fresh process: which calls build a table (the size threshold, one table per
-    activation function, dtype and kind, kept for the process; none for fp32 or the ReLUs)."""
+    activation function, dtype, kind and configuration, kept for the process; none for fp32 or
+    the ReLUs)."""
     res = subprocess.run([sys.executable, "-c", _COUNT_SCRIPT], capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == str([0, 0, 1, 1, 1, 2, 2, 3, 3, 3, 4, 5, 5, 5])
+    assert res.stdout.strip() == str([0, 0, 1, 1, 1, 2, 2, 3, 3, 3, 4, 5, 5, 5, 6, 7, 7])

@@ -168,14 +168,15 @@ struct ClampedSilu {
   using A = scalar_of<V>;
   const V zero{A(0)}, one{A(1)}, limit, alpha;
   explicit ClampedSilu(const ActConfig& c) : limit(A(c.p0)), alpha(A(c.p1)) {}
-  TE_MATH V f(const V& x) const {
-    const V c = O::minimum(x, limit);
-    return c * O::sigmoid(alpha * c);
-  }
-  // clamp_backward's select: 0 where x > limit or x is NaN
+  TE_MATH V f(const V& x) const { return O::minimum(x, limit) * sigmoid_part(x); }
   TE_MATH void grad(const V& x, const V& g, V& f, V& gx) const {
+    grad_from_sigmoid(x, g, sigmoid_part(x), f, gx);
+  }
+  // as ScaledSilu's
+  TE_MATH V sigmoid_part(const V& x) const { return O::sigmoid(alpha * O::minimum(x, limit)); }
+  // clamp_backward's select: 0 where x > limit or x is NaN
+  TE_MATH void grad_from_sigmoid(const V& x, const V& g, const V& s, V& f, V& gx) const {
     const V c = O::minimum(x, limit);
-    const V s = O::sigmoid(alpha * c);
     f = c * s;
     gx = O::select(x <= limit, scaled_silu_grad(c, g, s, one, alpha), zero);
   }

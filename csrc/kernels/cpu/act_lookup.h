@@ -36,11 +36,12 @@ constexpr bool is_half_float = std::is_same_v<T, c10::BFloat16> || std::is_same_
 enum class Table { kValue, kSlope, kSigmoid };
 
 // Activations whose (act half's) value is tabulated: those that spend an exp per element.
-// The cheap ones (ReLU and its squares, the clamps) stay computed: a gather costs them more.
+// The cheap ones (ReLU and its squares) stay computed: a gather costs them more. SiTUGLU's act
+// half (a tanh and a sigmoid) is not tabulated yet.
 constexpr bool has_value_table(Act k) {
   switch (k) {
     case Act::GELU: case Act::SILU: case Act::QGELU:
-    case Act::GEGLU: case Act::QGEGLU: case Act::SWIGLU: case Act::GLU:
+    case Act::GEGLU: case Act::QGEGLU: case Act::SWIGLU: case Act::GLU: case Act::CLAMPED_SWIGLU:
       return true;
     default:
       return false;
@@ -56,6 +57,7 @@ constexpr std::optional<Table> grad_table(Act k) {
     case Act::GELU: case Act::GEGLU:
       return Table::kSlope;
     case Act::SILU: case Act::QGELU: case Act::SWIGLU: case Act::QGEGLU: case Act::GLU:
+    case Act::CLAMPED_SWIGLU:
       return Table::kSigmoid;
     default:
       return std::nullopt;

@@ -69,9 +69,7 @@ void fwd_kernel(const ActFwdArgs& a) {
       const cpu::Gated<K, A> gated(cfg);
       const int64_t rows = a.rows, n = a.features;
       const GatedGeometry g(n, cfg.interleave);
-      // y = table[a] * b: the tabulated gated activations' linear half is the identity
-      static_assert(!cpu::kTabulated<K, T, cpu::Table::kValue> ||
-                    std::is_same_v<typename cpu::ActTraits<K, A>::Lin, cpu::Identity<A>>);
+      // y = table[a] * lin(b)
       const float* table = nullptr;
       if constexpr (cpu::kTabulated<K, T, cpu::Table::kValue>) {
         table = cpu::lookup_for<K, T, cpu::Table::kValue>(cfg, rows * n / 2);
@@ -89,7 +87,7 @@ void fwd_kernel(const ActFwdArgs& a) {
               const AccVec<T> vb = load_acc<T>(xb + i, k);
               if constexpr (cpu::kTabulated<K, T, cpu::Table::kValue>) {
                 if (table != nullptr) {
-                  store_acc<T>(yr + i, cpu::lookup(table, xa + i, k) * vb, k);
+                  store_acc<T>(yr + i, cpu::lookup(table, xa + i, k) * gated.lin.f(vb), k);
                   return;
                 }
               }
@@ -141,13 +139,13 @@ void bwd_kernel(const ActBwdArgs& a) {
       const cpu::Gated<K, A> gated(cfg);
       const int64_t rows = a.rows, n = a.features;
       const GatedGeometry g(n, cfg.interleave);
-      // The tabulated gated activations' linear half is the identity (fb = b). From slopes:
-      // da = (dy b) slope[a], db = dy value[a]; from sigmoids: gated.grad_from_sigmoid.
+      // From sigmoids: gated.grad_from_sigmoid. From slopes, where the linear half is the
+      // identity (fb = b): da = (dy b) slope[a], db = dy value[a].
       const float *table = nullptr, *value = nullptr;
       if constexpr (cpu::kGradTabulated<K, T>) {
-        static_assert(std::is_same_v<typename cpu::ActTraits<K, A>::Lin, cpu::Identity<A>>);
         table = cpu::grad_lookup_for<K, T>(cfg, rows * n / 2);
         if constexpr (*cpu::grad_table(K) == cpu::Table::kSlope) {
+          static_assert(std::is_same_v<typename cpu::ActTraits<K, A>::Lin, cpu::Identity<A>>);
           value = cpu::lookup_for<K, T, cpu::Table::kValue>(cfg, rows * n / 2);
           if (value == nullptr) table = nullptr;
         }
@@ -342,10 +340,9 @@ void scaled_fwd_kernel(const ScaledActFwdArgs& a) {
     const T* xp = static_cast<const T*>(a.x);
     const A* sp = static_cast<const A*>(a.scales);
     T* yp = static_cast<T*>(a.y);
-    // act(a) from the table (a gated one's linear half is then the identity)
+    // act(a) from the table
     const float* table = nullptr;
     if constexpr (cpu::kTabulated<K, T, cpu::Table::kValue>) {
-      static_assert(std::is_same_v<typename cpu::ActTraits<K, A>::Lin, cpu::Identity<A>>);
       table = cpu::lookup_for<K, T, cpu::Table::kValue>(cfg, rows * n_out);
     }
     at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
@@ -359,7 +356,7 @@ void scaled_fwd_kernel(const ScaledActFwdArgs& a) {
             if constexpr (cpu::kTabulated<K, T, cpu::Table::kValue>) {
               if (table != nullptr) {
                 v = cpu::lookup(table, xa + i, k);
-                if constexpr (is_gated(K)) v = v * load_acc<T>(xa + g.len + i, k);
+                if constexpr (is_gated(K)) v = v * gated.lin.f(load_acc<T>(xa + g.len + i, k));
                 store_acc<T>(yr + i, sv * v, k);
                 return;
               }
