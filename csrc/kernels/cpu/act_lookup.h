@@ -152,21 +152,39 @@ C10_ALWAYS_INLINE __m512 widen_bits(const __m256i& h) {
 }
 #endif
 
+#if defined(CPU_CAPABILITY_AVX512)
+// table[idx] for 16 indices, into a zeroed register (see lookup). The empty asm hides that the
+// mask is full, so that the compiler keeps the zero source.
+C10_ALWAYS_INLINE __m512 gather16(const float* table, __m512i idx) {
+  __mmask16 all = 0xFFFF;
+  asm("" : "+Yk"(all));
+  return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), all, idx, table, 4);
+}
+#elif defined(CPU_CAPABILITY_AVX2)
+C10_ALWAYS_INLINE __m256 gather8(const float* table, __m256i idx) {
+  __m256 all = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  asm("" : "+x"(all));
+  return _mm256_mask_i32gather_ps(_mm256_setzero_ps(), table, idx, all, 4);
+}
+#endif
+
 // table[x] for the first k elements of p (entry 0 past them): one gather (AVX-512, AVX2) or a
-// loop.
+// loop. The gathers merge into a zeroed register: a gather keeps its destination's lanes
+// where the mask is off, so with an undefined source the compiler may hand it a register
+// the previous iteration wrote, chaining each gather to the one before.
 template <typename T>
 C10_ALWAYS_INLINE AccVec<T> lookup(const float* table, const T* p, int64_t k) {
   static_assert(is_half_float<T>);
 #if defined(CPU_CAPABILITY_AVX512)
   const __m256i h = k == 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
                             : _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << k) - 1), p);
-  return _mm512_i32gather_ps(_mm512_cvtepu16_epi32(h), table, 4);
+  return gather16(table, _mm512_cvtepu16_epi32(h));
 #elif defined(CPU_CAPABILITY_AVX2)
   alignas(16) uint16_t bits[8] = {};
   if (k < 8) std::memcpy(bits, p, static_cast<size_t>(k) * sizeof(T));
   const __m128i h = k == 8 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))
                            : _mm_load_si128(reinterpret_cast<const __m128i*>(bits));
-  return _mm256_i32gather_ps(table, _mm256_cvtepu16_epi32(h), 4);
+  return gather8(table, _mm256_cvtepu16_epi32(h));
 #else
   alignas(64) float out[AccVec<T>::size()] = {};
   for (int64_t j = 0; j < k; ++j) out[j] = table[p[j].x];
@@ -181,7 +199,7 @@ C10_ALWAYS_INLINE AccVec<T> lookup_rounded(const float* table, const AccVec<T>& 
 #if defined(CPU_CAPABILITY_AVX512)
   const __m256i h = half_bits<T>(z);
   zr = widen_bits<T>(h);
-  return _mm512_i32gather_ps(_mm512_cvtepu16_epi32(h), table, 4);
+  return gather16(table, _mm512_cvtepu16_epi32(h));
 #else
   alignas(64) T bits[AccVec<T>::size()];
   store_acc<T>(bits, z);
