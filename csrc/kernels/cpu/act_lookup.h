@@ -111,47 +111,6 @@ const float* lookup_table(const ActConfig& cfg) {
   return tables.back().second.get();
 }
 
-// Whether T inputs of K have the table of kind kKind.
-template <Act K, typename T, Table kKind>
-constexpr bool kTabulated =
-    is_half_float<T> && (kKind == Table::kValue ? has_value_table(K) : grad_table(K) == kKind);
-
-// The call's table, or nullptr where it computes instead (a small call, or too many
-// configurations).
-template <Act K, typename T, Table kKind>
-const float* lookup_for(const ActConfig& cfg, int64_t elems) {
-  static_assert(kTabulated<K, T, kKind>);
-  using ActF = typename ActTraits<K, float>::Act;
-  return elems >= kLookupMinElems ? lookup_table<ActF, T, kKind>(cfg) : nullptr;
-}
-
-#if defined(CPU_CAPABILITY_AVX512)
-// v rounded to T (round to nearest even, as store_acc<T> stores it), as the 16-bit patterns in
-// a half-width vector.
-template <typename T>
-C10_ALWAYS_INLINE __m256i half_bits(const __m512& v) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-#if defined(__AVX512BF16__)
-    return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
-#else
-    return at::vec::cvtfp32_bf16(v);
-#endif
-  } else {
-    return at::vec::cvtfp32_fp16(v);
-  }
-}
-
-// The fp32 values of 16 T patterns (exact).
-template <typename T>
-C10_ALWAYS_INLINE __m512 widen_bits(const __m256i& h) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  } else {
-    return _mm512_cvtph_ps(h);
-  }
-}
-#endif
-
 #if defined(CPU_CAPABILITY_AVX512)
 // table[idx] for 16 indices, into a zeroed register (see lookup). The empty asm hides that the
 // mask is full, so that the compiler keeps the zero source.
@@ -214,25 +173,107 @@ C10_ALWAYS_INLINE AccVec<T> lookup_rounded(const float* table, const AccVec<T>& 
   return lookup_rounded<T>(table, z, zr);
 }
 
-// Whether the backward of K reads a table for T inputs, and the call's table.
-template <Act K, typename T>
-constexpr bool kGradTabulated = is_half_float<T> && grad_table(K).has_value();
+// What a kernel evaluates of K's act half: its value (the forwards), its gradient (the
+// backwards), or the gradient and the value (the backwards that use the value too: the gated
+// ones, for the linear half's gradient, and the scaled ones, for dscales).
+enum class ActUse { kValue, kGrad, kGradValue };
 
+// K's act half computed by its functor, on the k values of T at p (the rest of a vector: zeros)
+// or on a vector z rounded to T first.
 template <Act K, typename T>
-const float* grad_lookup_for(const ActConfig& cfg, int64_t elems) {
-  return lookup_for<K, T, *grad_table(K)>(cfg, elems);
+struct ComputedAct {
+  using Vec = AccVec<T>;
+  typename ActTraits<K, acc_t<T>>::Act act;
+
+  explicit ComputedAct(const ActConfig& cfg) : act(cfg) {}
+  C10_ALWAYS_INLINE Vec f(const T* p, int64_t k) const { return act.f(load_acc<T>(p, k)); }
+  // ReLU commutes with the rounding (max(round(z), 0) = round(max(z, 0))): the store's is enough
+  C10_ALWAYS_INLINE Vec f_rounded(const Vec& z) const {
+    return act.f(K == Act::RELU ? z : round_to<T>(z));
+  }
+  C10_ALWAYS_INLINE void grad(const T* p, int64_t k, const Vec& g, Vec& f, Vec& gx) const {
+    act.grad(load_acc<T>(p, k), g, f, gx);
+  }
+  C10_ALWAYS_INLINE void grad_rounded(const Vec& z, const Vec& g, Vec& f, Vec& gx) const {
+    act.grad(round_to<T>(z), g, f, gx);
+  }
+};
+
+// The same read from this call's tables (ComputedAct's results bit for bit): the value from the
+// value table; the gradient as g * slope, or the functor's grad_from_sigmoid of the tabulated
+// sigmoid, which also gives f. With the slope, f comes from the value table under
+// ActUse::kGradValue and is left unset otherwise.
+template <Act K, typename T, ActUse kUse>
+struct TabulatedAct {
+  using Vec = AccVec<T>;
+  typename ActTraits<K, float>::Act act;
+  const float* value_tab;  // act.f (the forwards; the slope's f under kGradValue)
+  const float* grad_tab;   // the table grad_table(K) names (the backwards)
+
+  C10_ALWAYS_INLINE Vec f(const T* p, int64_t k) const { return lookup(value_tab, p, k); }
+  C10_ALWAYS_INLINE Vec f_rounded(const Vec& z) const { return lookup_rounded<T>(value_tab, z); }
+  C10_ALWAYS_INLINE void grad(const T* p, int64_t k, const Vec& g, Vec& f, Vec& gx) const {
+    if constexpr (*grad_table(K) == Table::kSlope) {
+      gx = g * lookup(grad_tab, p, k);
+      if constexpr (kUse == ActUse::kGradValue) f = lookup(value_tab, p, k);
+    } else {
+      act.grad_from_sigmoid(load_acc<T>(p, k), g, lookup(grad_tab, p, k), f, gx);
+    }
+  }
+  C10_ALWAYS_INLINE void grad_rounded(const Vec& z, const Vec& g, Vec& f, Vec& gx) const {
+    Vec zr;
+    const Vec entry = lookup_rounded<T>(grad_tab, z, zr);
+    if constexpr (*grad_table(K) == Table::kSlope) {
+      gx = g * entry;
+      if constexpr (kUse == ActUse::kGradValue) f = lookup_rounded<T>(value_tab, z);
+    } else {
+      act.grad_from_sigmoid(zr, g, entry, f, gx);
+    }
+  }
+};
+
+// Calls body(act) for one kernel call that evaluates K's act half `elems` times, with act a
+// TabulatedAct where T is bf16 / fp16, the call has at least kLookupMinElems evaluations and
+// the tables kUse needs are at hand, else a ComputedAct. A kernel writes its loop once, as a
+// generic lambda; it is compiled for each kind, so the choice is made once per call.
+template <Act K, typename T, ActUse kUse, typename Body>
+void with_act(const ActConfig& cfg, int64_t elems, const Body& body) {
+  if constexpr (is_half_float<T>) {
+    using ActF = typename ActTraits<K, float>::Act;
+    if constexpr (kUse == ActUse::kValue && has_value_table(K)) {
+      const float* value = elems >= kLookupMinElems
+                               ? lookup_table<ActF, T, Table::kValue>(cfg) : nullptr;
+      if (value != nullptr) {
+        body(TabulatedAct<K, T, kUse>{ActF(cfg), value, nullptr});
+        return;
+      }
+    } else if constexpr (kUse != ActUse::kValue && grad_table(K).has_value()) {
+      if (elems >= kLookupMinElems) {
+        const float* grad = lookup_table<ActF, T, *grad_table(K)>(cfg);
+        const float* value = nullptr;
+        constexpr bool kSlopeValue =
+            kUse == ActUse::kGradValue && *grad_table(K) == Table::kSlope;
+        if constexpr (kSlopeValue) value = lookup_table<ActF, T, Table::kValue>(cfg);
+        if (grad != nullptr && (!kSlopeValue || value != nullptr)) {
+          body(TabulatedAct<K, T, kUse>{ActF(cfg), value, grad});
+          return;
+        }
+      }
+    }
+  }
+  body(ComputedAct<K, T>(cfg));
 }
 
-// act.grad(x, g, f, gx) given the entry of x in K's grad table: gx = g * slope (f not set), or
-// act.grad_from_sigmoid (f set).
-template <Act K, typename ActF, typename Vec>
-C10_ALWAYS_INLINE void grad_from_entry(const ActF& act, const Vec& x, const Vec& g,
-                                       const Vec& entry, Vec& f, Vec& gx) {
-  if constexpr (*grad_table(K) == Table::kSlope) {
-    gx = g * entry;
-  } else {
-    act.grad_from_sigmoid(x, g, entry, f, gx);
-  }
+// math::Gated::grad with the act half's gradient from `act` (a ComputedAct, or a TabulatedAct
+// under ActUse::kGradValue): a at pa, the k values of the gated half; b, the linear half's.
+template <typename Lin, typename ActEval, typename T, typename Vec>
+C10_ALWAYS_INLINE void gated_grad(const Lin& lin, const ActEval& act, const T* pa, int64_t k,
+                                  const Vec& b, const Vec& g, Vec& fa, Vec& fb, Vec& da,
+                                  Vec& db) {
+  Vec dfb;
+  lin.both(b, fb, dfb);
+  act.grad(pa, k, g * fb, fa, da);
+  db = lin.grad(b, g * fa, dfb);
 }
 
 }  // namespace te_cpp::cpu

@@ -49,52 +49,35 @@ void fwd_kernel(const ActFwdArgs& a) {
     T* yp = static_cast<T*>(a.y);
     if constexpr (!is_gated(K)) {
       const int64_t total = a.rows * a.features;
-      if constexpr (cpu::kTabulated<K, T, cpu::Table::kValue>) {
-        if (const float* table = cpu::lookup_for<K, T, cpu::Table::kValue>(cfg, total)) {
-          at::parallel_for(0, total, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
-            for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
-              store_acc<T>(yp + i0 + i, cpu::lookup(table, xp + i0 + i, k), k);
-            });
+      cpu::with_act<K, T, cpu::ActUse::kValue>(cfg, total, [&](const auto& act) {
+        at::parallel_for(0, total, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
+          for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
+            store_acc<T>(yp + i0 + i, act.f(xp + i0 + i, k), k);
           });
-          return;
-        }
-      }
-      const typename cpu::ActTraits<K, A>::Act act(cfg);
-      at::parallel_for(0, total, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
-        for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
-          store_acc<T>(yp + i0 + i, act.f(load_acc<T>(xp + i0 + i, k)), k);
         });
       });
     } else {
-      const cpu::Gated<K, A> gated(cfg);
+      // y = act(a) * lin(b)
+      const typename cpu::ActTraits<K, A>::Lin lin(cfg);
       const int64_t rows = a.rows, n = a.features;
       const GatedGeometry g(n, cfg.interleave);
-      // y = table[a] * lin(b)
-      const float* table = nullptr;
-      if constexpr (cpu::kTabulated<K, T, cpu::Table::kValue>) {
-        table = cpu::lookup_for<K, T, cpu::Table::kValue>(cfg, rows * n / 2);
-      }
-      at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-          for (int64_t s = 0; s < g.segments; ++s) {
-            const T* xa = xp + r * n + s * g.stride;
-            const T* xb = xa + g.len;
-            T* yr = yp + r * (n / 2) + s * g.len;
-            for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
-              prefetch_ahead(xa + i);
-              prefetch_ahead(xb + i);
-              prefetch_ahead_for_write(yr + i);
-              const AccVec<T> vb = load_acc<T>(xb + i, k);
-              if constexpr (cpu::kTabulated<K, T, cpu::Table::kValue>) {
-                if (table != nullptr) {
-                  store_acc<T>(yr + i, cpu::lookup(table, xa + i, k) * gated.lin.f(vb), k);
-                  return;
-                }
-              }
-              store_acc<T>(yr + i, gated.f(load_acc<T>(xa + i, k), vb), k);
-            });
+      cpu::with_act<K, T, cpu::ActUse::kValue>(cfg, rows * n / 2, [&](const auto& act) {
+        at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            for (int64_t s = 0; s < g.segments; ++s) {
+              const T* xa = xp + r * n + s * g.stride;
+              const T* xb = xa + g.len;
+              T* yr = yp + r * (n / 2) + s * g.len;
+              for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
+                prefetch_ahead(xa + i);
+                prefetch_ahead(xb + i);
+                prefetch_ahead_for_write(yr + i);
+                const AccVec<T> vb = load_acc<T>(xb + i, k);
+                store_acc<T>(yr + i, act.f(xa + i, k) * lin.f(vb), k);
+              });
+            }
           }
-        }
+        });
       });
     }
   });
@@ -113,109 +96,44 @@ void bwd_kernel(const ActBwdArgs& a) {
     T* dxp = static_cast<T*>(a.dx);
     if constexpr (!is_gated(K)) {
       const int64_t total = a.rows * a.features;
-      const typename cpu::ActTraits<K, A>::Act act(cfg);
-      if constexpr (cpu::kGradTabulated<K, T>) {
-        if (const float* table = cpu::grad_lookup_for<K, T>(cfg, total)) {
-          at::parallel_for(0, total, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
-            for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
-              const T* x = xp + i0 + i;
-              Vec f, gx;
-              cpu::grad_from_entry<K>(act, load_acc<T>(x, k), load_acc<T>(dyp + i0 + i, k),
-                                      cpu::lookup(table, x, k), f, gx);
-              store_acc<T>(dxp + i0 + i, gx, k);
-            });
+      cpu::with_act<K, T, cpu::ActUse::kGrad>(cfg, total, [&](const auto& act) {
+        at::parallel_for(0, total, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
+          for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
+            Vec f, gx;
+            act.grad(xp + i0 + i, k, load_acc<T>(dyp + i0 + i, k), f, gx);
+            store_acc<T>(dxp + i0 + i, gx, k);
           });
-          return;
-        }
-      }
-      at::parallel_for(0, total, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
-        for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
-          Vec f, gx;
-          act.grad(load_acc<T>(xp + i0 + i, k), load_acc<T>(dyp + i0 + i, k), f, gx);
-          store_acc<T>(dxp + i0 + i, gx, k);
         });
       });
     } else {
-      const cpu::Gated<K, A> gated(cfg);
+      const typename cpu::ActTraits<K, A>::Lin lin(cfg);
       const int64_t rows = a.rows, n = a.features;
       const GatedGeometry g(n, cfg.interleave);
-      // From sigmoids: gated.grad_from_sigmoid. From slopes, where the linear half is the
-      // identity (fb = b): da = (dy b) slope[a], db = dy value[a].
-      const float *table = nullptr, *value = nullptr;
-      if constexpr (cpu::kGradTabulated<K, T>) {
-        table = cpu::grad_lookup_for<K, T>(cfg, rows * n / 2);
-        if constexpr (*cpu::grad_table(K) == cpu::Table::kSlope) {
-          static_assert(std::is_same_v<typename cpu::ActTraits<K, A>::Lin, cpu::Identity<A>>);
-          value = cpu::lookup_for<K, T, cpu::Table::kValue>(cfg, rows * n / 2);
-          if (value == nullptr) table = nullptr;
-        }
-      }
-      at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-          for (int64_t s = 0; s < g.segments; ++s) {
-            const int64_t a_off = r * n + s * g.stride;
-            const int64_t b_off = a_off + g.len;
-            const T* dyr = dyp + r * (n / 2) + s * g.len;
-            for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
-              prefetch_ahead(xp + a_off + i);
-              prefetch_ahead(xp + b_off + i);
-              prefetch_ahead(dyr + i);
-              prefetch_ahead_for_write(dxp + a_off + i);
-              prefetch_ahead_for_write(dxp + b_off + i);
-              if constexpr (cpu::kGradTabulated<K, T>) {
-                if (table != nullptr) {
-                  const T* xa = xp + a_off + i;
-                  const Vec dy = load_acc<T>(dyr + i, k);
-                  const Vec vb = load_acc<T>(xp + b_off + i, k);
-                  Vec fa, fb, da, db;
-                  if constexpr (*cpu::grad_table(K) == cpu::Table::kSlope) {
-                    da = (dy * vb) * cpu::lookup(table, xa, k);
-                    db = dy * cpu::lookup(value, xa, k);
-                  } else {
-                    gated.grad_from_sigmoid(load_acc<T>(xa, k), vb, dy, cpu::lookup(table, xa, k),
-                                            fa, fb, da, db);
-                  }
-                  store_acc<T>(dxp + a_off + i, da, k);
-                  store_acc<T>(dxp + b_off + i, db, k);
-                  return;
-                }
-              }
-              Vec fa, fb, da, db;
-              gated.grad(load_acc<T>(xp + a_off + i, k), load_acc<T>(xp + b_off + i, k),
-                         load_acc<T>(dyr + i, k), fa, fb, da, db);
-              store_acc<T>(dxp + a_off + i, da, k);
-              store_acc<T>(dxp + b_off + i, db, k);
-            });
+      cpu::with_act<K, T, cpu::ActUse::kGradValue>(cfg, rows * n / 2, [&](const auto& act) {
+        at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            for (int64_t s = 0; s < g.segments; ++s) {
+              const int64_t a_off = r * n + s * g.stride;
+              const int64_t b_off = a_off + g.len;
+              const T* dyr = dyp + r * (n / 2) + s * g.len;
+              for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
+                prefetch_ahead(xp + a_off + i);
+                prefetch_ahead(xp + b_off + i);
+                prefetch_ahead(dyr + i);
+                prefetch_ahead_for_write(dxp + a_off + i);
+                prefetch_ahead_for_write(dxp + b_off + i);
+                Vec fa, fb, da, db;
+                cpu::gated_grad(lin, act, xp + a_off + i, k, load_acc<T>(xp + b_off + i, k),
+                                load_acc<T>(dyr + i, k), fa, fb, da, db);
+                store_acc<T>(dxp + a_off + i, da, k);
+                store_acc<T>(dxp + b_off + i, db, k);
+              });
+            }
           }
-        }
+        });
       });
     }
   });
-}
-
-// v rounded to T and back (identity for fp32/fp64): the value a T tensor would hold, as
-// store_acc<T> then load_acc<T> would give, in registers.
-template <typename T>
-inline AccVec<T> round_to(const AccVec<T>& v) {
-  if constexpr (std::is_same_v<T, acc_t<T>>) {
-    return v;
-  } else {
-#if defined(CPU_CAPABILITY_AVX512)
-    return cpu::widen_bits<T>(cpu::half_bits<T>(v));
-#elif defined(CPU_CAPABILITY_AVX2)
-    __m256 out;
-    if constexpr (std::is_same_v<T, c10::BFloat16>) {
-      at::vec::cvtbf16_fp32(at::vec::cvtfp32_bf16(v), out);
-    } else {
-      at::vec::cvtfp16_fp32(at::vec::cvtfp32_fp16(v), out);
-    }
-    return out;
-#else
-    alignas(64) T buf[AccVec<T>::size()];
-    store_acc<T>(buf, v);
-    return load_acc<T>(buf);
-#endif
-  }
 }
 
 // One pass over x (and bias): z = x + bias, rounded to T as bias_fwd stores it, then y = act(z).
@@ -224,33 +142,21 @@ void bias_act_kernel(const BiasActArgs& a) {
   const int64_t rows = a.rows, n = a.features;
   TE_DISPATCH_FLOAT(a.dtype, "bias_act_fwd", [&] {
     using T = scalar_t;
-    using A = acc_t<T>;
     constexpr int64_t W = AccVec<T>::size();
-    const typename cpu::ActTraits<K, A>::Act act(a.cfg);
     const T* xp = static_cast<const T*>(a.x);
     const T* bp = static_cast<const T*>(a.bias);
     T* yp = static_cast<T*>(a.y);
-    const float* table = nullptr;
-    if constexpr (cpu::kTabulated<K, T, cpu::Table::kValue>) {
-      table = cpu::lookup_for<K, T, cpu::Table::kValue>(a.cfg, rows * n);
-    }
-    at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const T* xr = xp + r * n;
-        T* yr = yp + r * n;
-        for_chunks<W>(n, [&](int64_t i, int64_t k) {
-          const AccVec<T> z = load_acc<T>(xr + i, k) + load_acc<T>(bp + i, k);
-          if constexpr (cpu::kTabulated<K, T, cpu::Table::kValue>) {
-            if (table != nullptr) {
-              store_acc<T>(yr + i, cpu::lookup_rounded<T>(table, z), k);
-              return;
-            }
-          }
-          // ReLU commutes with rounding (max(round(z), 0) = round(max(z, 0))): the store's
-          // rounding is enough; the others read z as bias_fwd would have stored it.
-          store_acc<T>(yr + i, act.f(K == Act::RELU ? z : round_to<T>(z)), k);
-        });
-      }
+    cpu::with_act<K, T, cpu::ActUse::kValue>(a.cfg, rows * n, [&](const auto& act) {
+      at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const T* xr = xp + r * n;
+          T* yr = yp + r * n;
+          for_chunks<W>(n, [&](int64_t i, int64_t k) {
+            store_acc<T>(yr + i, act.f_rounded(load_acc<T>(xr + i, k) + load_acc<T>(bp + i, k)),
+                         k);
+          });
+        }
+      });
     });
   });
 }
@@ -263,61 +169,48 @@ void dbias_dact_kernel(const DbiasDactArgs& a) {
     using A = acc_t<T>;
     using Vec = AccVec<T>;
     constexpr int64_t W = Vec::size();
-    const typename cpu::ActTraits<K, A>::Act act(a.cfg);
     const T* xp = static_cast<const T*>(a.x);
     const T* bp = static_cast<const T*>(a.bias);
     const T* dyp = static_cast<const T*>(a.dy);
     T* dxp = static_cast<T*>(a.dx);
-    const float* table = nullptr;
-    if constexpr (cpu::kGradTabulated<K, T>) table = cpu::grad_lookup_for<K, T>(a.cfg, rows * n);
-    auto run = [&](auto with_bias) {
-      constexpr bool kBias = decltype(with_bias)::value;
-      // dx = dy * act'(z) for row r, columns [i, i + k): stored, and returned for the sums.
-      auto dact = [&](int64_t r, int64_t i, int64_t k) {
-        const int64_t off = r * n + i;
-        if constexpr (cpu::kGradTabulated<K, T>) {
-          if (table != nullptr) {
-            Vec z, entry;
-            if constexpr (kBias) {
-              entry = cpu::lookup_rounded<T>(
-                  table, load_acc<T>(xp + off, k) + load_acc<T>(bp + i, k), z);
-            } else {
-              z = load_acc<T>(xp + off, k);
-              entry = cpu::lookup(table, xp + off, k);
-            }
-            Vec f, d;
-            cpu::grad_from_entry<K>(act, z, load_acc<T>(dyp + off, k), entry, f, d);
-            store_acc<T>(dxp + off, d, k);
-            return d;
+    cpu::with_act<K, T, cpu::ActUse::kGrad>(a.cfg, rows * n, [&](const auto& act) {
+      auto run = [&](auto with_bias) {
+        constexpr bool kBias = decltype(with_bias)::value;
+        // dx = dy * act'(z) for row r, columns [i, i + k) (z = x + bias rounded to T, as
+        // bias_fwd stores it): stored, and returned for the sums.
+        auto dact = [&](int64_t r, int64_t i, int64_t k) {
+          const int64_t off = r * n + i;
+          const Vec dy = load_acc<T>(dyp + off, k);
+          Vec f, d;
+          if constexpr (kBias) {
+            act.grad_rounded(load_acc<T>(xp + off, k) + load_acc<T>(bp + i, k), dy, f, d);
+          } else {
+            act.grad(xp + off, k, dy, f, d);
           }
-        }
-        Vec z = load_acc<T>(xp + off, k);
-        if constexpr (kBias) z = round_to<T>(z + load_acc<T>(bp + i, k));
-        Vec f, d;
-        act.grad(z, load_acc<T>(dyp + off, k), f, d);
-        store_acc<T>(dxp + off, d, k);
-        return d;
-      };
-      // One pass per row: dx stored and added to the row block's partial dbias row. Rows are
-      // walked one after the other, so x, dy and dx are each one long sequential stream (rows
-      // of a block walked together, with the partial sums in registers, measured slower: more
-      // streams than the prefetchers follow, worst for short rows).
-      auto row_fn = [&](int64_t r, A* acc) {
-        for_chunks<W>(n, [&](int64_t i, int64_t k) {
-          (Vec::loadu(acc + i, k) + dact(r, i, k)).store(acc + i, k);
+          store_acc<T>(dxp + off, d, k);
+          return d;
+        };
+        // One pass per row: dx stored and added to the row block's partial dbias row. Rows are
+        // walked one after the other, so x, dy and dx are each one long sequential stream
+        // (rows of a block walked together, with the partial sums in registers, measured
+        // slower: more streams than the prefetchers follow, worst for short rows).
+        auto row_fn = [&](int64_t r, A* acc) {
+          for_chunks<W>(n, [&](int64_t i, int64_t k) {
+            (Vec::loadu(acc + i, k) + dact(r, i, k)).store(acc + i, k);
+          });
+        };
+        TE_DISPATCH_FLOAT(a.bias_dtype, "dbias_dact", [&] {
+          const std::vector<A> sums = cpu::blocked_column_sums<A>(rows, n, row_fn);
+          scalar_t* dbp = static_cast<scalar_t*>(a.dbias);
+          for (int64_t f = 0; f < n; ++f) dbp[f] = static_cast<scalar_t>(sums[f]);
         });
       };
-      TE_DISPATCH_FLOAT(a.bias_dtype, "dbias_dact", [&] {
-        const std::vector<A> sums = cpu::blocked_column_sums<A>(rows, n, row_fn);
-        scalar_t* dbp = static_cast<scalar_t*>(a.dbias);
-        for (int64_t f = 0; f < n; ++f) dbp[f] = static_cast<scalar_t>(sums[f]);
-      });
-    };
-    if (bp != nullptr) {
-      run(std::true_type{});
-    } else {
-      run(std::false_type{});
-    }
+      if (bp != nullptr) {
+        run(std::true_type{});
+      } else {
+        run(std::false_type{});
+      }
+    });
   });
 }
 
@@ -336,41 +229,25 @@ void scaled_fwd_kernel(const ScaledActFwdArgs& a) {
     using A = acc_t<T>;
     using Vec = AccVec<T>;
     constexpr int64_t W = Vec::size();
-    const cpu::Gated<K, A> gated(cfg);  // for a unary K, gated.act alone
+    const typename cpu::ActTraits<K, A>::Lin lin(cfg);  // gated K only
     const T* xp = static_cast<const T*>(a.x);
     const A* sp = static_cast<const A*>(a.scales);
     T* yp = static_cast<T*>(a.y);
-    // act(a) from the table
-    const float* table = nullptr;
-    if constexpr (cpu::kTabulated<K, T, cpu::Table::kValue>) {
-      table = cpu::lookup_for<K, T, cpu::Table::kValue>(cfg, rows * n_out);
-    }
-    at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const Vec sv(sp[r]);
-        for (int64_t seg = 0; seg < g.segments; ++seg) {
-          const T* xa = xp + r * n + seg * g.stride;
-          T* yr = yp + r * n_out + seg * g.len;
-          for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
-            Vec v;
-            if constexpr (cpu::kTabulated<K, T, cpu::Table::kValue>) {
-              if (table != nullptr) {
-                v = cpu::lookup(table, xa + i, k);
-                if constexpr (is_gated(K)) v = v * gated.lin.f(load_acc<T>(xa + g.len + i, k));
-                store_acc<T>(yr + i, sv * v, k);
-                return;
-              }
-            }
-            const Vec va = load_acc<T>(xa + i, k);
-            if constexpr (is_gated(K)) {
-              v = gated.f(va, load_acc<T>(xa + g.len + i, k));
-            } else {
-              v = gated.act.f(va);
-            }
-            store_acc<T>(yr + i, sv * v, k);
-          });
+    cpu::with_act<K, T, cpu::ActUse::kValue>(cfg, rows * n_out, [&](const auto& act) {
+      at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const Vec sv(sp[r]);
+          for (int64_t seg = 0; seg < g.segments; ++seg) {
+            const T* xa = xp + r * n + seg * g.stride;
+            T* yr = yp + r * n_out + seg * g.len;
+            for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
+              Vec v = act.f(xa + i, k);
+              if constexpr (is_gated(K)) v = v * lin.f(load_acc<T>(xa + g.len + i, k));
+              store_acc<T>(yr + i, sv * v, k);
+            });
+          }
         }
-      }
+      });
     });
   });
 }
@@ -386,66 +263,47 @@ void scaled_bwd_kernel(const ScaledActBwdArgs& a) {
     using A = acc_t<T>;
     using Vec = AccVec<T>;
     constexpr int64_t W = Vec::size();
-    const cpu::Gated<K, A> gated(cfg);  // for a unary K, gated.act alone
+    const typename cpu::ActTraits<K, A>::Lin lin(cfg);  // gated K only
     const T* xp = static_cast<const T*>(a.x);
     const T* dyp = static_cast<const T*>(a.dy);
     const A* sp = static_cast<const A*>(a.scales);
     T* dxp = static_cast<T*>(a.dx);
     A* dsp = static_cast<A*>(a.dscales);
-    // act's sigmoid from the table (fa is needed for dscales: a slope table would not give it)
-    const float* table = nullptr;
-    if constexpr (cpu::kGradTabulated<K, T>) {
-      static_assert(*cpu::grad_table(K) == cpu::Table::kSigmoid);
-      table = cpu::grad_lookup_for<K, T>(cfg, rows * n_out);
-    }
-    at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const Vec sv(sp[r]);
-        Vec acc(A(0));
-        for (int64_t seg = 0; seg < g.segments; ++seg) {
-          const int64_t a_off = r * n + seg * g.stride;
-          const T* dyr = dyp + r * n_out + seg * g.len;
-          for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
-            // Partial chunks load zeros past the row's end: d = 0 there, so the dscales
-            // lanes of the tail add exactly 0 (the activations are finite at 0).
-            const Vec d = load_acc<T>(dyr + i, k);
-            const Vec gs = d * sv;
-            Vec fa, da;
-            const Vec va = load_acc<T>(xp + a_off + i, k);
-            bool from_table = false;
-            if constexpr (is_gated(K)) {
-              const int64_t b_off = a_off + g.len;
-              const Vec vb = load_acc<T>(xp + b_off + i, k);
-              Vec fb, db;
-              if constexpr (cpu::kGradTabulated<K, T>) {
-                if (table != nullptr) {
-                  gated.grad_from_sigmoid(va, vb, gs, cpu::lookup(table, xp + a_off + i, k), fa,
-                                          fb, da, db);
-                  from_table = true;
-                }
+    // the value too: dscales sums dy * act(x)
+    cpu::with_act<K, T, cpu::ActUse::kGradValue>(cfg, rows * n_out, [&](const auto& act) {
+      at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const Vec sv(sp[r]);
+          Vec acc(A(0));
+          for (int64_t seg = 0; seg < g.segments; ++seg) {
+            const int64_t a_off = r * n + seg * g.stride;
+            const T* dyr = dyp + r * n_out + seg * g.len;
+            for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
+              // Partial chunks load zeros past the row's end: d = 0 there, so the dscales
+              // lanes of the tail add exactly 0 (the activations are finite at 0).
+              const Vec d = load_acc<T>(dyr + i, k);
+              const Vec gs = d * sv;
+              Vec fa, da;
+              if constexpr (is_gated(K)) {
+                const int64_t b_off = a_off + g.len;
+                Vec fb, db;
+                cpu::gated_grad(lin, act, xp + a_off + i, k, load_acc<T>(xp + b_off + i, k), gs,
+                                fa, fb, da, db);
+                store_acc<T>(dxp + a_off + i, da, k);
+                store_acc<T>(dxp + b_off + i, db, k);
+                if (dsp != nullptr) acc += d * (fa * fb);
+              } else {
+                act.grad(xp + a_off + i, k, gs, fa, da);
+                store_acc<T>(dxp + a_off + i, da, k);
+                if (dsp != nullptr) acc += d * fa;
               }
-              if (!from_table) gated.grad(va, vb, gs, fa, fb, da, db);
-              store_acc<T>(dxp + a_off + i, da, k);
-              store_acc<T>(dxp + b_off + i, db, k);
-              if (dsp != nullptr) acc += d * (fa * fb);
-            } else {
-              if constexpr (cpu::kGradTabulated<K, T>) {
-                if (table != nullptr) {
-                  gated.act.grad_from_sigmoid(va, gs, cpu::lookup(table, xp + a_off + i, k), fa,
-                                              da);
-                  from_table = true;
-                }
-              }
-              if (!from_table) gated.act.grad(va, gs, fa, da);
-              store_acc<T>(dxp + a_off + i, da, k);
-              if (dsp != nullptr) acc += d * fa;
-            }
-          });
+            });
+          }
+          if (dsp != nullptr) {
+            dsp[r] = at::vec::vec_reduce_all<A>([](Vec& u, Vec& v) { return u + v; }, acc);
+          }
         }
-        if (dsp != nullptr) {
-          dsp[r] = at::vec::vec_reduce_all<A>([](Vec& u, Vec& v) { return u + v; }, acc);
-        }
-      }
+      });
     });
   });
 }

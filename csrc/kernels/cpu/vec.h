@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 
 #include <cstring>
+#include <type_traits>
 
 namespace te_cpp {
 
@@ -115,6 +116,58 @@ inline void store_acc(T* p, const AccVec<T>& v, int64_t n = AccVec<T>::size()) {
     // Vectorized<T> holds two float vectors' worth of bf16/fp16: convert (v, v) and store the
     // first n lanes.
     at::vec::convert_from_float<T>(v, v).store(p, n);
+#endif
+  }
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+// v rounded to T (round to nearest even, as store_acc<T> stores it), as the 16-bit patterns in
+// a half-width vector.
+template <typename T>
+C10_ALWAYS_INLINE __m256i half_bits(const __m512& v) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+#if defined(__AVX512BF16__)
+    return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+#else
+    return at::vec::cvtfp32_bf16(v);
+#endif
+  } else {
+    return at::vec::cvtfp32_fp16(v);
+  }
+}
+
+// The fp32 values of 16 T patterns (exact).
+template <typename T>
+C10_ALWAYS_INLINE __m512 widen_bits(const __m256i& h) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else {
+    return _mm512_cvtph_ps(h);
+  }
+}
+#endif
+
+// v rounded to T and back (identity for fp32/fp64): the value a T tensor would hold, as
+// store_acc<T> then load_acc<T> would give, in registers.
+template <typename T>
+inline AccVec<T> round_to(const AccVec<T>& v) {
+  if constexpr (std::is_same_v<T, acc_t<T>>) {
+    return v;
+  } else {
+#if defined(CPU_CAPABILITY_AVX512)
+    return widen_bits<T>(half_bits<T>(v));
+#elif defined(CPU_CAPABILITY_AVX2)
+    __m256 out;
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      at::vec::cvtbf16_fp32(at::vec::cvtfp32_bf16(v), out);
+    } else {
+      at::vec::cvtfp16_fp32(at::vec::cvtfp32_fp16(v), out);
+    }
+    return out;
+#else
+    alignas(64) T buf[AccVec<T>::size()];
+    store_acc<T>(buf, v);
+    return load_acc<T>(buf);
 #endif
   }
 }
