@@ -1,7 +1,8 @@
 """The CPU kernels' lookup tables of the exp-based activations for bf16 / fp16 inputs
 (csrc/kernels/cpu/act_lookup.h): a call of at least 65536 elements reads act(x), and for the
-backward GELU's slope f'(x) or the sigmoid that SiLU, QGELU and sigmoid are made of, from
-tables computed once over every 16-bit input value; a smaller call computes.
+backward GELU's slope f'(x), or the sigmoid that SiLU, QGELU and sigmoid are made of (SiTU's
+sigmoid and tanh), from tables computed once over every 16-bit input value; a smaller call
+computes.
 The two must agree bit for bit on every input value, for every activation (a table built from
 a formula that is not the kernel's, or read where the gradient is not what the table assumes,
 shows here), and the tables are built where the kernels say they are."""
@@ -150,6 +151,9 @@ _COUNT_SCRIPT = textwrap.dedent("""
     ops.clamped_swiglu_fwd(wide, 7.0, 1.702, 1.0); seen.append(built())  # its configuration's
     ops.clamped_swiglu_fwd(wide, 6.0, 1.702, 1.0); seen.append(built())  # another limit
     ops.clamped_swiglu_fwd(wide, 7.0, 1.702, 1.0); seen.append(built())  # kept
+    ops.situglu_fwd(wide, 4.0, 25.0, 0); seen.append(built())  # SiTU's value
+    ops.situglu_bwd(big.bfloat16(), wide, 4.0, 25.0, 0); seen.append(built())  # sigmoid, tanh
+    ops.situglu_bwd(big.bfloat16(), wide, 4.0, 25.0, 0); seen.append(built())  # kept
     print(seen)
 """)
 
@@ -161,7 +165,8 @@ def test_tables_are_built_once_for_the_calls_that_read_them():
     res = subprocess.run([sys.executable, "-c", _COUNT_SCRIPT], capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == str([0, 0, 1, 1, 1, 2, 2, 3, 3, 3, 4, 5, 5, 5, 6, 7, 7])
+    assert res.stdout.strip() == str([0, 0, 1, 1, 1, 2, 2, 3, 3, 3, 4, 5, 5, 5, 6, 7, 7, 8, 10,
+                                      10])
 
 
 # ---- tables at realistic shapes: row tails, and the pipeline eager, compiled and reference ----

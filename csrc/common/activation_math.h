@@ -209,12 +209,18 @@ struct SiTU {
   const V one{A(1)}, beta, inv_beta;
   explicit SiTU(const ActConfig& c) : beta(A(c.p0)), inv_beta(A(1.0 / c.p0)) {}
   TE_MATH V f(const V& x) const {
-    return beta * O::tanh(x * inv_beta) * O::sigmoid(x);
+    return beta * tanh_part(x) * sigmoid_part(x);
   }
-  // autograd of (beta t) s: (g s)(1 - t^2) + (g (beta t))(1 - s) s
   TE_MATH void grad(const V& x, const V& g, V& f, V& gx) const {
-    const V t = O::tanh(x * inv_beta);
-    const V s = O::sigmoid(x);
+    grad_from_parts(x, g, tanh_part(x), sigmoid_part(x), f, gx);
+  }
+  // its two transcendentals, t = tanh(x / beta1) and s = sigmoid(x) (which the CPU kernels read
+  // from tables for 16-bit inputs), and the value and gradient made from them: autograd of
+  // (beta t) s, (g s)(1 - t^2) + (g (beta t))(1 - s) s
+  TE_MATH V tanh_part(const V& x) const { return O::tanh(x * inv_beta); }
+  TE_MATH V sigmoid_part(const V& x) const { return O::sigmoid(x); }
+  TE_MATH void grad_from_parts(const V&, const V& g, const V& t, const V& s, V& f,
+                               V& gx) const {
     const V bt = beta * t;
     f = bt * s;
     gx = O::fma(g * s, one - t * t, (g * bt) * (one - s) * s);

@@ -32,16 +32,17 @@ constexpr bool is_half_float = std::is_same_v<T, c10::BFloat16> || std::is_same_
 //   kValue:   act.f(x);
 //   kSlope:   f'(x), act.grad's result for g = 1, where the gradient is g * f'(x);
 //   kSigmoid: act.sigmoid_part(x), the one transcendental of a sigmoid-based act functor, from
-//             which act.grad_from_sigmoid makes the value and the gradient.
-enum class Table { kValue, kSlope, kSigmoid };
+//             which act.grad_from_sigmoid makes the value and the gradient;
+//   kTanh:    act.tanh_part(x), SiTU's other transcendental (its grad_from_parts takes both).
+enum class Table { kValue, kSlope, kSigmoid, kTanh };
 
 // Activations whose (act half's) value is tabulated: those that spend an exp per element.
-// The cheap ones (ReLU and its squares) stay computed: a gather costs them more. SiTUGLU's act
-// half (a tanh and a sigmoid) is not tabulated yet.
+// The cheap ones (ReLU and its squares) stay computed: a gather costs them more.
 constexpr bool has_value_table(Act k) {
   switch (k) {
     case Act::GELU: case Act::SILU: case Act::QGELU:
     case Act::GEGLU: case Act::QGEGLU: case Act::SWIGLU: case Act::GLU: case Act::CLAMPED_SWIGLU:
+    case Act::SITUGLU:
       return true;
     default:
       return false;
@@ -51,18 +52,21 @@ constexpr bool has_value_table(Act k) {
 // The table the backward of K reads, if any: the slope where the act half's gradient is
 // g * f'(x), one product with a function of x alone (common/activation_math.h: Gelu::grad);
 // the sigmoid where g enters earlier (autograd's order: SiLU, QGELU, sigmoid), so that only the
-// sigmoid can be read and the rest is computed as the functor computes it.
+// sigmoid can be read and the rest is computed as the functor computes it. SiTUGLU's backward
+// reads its tanh part as well (has_tanh_table).
 constexpr std::optional<Table> grad_table(Act k) {
   switch (k) {
     case Act::GELU: case Act::GEGLU:
       return Table::kSlope;
     case Act::SILU: case Act::QGELU: case Act::SWIGLU: case Act::QGEGLU: case Act::GLU:
-    case Act::CLAMPED_SWIGLU:
+    case Act::CLAMPED_SWIGLU: case Act::SITUGLU:
       return Table::kSigmoid;
     default:
       return std::nullopt;
   }
 }
+
+constexpr bool has_tanh_table(Act k) { return k == Act::SITUGLU; }
 
 // Calls with fewer elements compute: building a table takes about as long as such a call, and
 // a small call would read more table than data.
@@ -102,8 +106,10 @@ const float* lookup_table(const ActConfig& cfg) {
       Vec f, slope;
       act.grad(x, Vec(1.f), f, slope);
       slope.store(table.get() + i);
-    } else {
+    } else if constexpr (kKind == Table::kSigmoid) {
       act.sigmoid_part(x).store(table.get() + i);
+    } else {
+      act.tanh_part(x).store(table.get() + i);
     }
   }
   tables.emplace_back(key, std::move(table));
@@ -201,14 +207,15 @@ struct ComputedAct {
 
 // The same read from this call's tables (ComputedAct's results bit for bit): the value from the
 // value table; the gradient as g * slope, or the functor's grad_from_sigmoid of the tabulated
-// sigmoid, which also gives f. With the slope, f comes from the value table under
-// ActUse::kGradValue and is left unset otherwise.
+// sigmoid (SiTU: grad_from_parts of its tabulated tanh and sigmoid), which also gives f. With
+// the slope, f comes from the value table under ActUse::kGradValue and is left unset otherwise.
 template <Act K, typename T, ActUse kUse>
 struct TabulatedAct {
   using Vec = AccVec<T>;
   typename ActTraits<K, float>::Act act;
   const float* value_tab;  // act.f (the forwards; the slope's f under kGradValue)
   const float* grad_tab;   // the table grad_table(K) names (the backwards)
+  const float* tanh_tab;   // SiTU's tanh part (its backwards)
 
   C10_ALWAYS_INLINE Vec f(const T* p, int64_t k) const { return lookup(value_tab, p, k); }
   C10_ALWAYS_INLINE Vec f_rounded(const Vec& z) const { return lookup_rounded<T>(value_tab, z); }
@@ -216,6 +223,9 @@ struct TabulatedAct {
     if constexpr (*grad_table(K) == Table::kSlope) {
       gx = g * lookup(grad_tab, p, k);
       if constexpr (kUse == ActUse::kGradValue) f = lookup(value_tab, p, k);
+    } else if constexpr (has_tanh_table(K)) {
+      act.grad_from_parts(load_acc<T>(p, k), g, lookup(tanh_tab, p, k), lookup(grad_tab, p, k),
+                          f, gx);
     } else {
       act.grad_from_sigmoid(load_acc<T>(p, k), g, lookup(grad_tab, p, k), f, gx);
     }
@@ -226,6 +236,8 @@ struct TabulatedAct {
     if constexpr (*grad_table(K) == Table::kSlope) {
       gx = g * entry;
       if constexpr (kUse == ActUse::kGradValue) f = lookup_rounded<T>(value_tab, z);
+    } else if constexpr (has_tanh_table(K)) {
+      act.grad_from_parts(zr, g, lookup_rounded<T>(tanh_tab, z), entry, f, gx);
     } else {
       act.grad_from_sigmoid(zr, g, entry, f, gx);
     }
@@ -244,7 +256,7 @@ void with_act(const ActConfig& cfg, int64_t elems, const Body& body) {
       const float* value = elems >= kLookupMinElems
                                ? lookup_table<ActF, T, Table::kValue>(cfg) : nullptr;
       if (value != nullptr) {
-        body(TabulatedAct<K, T, kUse>{ActF(cfg), value, nullptr});
+        body(TabulatedAct<K, T, kUse>{ActF(cfg), value, nullptr, nullptr});
         return;
       }
     } else if constexpr (kUse != ActUse::kValue && grad_table(K).has_value()) {
@@ -254,8 +266,11 @@ void with_act(const ActConfig& cfg, int64_t elems, const Body& body) {
         constexpr bool kSlopeValue =
             kUse == ActUse::kGradValue && *grad_table(K) == Table::kSlope;
         if constexpr (kSlopeValue) value = lookup_table<ActF, T, Table::kValue>(cfg);
-        if (grad != nullptr && (!kSlopeValue || value != nullptr)) {
-          body(TabulatedAct<K, T, kUse>{ActF(cfg), value, grad});
+        const float* tanh = nullptr;
+        if constexpr (has_tanh_table(K)) tanh = lookup_table<ActF, T, Table::kTanh>(cfg);
+        if (grad != nullptr && (!kSlopeValue || value != nullptr) &&
+            (!has_tanh_table(K) || tanh != nullptr)) {
+          body(TabulatedAct<K, T, kUse>{ActF(cfg), value, grad, tanh});
           return;
         }
       }
