@@ -162,9 +162,13 @@ template <typename T>
 C10_ALWAYS_INLINE AccVec<T> lookup_rounded(const float* table, const AccVec<T>& z,
                                            AccVec<T>& zr) {
 #if defined(CPU_CAPABILITY_AVX512)
-  const __m256i h = half_bits<T>(z);
+  const HalfBits h = half_bits<T>(z);
   zr = widen_bits<T>(h);
   return gather16(table, _mm512_cvtepu16_epi32(h));
+#elif defined(CPU_CAPABILITY_AVX2)
+  const HalfBits h = half_bits<T>(z);
+  zr = widen_bits<T>(h);
+  return gather8(table, _mm256_cvtepu16_epi32(h));
 #else
   alignas(64) T bits[AccVec<T>::size()];
   store_acc<T>(bits, z);

@@ -19,6 +19,48 @@ using acc_t = at::opmath_type<T>;
 template <typename T>
 using AccVec = at::vec::Vectorized<acc_t<T>>;
 
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+#if defined(CPU_CAPABILITY_AVX512)
+using HalfBits = __m256i;  // the 16-bit patterns of one AccVec's lanes
+#else
+using HalfBits = __m128i;
+#endif
+
+// v rounded to T (bf16 / fp16, round to nearest even), as 16-bit patterns. With AVX512_BF16,
+// bf16 takes one vcvtneps2bf16 (NaN stays NaN; fp32 denormals, below 1.2e-38, become zero).
+template <typename T>
+C10_ALWAYS_INLINE HalfBits half_bits(const AccVec<T>& v) {
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+  }
+#endif
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return at::vec::cvtfp32_bf16(v);
+  } else {
+    return at::vec::cvtfp32_fp16(v);
+  }
+}
+
+// The fp32 values of T patterns (exact: bf16, the bits shifted up; fp16, vcvtph2ps).
+template <typename T>
+C10_ALWAYS_INLINE AccVec<T> widen_bits(const HalfBits& h) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else {
+    return _mm512_cvtph_ps(h);
+  }
+#else
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else {
+    return _mm256_cvtph_ps(h);
+  }
+#endif
+}
+#endif
+
 // The first n (< a vector) bf16 / fp16 elements at p as fp32, zeros past them: one 16-bit
 // masked load (AVX512) or a copy into a zeroed register-sized buffer (AVX2), then the
 // whole-vector conversion, which is exact (bf16: the bits shifted up; fp16: vcvtph2ps).
@@ -26,21 +68,11 @@ template <typename T>
 inline AccVec<T> load_acc_partial(const T* p, int64_t n) {
   static_assert(std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>);
 #if defined(CPU_CAPABILITY_AVX512)
-  const __m256i raw = _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1), p);
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-  } else {
-    return _mm512_cvtph_ps(raw);
-  }
+  return widen_bits<T>(_mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1), p));
 #elif defined(CPU_CAPABILITY_AVX2)
   alignas(16) uint16_t bits[8] = {};
   std::memcpy(bits, p, static_cast<size_t>(n) * sizeof(T));
-  const __m128i raw = _mm_load_si128(reinterpret_cast<const __m128i*>(bits));
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-  } else {
-    return _mm256_cvtph_ps(raw);
-  }
+  return widen_bits<T>(_mm_load_si128(reinterpret_cast<const __m128i*>(bits)));
 #else
   alignas(64) float buf[AccVec<T>::size()] = {};
   for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<float>(p[i]);
@@ -97,21 +129,9 @@ inline void store_acc(T* p, const AccVec<T>& v, int64_t n = AccVec<T>::size()) {
       v.store(p, n);
     }
   } else {
-#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
-    if constexpr (std::is_same_v<T, c10::BFloat16>) {
-      // vcvtneps2bf16: round to nearest even in one instruction (NaN stays NaN; fp32
-      // denormals, below 1.2e-38, become zero), then a whole or a masked store
-      store_half_width(p, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)), n);
-      return;
-    }
-#endif
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
     // one fp32 vector -> one half-width vector of T, stored whole or its first n lanes
-    if constexpr (std::is_same_v<T, c10::BFloat16>) {
-      store_half_width(p, at::vec::cvtfp32_bf16(v), n);
-    } else {
-      store_half_width(p, at::vec::cvtfp32_fp16(v), n);
-    }
+    store_half_width(p, half_bits<T>(v), n);
 #else
     // Vectorized<T> holds two float vectors' worth of bf16/fp16: convert (v, v) and store the
     // first n lanes.
@@ -120,33 +140,6 @@ inline void store_acc(T* p, const AccVec<T>& v, int64_t n = AccVec<T>::size()) {
   }
 }
 
-#if defined(CPU_CAPABILITY_AVX512)
-// v rounded to T (round to nearest even, as store_acc<T> stores it), as the 16-bit patterns in
-// a half-width vector.
-template <typename T>
-C10_ALWAYS_INLINE __m256i half_bits(const __m512& v) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-#if defined(__AVX512BF16__)
-    return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
-#else
-    return at::vec::cvtfp32_bf16(v);
-#endif
-  } else {
-    return at::vec::cvtfp32_fp16(v);
-  }
-}
-
-// The fp32 values of 16 T patterns (exact).
-template <typename T>
-C10_ALWAYS_INLINE __m512 widen_bits(const __m256i& h) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  } else {
-    return _mm512_cvtph_ps(h);
-  }
-}
-#endif
-
 // v rounded to T and back (identity for fp32/fp64): the value a T tensor would hold, as
 // store_acc<T> then load_acc<T> would give, in registers.
 template <typename T>
@@ -154,16 +147,8 @@ inline AccVec<T> round_to(const AccVec<T>& v) {
   if constexpr (std::is_same_v<T, acc_t<T>>) {
     return v;
   } else {
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
     return widen_bits<T>(half_bits<T>(v));
-#elif defined(CPU_CAPABILITY_AVX2)
-    __m256 out;
-    if constexpr (std::is_same_v<T, c10::BFloat16>) {
-      at::vec::cvtbf16_fp32(at::vec::cvtfp32_bf16(v), out);
-    } else {
-      at::vec::cvtfp16_fp32(at::vec::cvtfp32_fp16(v), out);
-    }
-    return out;
 #else
     alignas(64) T buf[AccVec<T>::size()];
     store_acc<T>(buf, v);
