@@ -279,17 +279,16 @@ struct Gated {
   // g * act(a); fa = act(a) and fb = lin(b) (y = fa * fb) for callers that need the value.
   TE_MATH void grad(const V& a, const V& b, const V& g, V& fa, V& fb, V& da,
                             V& db) const {
-    V dfb;
-    lin.both(b, fb, dfb);
-    act.grad(a, g * fb, fa, da);
-    db = lin.grad(b, g * fa, dfb);
+    grad_with(b, g, [&](const V& ga, V& f, V& d) { act.grad(a, ga, f, d); }, fa, fb, da, db);
   }
-  // grad with act's sigmoid part s given (for act functors that have one)
-  TE_MATH void grad_from_sigmoid(const V& a, const V& b, const V& g, const V& s, V& fa, V& fb,
-                                 V& da, V& db) const {
+  // grad with the act half's step given: act_grad(ga, fa, da) sets act(a) and its gradient for
+  // the incoming ga (act.grad on a, or the CPU kernels' table reads)
+  template <typename ActGrad>
+  TE_MATH void grad_with(const V& b, const V& g, const ActGrad& act_grad, V& fa, V& fb, V& da,
+                         V& db) const {
     V dfb;
     lin.both(b, fb, dfb);
-    act.grad_from_sigmoid(a, g * fb, s, fa, da);
+    act_grad(g * fb, fa, da);
     db = lin.grad(b, g * fa, dfb);
   }
 };

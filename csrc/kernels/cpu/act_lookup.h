@@ -283,16 +283,4 @@ void with_act(const ActConfig& cfg, int64_t elems, const Body& body) {
   body(ComputedAct<K, T>(cfg));
 }
 
-// math::Gated::grad with the act half's gradient from `act` (a ComputedAct, or a TabulatedAct
-// under ActUse::kGradValue): a at pa, the k values of the gated half; b, the linear half's.
-template <typename Lin, typename ActEval, typename T, typename Vec>
-C10_ALWAYS_INLINE void gated_grad(const Lin& lin, const ActEval& act, const T* pa, int64_t k,
-                                  const Vec& b, const Vec& g, Vec& fa, Vec& fb, Vec& da,
-                                  Vec& db) {
-  Vec dfb;
-  lin.both(b, fb, dfb);
-  act.grad(pa, k, g * fb, fa, da);
-  db = lin.grad(b, g * fa, dfb);
-}
-
 }  // namespace te_cpp::cpu

@@ -58,7 +58,7 @@ void fwd_kernel(const ActFwdArgs& a) {
       });
     } else {
       // y = act(a) * lin(b)
-      const typename cpu::ActTraits<K, A>::Lin lin(cfg);
+      const cpu::Gated<K, A> gated(cfg);
       const int64_t rows = a.rows, n = a.features;
       const GatedGeometry g(n, cfg.interleave);
       cpu::with_act<K, T, cpu::ActUse::kValue>(cfg, rows * n / 2, [&](const auto& act) {
@@ -73,7 +73,7 @@ void fwd_kernel(const ActFwdArgs& a) {
                 prefetch_ahead(xb + i);
                 prefetch_ahead_for_write(yr + i);
                 const AccVec<T> vb = load_acc<T>(xb + i, k);
-                store_acc<T>(yr + i, act.f(xa + i, k) * lin.f(vb), k);
+                store_acc<T>(yr + i, act.f(xa + i, k) * gated.lin.f(vb), k);
               });
             }
           }
@@ -106,7 +106,7 @@ void bwd_kernel(const ActBwdArgs& a) {
         });
       });
     } else {
-      const typename cpu::ActTraits<K, A>::Lin lin(cfg);
+      const cpu::Gated<K, A> gated(cfg);
       const int64_t rows = a.rows, n = a.features;
       const GatedGeometry g(n, cfg.interleave);
       cpu::with_act<K, T, cpu::ActUse::kGradValue>(cfg, rows * n / 2, [&](const auto& act) {
@@ -122,9 +122,12 @@ void bwd_kernel(const ActBwdArgs& a) {
                 prefetch_ahead(dyr + i);
                 prefetch_ahead_for_write(dxp + a_off + i);
                 prefetch_ahead_for_write(dxp + b_off + i);
+                const T* xa = xp + a_off + i;
                 Vec fa, fb, da, db;
-                cpu::gated_grad(lin, act, xp + a_off + i, k, load_acc<T>(xp + b_off + i, k),
-                                load_acc<T>(dyr + i, k), fa, fb, da, db);
+                gated.grad_with(
+                    load_acc<T>(xp + b_off + i, k), load_acc<T>(dyr + i, k),
+                    [&](const Vec& ga, Vec& f, Vec& d) { act.grad(xa, k, ga, f, d); }, fa, fb,
+                    da, db);
                 store_acc<T>(dxp + a_off + i, da, k);
                 store_acc<T>(dxp + b_off + i, db, k);
               });
@@ -229,7 +232,7 @@ void scaled_fwd_kernel(const ScaledActFwdArgs& a) {
     using A = acc_t<T>;
     using Vec = AccVec<T>;
     constexpr int64_t W = Vec::size();
-    const typename cpu::ActTraits<K, A>::Lin lin(cfg);  // gated K only
+    const cpu::Gated<K, A> gated(cfg);  // for a unary K, unused
     const T* xp = static_cast<const T*>(a.x);
     const A* sp = static_cast<const A*>(a.scales);
     T* yp = static_cast<T*>(a.y);
@@ -242,7 +245,7 @@ void scaled_fwd_kernel(const ScaledActFwdArgs& a) {
             T* yr = yp + r * n_out + seg * g.len;
             for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
               Vec v = act.f(xa + i, k);
-              if constexpr (is_gated(K)) v = v * lin.f(load_acc<T>(xa + g.len + i, k));
+              if constexpr (is_gated(K)) v = v * gated.lin.f(load_acc<T>(xa + g.len + i, k));
               store_acc<T>(yr + i, sv * v, k);
             });
           }
@@ -263,7 +266,7 @@ void scaled_bwd_kernel(const ScaledActBwdArgs& a) {
     using A = acc_t<T>;
     using Vec = AccVec<T>;
     constexpr int64_t W = Vec::size();
-    const typename cpu::ActTraits<K, A>::Lin lin(cfg);  // gated K only
+    const cpu::Gated<K, A> gated(cfg);  // for a unary K, unused
     const T* xp = static_cast<const T*>(a.x);
     const T* dyp = static_cast<const T*>(a.dy);
     const A* sp = static_cast<const A*>(a.scales);
@@ -283,17 +286,20 @@ void scaled_bwd_kernel(const ScaledActBwdArgs& a) {
               // lanes of the tail add exactly 0 (the activations are finite at 0).
               const Vec d = load_acc<T>(dyr + i, k);
               const Vec gs = d * sv;
+              const T* xa = xp + a_off + i;
               Vec fa, da;
               if constexpr (is_gated(K)) {
                 const int64_t b_off = a_off + g.len;
                 Vec fb, db;
-                cpu::gated_grad(lin, act, xp + a_off + i, k, load_acc<T>(xp + b_off + i, k), gs,
-                                fa, fb, da, db);
+                gated.grad_with(
+                    load_acc<T>(xp + b_off + i, k), gs,
+                    [&](const Vec& ga, Vec& f, Vec& dg) { act.grad(xa, k, ga, f, dg); }, fa, fb,
+                    da, db);
                 store_acc<T>(dxp + a_off + i, da, k);
                 store_acc<T>(dxp + b_off + i, db, k);
                 if (dsp != nullptr) acc += d * (fa * fb);
               } else {
-                act.grad(xp + a_off + i, k, gs, fa, da);
+                act.grad(xa, k, gs, fa, da);
                 store_acc<T>(dxp + a_off + i, da, k);
                 if (dsp != nullptr) acc += d * fa;
               }
