@@ -141,15 +141,9 @@ template <typename T>
 C10_ALWAYS_INLINE AccVec<T> lookup(const float* table, const T* p, int64_t k) {
   static_assert(is_half_float<T>);
 #if defined(CPU_CAPABILITY_AVX512)
-  const __m256i h = k == 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
-                            : _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << k) - 1), p);
-  return gather16(table, _mm512_cvtepu16_epi32(h));
+  return gather16(table, _mm512_cvtepu16_epi32(load_bits(p, k)));
 #elif defined(CPU_CAPABILITY_AVX2)
-  alignas(16) uint16_t bits[8] = {};
-  if (k < 8) std::memcpy(bits, p, static_cast<size_t>(k) * sizeof(T));
-  const __m128i h = k == 8 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))
-                           : _mm_load_si128(reinterpret_cast<const __m128i*>(bits));
-  return gather8(table, _mm256_cvtepu16_epi32(h));
+  return gather8(table, _mm256_cvtepu16_epi32(load_bits(p, k)));
 #else
   alignas(64) float out[AccVec<T>::size()] = {};
   for (int64_t j = 0; j < k; ++j) out[j] = table[p[j].x];

@@ -61,18 +61,32 @@ C10_ALWAYS_INLINE AccVec<T> widen_bits(const HalfBits& h) {
 }
 #endif
 
-// The first n (< a vector) bf16 / fp16 elements at p as fp32, zeros past them: one 16-bit
-// masked load (AVX512) or a copy into a zeroed register-sized buffer (AVX2), then the
-// whole-vector conversion, which is exact (bf16: the bits shifted up; fp16: vcvtph2ps).
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+// The 16-bit patterns of the first n (<= a vector) bf16 / fp16 elements at p, zeros past them:
+// a whole load, or one 16-bit masked load (AVX512) or a copy into a zeroed register-sized
+// buffer (AVX2).
+template <typename T>
+C10_ALWAYS_INLINE HalfBits load_bits(const T* p, int64_t n) {
+  constexpr int64_t kLanes = AccVec<T>::size();
+#if defined(CPU_CAPABILITY_AVX512)
+  return n == kLanes ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                     : _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1), p);
+#else
+  if (n == kLanes) return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  alignas(16) uint16_t bits[kLanes] = {};
+  std::memcpy(bits, p, static_cast<size_t>(n) * sizeof(T));
+  return _mm_load_si128(reinterpret_cast<const __m128i*>(bits));
+#endif
+}
+#endif
+
+// The first n (< a vector) bf16 / fp16 elements at p as fp32, zeros past them (the conversion
+// is exact).
 template <typename T>
 inline AccVec<T> load_acc_partial(const T* p, int64_t n) {
   static_assert(std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>);
-#if defined(CPU_CAPABILITY_AVX512)
-  return widen_bits<T>(_mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1), p));
-#elif defined(CPU_CAPABILITY_AVX2)
-  alignas(16) uint16_t bits[8] = {};
-  std::memcpy(bits, p, static_cast<size_t>(n) * sizeof(T));
-  return widen_bits<T>(_mm_load_si128(reinterpret_cast<const __m128i*>(bits)));
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  return widen_bits<T>(load_bits(p, n));
 #else
   alignas(64) float buf[AccVec<T>::size()] = {};
   for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<float>(p[i]);
