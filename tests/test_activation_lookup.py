@@ -198,12 +198,19 @@ def test_tables_read_row_tails_as_the_computed_path(dtype):
         "clamped_swiglu_fwd": (lambda t: ops.clamped_swiglu_fwd(t, 7.0, 1.702, 1.0), x2),
         "scaled_swiglu_fwd": (lambda t, s: ops.scaled_swiglu_fwd(t, s), x2, scales),
         "scaled_swiglu_bwd": (lambda d, t, s: ops.scaled_swiglu_bwd(d, t, s, True), dy, x2, scales),
+        "situglu_fwd": (lambda t: ops.situglu_fwd(t, 4.0, 25.0, 0), x2),
+        "situglu_bwd": (lambda d, t: ops.situglu_bwd(d, t, 4.0, 25.0, 0), dy, x2),
     }
     for name, (fn, *args) in calls.items():
         got, want = fn(*args), _by_rows(fn, *args)
         for g, w in zip(got if isinstance(got, tuple) else (got,),
                         want if isinstance(want, tuple) else (want,)):
             _assert_same_bits(g.to(dtype), w.to(dtype), name)
+    # a non-contiguous input of the table's size reads the tables as its contiguous copy does
+    x_t = x.t().contiguous().t()
+    assert not x_t.is_contiguous()
+    _assert_same_bits(ops.gelu_fwd(x_t), ops.gelu_fwd(x), "gelu_fwd non-contiguous")
+    _assert_same_bits(ops.silu_bwd(dy, x_t), ops.silu_bwd(dy, x), "silu_bwd non-contiguous")
 
 
 def _norm_error(got, want):
