@@ -1,8 +1,7 @@
 // CPU backend of LayerNorm and RMSNorm (see ops/normalization.h for the conventions).
 //
 // Forward: each row is read from memory once and its statistics are computed from the cached
-// row (for bf16/fp16 a converted fp32 copy of the row), in the accumulation type; the output
-// is written in the same visit. Backward: one visit per row computes dx and adds the row's
+// row, in the accumulation type; the output is written in the same visit. Backward: one visit per row computes dx and adds the row's
 // dgamma/dbeta contributions to its row block's partial sums (deterministic, see reduce.h).
 #include <vector>
 
@@ -67,38 +66,30 @@ std::vector<A> to_acc(const T* p, int64_t n) {
   return out;
 }
 
-// Sum of (v - c)^2 over v[0..n). The lanes of a partial last chunk past n add exactly 0.
-template <typename A>
-inline A sum_sq_dev(const A* v, int64_t n, A c) {
+// Sum of (v - c)^2 over v[0..n), v read in the accumulation type. The lanes of a partial last
+// chunk past n add exactly 0.
+template <typename T, typename A = acc_t<T>>
+inline A sum_sq_dev(const T* v, int64_t n, A c) {
   using V = at::vec::Vectorized<A>;
   constexpr int64_t W = V::size();
   const V cv(c);
   V s[kLanes] = {V(A(0)), V(A(0)), V(A(0)), V(A(0))};
   for_chunks_lanes<W>(n, s, [&](int64_t i, int64_t k, V& acc) {
-    V d = V::loadu(v + i, k) - cv;
+    V d = load_acc<T>(v + i, k) - cv;
     if (k < W) d = V::set(V(A(0)), d, k);
     acc = at::vec::fmadd(d, d, acc);
   });
   return hsum<A>(combine_lanes(s));
 }
 
-// One chunk of a row's first visit: x[i, i + k) loaded from memory in the accumulation type,
-// added (kSquares = false: sum(x)) or its squares added (true: sum(x^2)) into acc, and with
-// kScratch stored into the fp32 scratch row (so the later passes read fp32 from L1). A partial
+// One chunk of a row's first visit: x[i, i + k) loaded from memory in the accumulation type and
+// added (kSquares = false: sum(x)) or its squares added (true: sum(x^2)) into acc. A partial
 // chunk loads zeros past the row's end, which add nothing.
-template <bool kSquares, bool kScratch, typename T, typename A = acc_t<T>>
-C10_ALWAYS_INLINE void first_pass_chunk(const T* __restrict row, A* __restrict scratch, int64_t i,
-                                        int64_t k, at::vec::Vectorized<A>& acc) {
-  constexpr int64_t W = at::vec::Vectorized<A>::size();
+template <bool kSquares, typename T, typename A = acc_t<T>>
+C10_ALWAYS_INLINE void first_pass_chunk(const T* __restrict row, int64_t i, int64_t k,
+                                        at::vec::Vectorized<A>& acc) {
   prefetch_ahead(row + i);
   const at::vec::Vectorized<A> v = load_acc<T>(row + i, k);
-  if constexpr (kScratch) {
-    if (k == W) {
-      v.store(scratch + i);
-    } else {
-      v.store(scratch + i, k);
-    }
-  }
   acc = kSquares ? at::vec::fmadd(v, v, acc) : acc + v;
 }
 
@@ -112,11 +103,9 @@ C10_ALWAYS_INLINE void first_pass_chunk(const T* __restrict row, A* __restrict s
 // Here the row sums are vector registers with their lanes summed at the end, and each row's
 // tail goes through the vector formulas with partial loads.
 //
-// Forward row visit: (1) x read once from memory: sum(x) for LayerNorm, sum(x^2) for RMSNorm
-// (LayerNorm in bf16/fp16: converted into an fp32 scratch row on the way); (2) LayerNorm only:
-// sum((x - mu)^2) over the cached row (two-pass variance); (3) y from the cached row. RMSNorm
-// in bf16/fp16 converts the row again in (3), now from L1, rather than storing and reloading
-// an fp32 copy for its one later pass.
+// Forward row visit: (1) x read once from memory: sum(x) for LayerNorm, sum(x^2) for RMSNorm;
+// (2) LayerNorm only: sum((x - mu)^2) over the cached row (two-pass variance); (3) y from the
+// cached row. In bf16/fp16 each later pass converts the cached row again.
 
 template <bool kCentered, typename T>
 void norm_fwd_kernel(const NormFwdArgs& a) {
@@ -137,28 +126,19 @@ void norm_fwd_kernel(const NormFwdArgs& a) {
   A* rstdp = static_cast<A*>(a.rstd);
   const A epsa = static_cast<A>(a.eps);
   at::parallel_for(0, rows, row_grain(n), [=](int64_t r0, int64_t r1) {
-    constexpr bool kScratch = kCentered && !std::is_same_v<T, A>;
-    std::vector<A> scratch_v(kScratch ? static_cast<size_t>(n) : 0);
-    A* __restrict scratch = scratch_v.data();
     const A* __restrict g = gamma;
     const A* __restrict be = beta;
     for (int64_t r = r0; r < r1; ++r) {
       const T* __restrict xr = xp + r * n;
       V lanes[kLanes] = {V(A(0)), V(A(0)), V(A(0)), V(A(0))};
       for_chunks_lanes<W>(n, lanes, [&](int64_t i, int64_t k, V& acc) {
-        first_pass_chunk<!kCentered, kScratch>(xr, scratch, i, k, acc);
+        first_pass_chunk<!kCentered>(xr, i, k, acc);
       });
       const A s = hsum<A>(combine_lanes(lanes));
       A mu(0), var;
       if constexpr (kCentered) {
-        const A* __restrict xa;
-        if constexpr (kScratch) {
-          xa = scratch;
-        } else {
-          xa = xr;
-        }
         mu = math::row_mean(s, n);
-        var = math::row_mean(sum_sq_dev<A>(xa, n, mu), n);
+        var = math::row_mean(sum_sq_dev<T>(xr, n, mu), n);
         meanp[r] = mu;
       } else {
         var = math::row_mean(s, n);
@@ -168,8 +148,7 @@ void norm_fwd_kernel(const NormFwdArgs& a) {
       const V muv(mu), rsv(rs);
       T* __restrict yr = yp + r * n;
       for_chunks<W>(n, [&](int64_t i, int64_t k) {
-        const V xv = kScratch ? V::loadu(scratch + i, k) : load_acc<T>(xr + i, k);
-        const V xh = math::norm_xhat<kCentered>(xv, muv, rsv);
+        const V xh = math::norm_xhat<kCentered>(load_acc<T>(xr + i, k), muv, rsv);
         const V bv = kCentered ? V::loadu(be + i, k) : V(A(0));  // RMSNorm: no beta
         store_acc<T>(yr + i, math::norm_out<kCentered>(xh, V::loadu(g + i, k), bv), k);
       });
