@@ -252,3 +252,36 @@ def test_bf16_step_at_4096x1024_eager_equals_compiled_and_the_reference(act):
 
     for ours, bf16, f64 in zip(results[0], plain(torch.bfloat16), plain(torch.float64)):
         assert _norm_error(ours, f64) <= 2 * _norm_error(bf16, f64) + 1e-6
+
+
+@pytest.mark.parametrize("act", ["gelu", "swiglu"])
+def test_bf16_table_size_calls_under_inference_mode_and_with_frozen_weights(act):
+    """The paths a user takes besides training reach the same table-reading kernels at a
+    realistic size: under inference_mode and under no_grad the output equals the training
+    forward's bit for bit, and with frozen weights (an input that needs a gradient, parameters
+    that do not) the output and the input's gradient equal the trainable model's bit for bit,
+    with no parameter gradient."""
+    torch.manual_seed(6)
+    out = 2048 if act == "swiglu" else 1024
+    model = te.ops.Sequential(te.ops.Linear(1024, out, dtype=torch.bfloat16),
+                              te.ops.SwiGLU() if act == "swiglu" else te.ops.GELU())
+    x = torch.randn(4096, 1024, dtype=torch.bfloat16)
+    dy = torch.randn(4096, 1024, dtype=torch.bfloat16)
+
+    xt = x.clone().requires_grad_()
+    y = model(xt)
+    y.backward(dy)
+    with torch.inference_mode():
+        _assert_same_bits(model(x), y.detach(), f"{act}: inference_mode forward")
+    with torch.no_grad():
+        _assert_same_bits(model(x), y.detach(), f"{act}: no_grad forward")
+
+    for p in model.parameters():
+        p.requires_grad_(False)
+        p.grad = None
+    xf = x.clone().requires_grad_()
+    yf = model(xf)
+    yf.backward(dy)
+    _assert_same_bits(yf.detach(), y.detach(), f"{act}: frozen-weight forward")
+    _assert_same_bits(xf.grad, xt.grad, f"{act}: frozen-weight input gradient")
+    assert all(p.grad is None for p in model.parameters())
