@@ -160,6 +160,8 @@ void norm_fwd_kernel(const NormFwdArgs& a) {
 // Row visit: (1) from memory: xhat, g = dy * gamma, the row sums of g and g * xhat, and the
 // row's dgamma/dbeta contributions added to its block's partial sums; (2) dx from the rows,
 // now in L1.
+// fp32 rows prefetch x and dy ahead in (1); bf16/fp16 rows leave them to the hardware
+// prefetchers (faster so: docs/architecture.md).
 template <bool kCentered, typename T>
 void norm_bwd_kernel(const NormBwdArgs& a) {
   using A = acc_t<T>;
@@ -189,8 +191,10 @@ void norm_bwd_kernel(const NormBwdArgs& a) {
     } sums[kLanes];
     for (Sums& s : sums) s = {V(A(0)), V(A(0))};
     for_chunks_lanes<W>(n, sums, [&](int64_t i, int64_t k, Sums& s) {
-      prefetch_ahead(xr + i);
-      prefetch_ahead(dyr + i);
+      if constexpr (sizeof(T) >= 4) {
+        prefetch_ahead(xr + i);
+        prefetch_ahead(dyr + i);
+      }
       const V xh = math::norm_xhat<kCentered>(load_acc<T>(xr + i, k), muv, rsv);
       const V d = load_acc<T>(dyr + i, k);
       const V gd = d * V::loadu(g + i, k);
