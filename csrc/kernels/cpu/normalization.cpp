@@ -191,7 +191,7 @@ void norm_bwd_kernel(const NormBwdArgs& a) {
     } sums[kLanes];
     for (Sums& s : sums) s = {V(A(0)), V(A(0))};
     for_chunks_lanes<W>(n, sums, [&](int64_t i, int64_t k, Sums& s) {
-      if constexpr (sizeof(T) >= 4) {
+      if constexpr (std::is_same_v<T, A>) {
         prefetch_ahead(xr + i);
         prefetch_ahead(dyr + i);
       }

@@ -177,20 +177,23 @@ inline AccVec<T> round_to(const AccVec<T>& v) {
 // and they stop at each 4 KiB page.
 constexpr int64_t kPrefetchBytes = 4096;
 
+// The cache level prefetch_ahead fills, as __builtin_prefetch's locality: rows of 4-byte (or
+// wider) elements ask for a line every vector, and go to L2 only, since prefetches into L1 that
+// fast hold the fill buffers the kernel's own loads and stores wait for; rows of 16-bit
+// elements ask for a line every other vector, into L1.
+template <typename T>
+constexpr int kPrefetchLocality = sizeof(T) >= 4 ? 2 : 3;
+
 // Requests the cache line kPrefetchBytes ahead of p (a hint: never faults, even past the end).
-// Rows of 4-byte (or wider) elements ask for a line every vector: those lines go to L2 only,
-// since prefetches into L1 that fast hold the fill buffers the kernel's own loads and stores
-// wait for. Rows of 16-bit elements ask for a line every other vector, into L1.
 template <typename T>
 C10_ALWAYS_INLINE void prefetch_ahead(const T* p) {
-  __builtin_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, 0,
-                     sizeof(T) >= 4 ? 2 : 3);
+  __builtin_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, 0, kPrefetchLocality<T>);
 }
 
 // The same for a line about to be written (prefetchw where the CPU has it), to the same level.
 template <typename T>
 C10_ALWAYS_INLINE void prefetch_ahead_for_write(T* p) {
-  __builtin_prefetch(reinterpret_cast<char*>(p) + kPrefetchBytes, 1, sizeof(T) >= 4 ? 2 : 3);
+  __builtin_prefetch(reinterpret_cast<char*>(p) + kPrefetchBytes, 1, kPrefetchLocality<T>);
 }
 
 // Rows are split into blocks of this many rows for deterministic column reductions: the
