@@ -101,7 +101,13 @@ def environment() -> str:
     return (f"torch {torch.__version__}, python {sys.version.split()[0]}, {cpu} ({flags}), "
             f"{os.cpu_count()} cpus, ATen parallel backend "
             f"{_backend()}, "
-            f"te_cpp kernels {C.cpu_capability()}, {allocator_note()}")
+            f"te_cpp kernels {C.cpu_capability()} (bf16 / fp16 activation tables read in "
+            f"{_lookup_directions(C.activation_lookup_use())}), {allocator_note()}")
+
+
+def _lookup_directions(flags: int) -> str:
+    return {0: "neither direction", 1: "the forwards", 2: "the backwards",
+            3: "both directions"}[flags]
 
 
 def _backend() -> str:

@@ -31,6 +31,22 @@ PyObject* activation_lookup_tables(PyObject*, PyObject*) {
   return PyLong_FromLongLong(te_cpp::cpu::activation_lookup_tables());
 }
 
+PyObject* activation_lookup_use(PyObject*, PyObject*) {
+  return PyLong_FromLong(te_cpp::cpu::activation_lookup_use());
+}
+
+PyObject* set_activation_lookup_use(PyObject*, PyObject* arg) {
+  const long use = PyLong_AsLong(arg);
+  if (use == -1 && PyErr_Occurred()) return nullptr;
+  if (use < -1 || use > 3) {
+    PyErr_Format(PyExc_ValueError,
+                 "set_activation_lookup_use: expected -1 (the CPU's choice) or flags 0-3 "
+                 "(1: the forwards, 2: the backwards), got %ld", use);
+    return nullptr;
+  }
+  return PyLong_FromLong(te_cpp::cpu::set_activation_lookup_use(static_cast<int>(use)));
+}
+
 // [(stub name, has a CPU kernel, has a CUDA kernel)] for every backend stub of the front ends.
 PyObject* kernel_stubs(PyObject*, PyObject*) {
   const auto& stubs = te_cpp::registered_stubs();
@@ -54,6 +70,12 @@ PyMethodDef kMethods[] = {
     {"cpu_capability", cpu_capability, METH_NOARGS, "The at::vec ISA of the CPU kernels."},
     {"activation_lookup_tables", activation_lookup_tables, METH_NOARGS,
      "How many bf16 / fp16 activation lookup tables the CPU kernels have built."},
+    {"activation_lookup_use", activation_lookup_use, METH_NOARGS,
+     "Which bf16 / fp16 activation calls read the lookup tables: 1 the forwards, 2 the "
+     "backwards (flags)."},
+    {"set_activation_lookup_use", set_activation_lookup_use, METH_O,
+     "Sets those flags for the process (negative: the CPU's choice); returns the value set "
+     "before (negative where it was the CPU's choice)."},
     {"kernel_stubs", kernel_stubs, METH_NOARGS,
      "[(stub, has_cpu, has_cuda)] for every backend stub."},
     {nullptr, nullptr, 0, nullptr},

@@ -5,10 +5,13 @@ sigmoid and tanh), from tables computed once over every 16-bit input value; a sm
 computes.
 The two must agree bit for bit on every input value, for every activation (a table built from
 a formula that is not the kernel's, or read where the gradient is not what the table assumes,
-shows here), and the tables are built where the kernels say they are."""
+shows here), and the tables are built where the kernels say they are. Which directions read the
+tables is the CPU's choice (AMD CPUs compute the forwards); these tests make every direction
+read them, so that they test the tables on every CPU."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -17,6 +20,7 @@ import pytest
 import torch
 
 import transformer_engine_cpp as te
+from transformer_engine_cpp import _C
 from activations import BIAS_ACT, DBIAS_DACT, GATED, SCALED, UNARY, op_params
 from tolerances import COMPILED_VS_EAGER, tols
 from transformer_engine_cpp.testing import reference as ref
@@ -24,6 +28,16 @@ from transformer_engine_cpp.testing import reference as ref
 ops = torch.ops.te_cpp
 ROWS = 256  # ROWS x 256 = 65536: every 16-bit pattern once, one row per computed call
 DTYPES = [torch.bfloat16, torch.float16]
+
+
+FORWARD, BACKWARD = 1, 2  # the flags of _C.activation_lookup_use
+
+
+@pytest.fixture(autouse=True)
+def _tables_in_both_directions():
+    before = _C.set_activation_lookup_use(FORWARD | BACKWARD)
+    yield
+    _C.set_activation_lookup_use(before)
 
 
 def _every_value(dtype):
@@ -131,6 +145,7 @@ _COUNT_SCRIPT = textwrap.dedent("""
     from transformer_engine_cpp import _C
     ops = torch.ops.te_cpp
     built = _C.activation_lookup_tables
+    _C.set_activation_lookup_use(3)
     seen = [built()]
     big = torch.randn(256, 256)
     ops.gelu_fwd(big[:255].bfloat16()); seen.append(built())   # 65280 elements: computed
@@ -154,6 +169,14 @@ _COUNT_SCRIPT = textwrap.dedent("""
     ops.situglu_fwd(wide, 4.0, 25.0, 0); seen.append(built())  # SiTU's value
     ops.situglu_bwd(big.bfloat16(), wide, 4.0, 25.0, 0); seen.append(built())  # sigmoid, tanh
     ops.situglu_bwd(big.bfloat16(), wide, 4.0, 25.0, 0); seen.append(built())  # kept
+    _C.set_activation_lookup_use(2)                            # the backwards only:
+    ops.qgelu_fwd(big.bfloat16()); seen.append(built())        # computed
+    ops.qgelu_bwd(big.bfloat16(), big.bfloat16()); seen.append(built())  # QGELU's sigmoid
+    _C.set_activation_lookup_use(1)                            # the forwards only:
+    ops.gelu_bwd(big.half(), big.half()); seen.append(built())  # computed
+    ops.qgelu_fwd(big.bfloat16()); seen.append(built())        # QGELU's values
+    _C.set_activation_lookup_use(0)                            # neither
+    ops.glu_fwd(wide, 0); ops.glu_bwd(big.bfloat16(), wide, 0); seen.append(built())
     print(seen)
 """)
 
@@ -166,7 +189,31 @@ def test_tables_are_built_once_for_the_calls_that_read_them():
                          timeout=300)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == str([0, 0, 1, 1, 1, 2, 2, 3, 3, 3, 4, 5, 5, 5, 6, 7, 7, 8, 10,
-                                      10])
+                                      10, 10, 11, 11, 12, 12])
+
+
+def _cpu_vendor():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/cpuinfo"), reason="reads /proc/cpuinfo")
+def test_the_cpu_chooses_the_directions_that_read_tables():
+    """By default AMD CPUs compute the forwards and read the tables in the backwards, other
+    CPUs read them in both; -1 returns to that choice, flags outside 0-3 are refused."""
+    _C.set_activation_lookup_use(-1)
+    want = BACKWARD if _cpu_vendor() == "AuthenticAMD" else FORWARD | BACKWARD
+    assert _C.activation_lookup_use() == want
+    assert _C.set_activation_lookup_use(0) == -1
+    assert _C.activation_lookup_use() == 0
+    assert _C.set_activation_lookup_use(-1) == 0
+    assert _C.activation_lookup_use() == want
+    for bad in (-2, 4):
+        with pytest.raises(ValueError, match=f"set_activation_lookup_use.*got {bad}"):
+            _C.set_activation_lookup_use(bad)
 
 
 # ---- tables at realistic shapes: row tails, and the pipeline eager, compiled and reference ----

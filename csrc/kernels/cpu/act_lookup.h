@@ -78,6 +78,33 @@ constexpr size_t kMaxLookupTables = 16;
 
 inline std::atomic<int64_t> lookup_tables_built{0};
 
+// Which calls read the tables, as flags: the forwards (value tables) and the backwards.
+constexpr int kLookupForward = 1;
+constexpr int kLookupBackward = 2;
+
+// The CPU's choice: AMD CPUs compute the forwards, where a 16-lane gather costs more than the
+// exp and reciprocal it replaces, and read the tables in the backwards (measured on Zen 4:
+// docs/architecture.md); other CPUs read the tables in both.
+inline int cpu_lookup_use() {
+  static const int use = [] {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_is("amd")) return kLookupBackward;
+#endif
+    return kLookupForward | kLookupBackward;
+  }();
+  return use;
+}
+
+// The flags in force: the CPU's choice while this is negative; set_activation_lookup_use
+// (lookup_count.h) changes it for the process, to measure or test one path against the other.
+inline std::atomic<int> lookup_use{-1};
+
+inline int lookup_use_now() {
+  const int use = lookup_use.load(std::memory_order_relaxed);
+  return use < 0 ? cpu_lookup_use() : use;
+}
+
 // The table of kind kKind of the act functor ActF for every 16-bit pattern of T, built on first
 // use and kept for the process. Tables belong to the act functor (GELU's serve GEGLU too) and
 // its configuration's parameters.
@@ -243,22 +270,23 @@ struct TabulatedAct {
 };
 
 // Calls body(act) for one kernel call that evaluates K's act half `elems` times, with act a
-// TabulatedAct where T is bf16 / fp16, the call has at least kLookupMinElems evaluations and
-// the tables kUse needs are at hand, else a ComputedAct. A kernel writes its loop once, as a
+// TabulatedAct where T is bf16 / fp16, the call has at least kLookupMinElems evaluations, its
+// direction reads tables (lookup_use_now) and the tables kUse needs are at hand, else a
+// ComputedAct. A kernel writes its loop once, as a
 // generic lambda; it is compiled for each kind, so the choice is made once per call.
 template <Act K, typename T, ActUse kUse, typename Body>
 void with_act(const ActConfig& cfg, int64_t elems, const Body& body) {
   if constexpr (is_half_float<T>) {
     using ActF = typename ActTraits<K, float>::Act;
     if constexpr (kUse == ActUse::kValue && has_value_table(K)) {
-      const float* value = elems >= kLookupMinElems
+      const float* value = elems >= kLookupMinElems && (lookup_use_now() & kLookupForward) != 0
                                ? lookup_table<ActF, T, Table::kValue>(cfg) : nullptr;
       if (value != nullptr) {
         body(TabulatedAct<K, T, kUse>{ActF(cfg), value, nullptr, nullptr});
         return;
       }
     } else if constexpr (kUse != ActUse::kValue && grad_table(K).has_value()) {
-      if (elems >= kLookupMinElems) {
+      if (elems >= kLookupMinElems && (lookup_use_now() & kLookupBackward) != 0) {
         const float* grad = lookup_table<ActF, T, *grad_table(K)>(cfg);
         const float* value = nullptr;
         constexpr bool kSlopeValue =

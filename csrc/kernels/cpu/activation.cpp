@@ -359,6 +359,12 @@ int64_t cpu::activation_lookup_tables() {
   return cpu::lookup_tables_built.load(std::memory_order_relaxed);
 }
 
+int cpu::activation_lookup_use() { return cpu::lookup_use_now(); }
+
+int cpu::set_activation_lookup_use(int use) {
+  return cpu::lookup_use.exchange(use < 0 ? -1 : use);
+}
+
 TE_REGISTER_KERNEL(activation_fwd_stub, CPU, activation_fwd_cpu);
 TE_REGISTER_KERNEL(activation_bwd_stub, CPU, activation_bwd_cpu);
 TE_REGISTER_KERNEL(bias_act_fwd_stub, CPU, bias_act_fwd_cpu);
