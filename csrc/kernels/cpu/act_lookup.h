@@ -82,8 +82,8 @@ inline std::atomic<int64_t> lookup_tables_built{0};
 constexpr int kLookupForward = 1;
 constexpr int kLookupBackward = 2;
 
-// The CPU's choice: AMD CPUs compute the forwards, where a 16-lane gather costs more than the
-// exp and reciprocal it replaces, and read the tables in the backwards (measured on Zen 4:
+// The CPU's choice: AMD CPUs, whose 16-lane gather costs more than the exp and reciprocal it
+// replaces, compute the forwards and read the tables in the backwards (measured on Zen 4:
 // docs/architecture.md); other CPUs read the tables in both.
 inline int cpu_lookup_use() {
   static const int use = [] {
@@ -272,8 +272,8 @@ struct TabulatedAct {
 // Calls body(act) for one kernel call that evaluates K's act half `elems` times, with act a
 // TabulatedAct where T is bf16 / fp16, the call has at least kLookupMinElems evaluations, its
 // direction reads tables (lookup_use_now) and the tables kUse needs are at hand, else a
-// ComputedAct. A kernel writes its loop once, as a
-// generic lambda; it is compiled for each kind, so the choice is made once per call.
+// ComputedAct. A kernel writes its loop once, as a generic lambda; it is compiled for each
+// kind, so the choice is made once per call.
 template <Act K, typename T, ActUse kUse, typename Body>
 void with_act(const ActConfig& cfg, int64_t elems, const Body& body) {
   if constexpr (is_half_float<T>) {
