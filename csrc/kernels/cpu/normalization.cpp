@@ -1,8 +1,9 @@
 // CPU backend of LayerNorm and RMSNorm (see ops/normalization.h for the conventions).
 //
 // Forward: each row is read from memory once and its statistics are computed from the cached
-// row, in the accumulation type; the output is written in the same visit. Backward: one visit per row computes dx and adds the row's
-// dgamma/dbeta contributions to its row block's partial sums (deterministic, see reduce.h).
+// row, in the accumulation type; the output is written in the same visit. Backward: one visit
+// per row computes dx and adds the row's dgamma/dbeta contributions to its row block's partial
+// sums (deterministic, see reduce.h).
 #include <vector>
 
 #include "common/norm_math.h"
