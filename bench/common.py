@@ -101,13 +101,16 @@ def environment() -> str:
     return (f"torch {torch.__version__}, python {sys.version.split()[0]}, {cpu} ({flags}), "
             f"{os.cpu_count()} cpus, ATen parallel backend "
             f"{_backend()}, "
-            f"te_cpp kernels {C.cpu_capability()} (bf16 / fp16 activation tables read in "
-            f"{_lookup_directions(C.activation_lookup_use())}), {allocator_note()}")
+            f"te_cpp kernels {C.cpu_capability()} (activation tables read in "
+            f"{_lookup_calls(C.activation_lookup_use())}), {allocator_note()}")
 
 
-def _lookup_directions(flags: int) -> str:
-    return {0: "neither direction", 1: "the forwards", 2: "the backwards",
-            3: "both directions"}[flags]
+def _lookup_calls(flags: int) -> str:
+    """The calls _C.activation_lookup_use's flags name, in words."""
+    calls = [f"{dtype} {direction}" for bit, (dtype, direction) in
+             enumerate([("bf16", "forwards"), ("bf16", "backwards"), ("fp16", "forwards"),
+                        ("fp16", "backwards")]) if flags & (1 << bit)]
+    return ", ".join(calls) if calls else "no call"
 
 
 def _backend() -> str:

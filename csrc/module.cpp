@@ -38,10 +38,11 @@ PyObject* activation_lookup_use(PyObject*, PyObject*) {
 PyObject* set_activation_lookup_use(PyObject*, PyObject* arg) {
   const long use = PyLong_AsLong(arg);
   if (use == -1 && PyErr_Occurred()) return nullptr;
-  if (use < -1 || use > 3) {
+  if (use < -1 || use > 15) {
     PyErr_Format(PyExc_ValueError,
-                 "set_activation_lookup_use: expected -1 (the CPU's choice) or flags 0-3 "
-                 "(1: the forwards, 2: the backwards), got %ld", use);
+                 "set_activation_lookup_use: expected -1 (the CPU's choice) or flags 0-15 "
+                 "(1: bf16 forwards, 2: bf16 backwards, 4: fp16 forwards, 8: fp16 backwards), "
+                 "got %ld", use);
     return nullptr;
   }
   return PyLong_FromLong(te_cpp::cpu::set_activation_lookup_use(static_cast<int>(use)));
@@ -71,8 +72,8 @@ PyMethodDef kMethods[] = {
     {"activation_lookup_tables", activation_lookup_tables, METH_NOARGS,
      "How many bf16 / fp16 activation lookup tables the CPU kernels have built."},
     {"activation_lookup_use", activation_lookup_use, METH_NOARGS,
-     "Which bf16 / fp16 activation calls read the lookup tables: 1 the forwards, 2 the "
-     "backwards (flags)."},
+     "Which bf16 / fp16 activation calls read the lookup tables, as flags: 1 bf16 forwards, "
+     "2 bf16 backwards, 4 fp16 forwards, 8 fp16 backwards."},
     {"set_activation_lookup_use", set_activation_lookup_use, METH_O,
      "Sets those flags for the process (negative: the CPU's choice); returns the value set "
      "before (negative where it was the CPU's choice)."},

@@ -5,9 +5,9 @@ sigmoid and tanh), from tables computed once over every 16-bit input value; a sm
 computes.
 The two must agree bit for bit on every input value, for every activation (a table built from
 a formula that is not the kernel's, or read where the gradient is not what the table assumes,
-shows here), and the tables are built where the kernels say they are. Which directions read the
-tables is the CPU's choice (AMD CPUs compute the forwards); these tests make every direction
-read them, so that they test the tables on every CPU."""
+shows here), and the tables are built where the kernels say they are. Which calls read the
+tables is the CPU's choice (AMD CPUs read only bf16's backward tables); these tests make every
+call read them, so that they test the tables on every CPU."""
 
 from __future__ import annotations
 
@@ -30,12 +30,13 @@ ROWS = 256  # ROWS x 256 = 65536: every 16-bit pattern once, one row per compute
 DTYPES = [torch.bfloat16, torch.float16]
 
 
-FORWARD, BACKWARD = 1, 2  # the flags of _C.activation_lookup_use
+# the flags of _C.activation_lookup_use
+BF16_FORWARD, BF16_BACKWARD, FP16_FORWARD, FP16_BACKWARD, ALL = 1, 2, 4, 8, 15
 
 
 @pytest.fixture(autouse=True)
-def _tables_in_both_directions():
-    before = _C.set_activation_lookup_use(FORWARD | BACKWARD)
+def _every_call_reads_tables():
+    before = _C.set_activation_lookup_use(ALL)
     yield
     _C.set_activation_lookup_use(before)
 
@@ -145,7 +146,7 @@ _COUNT_SCRIPT = textwrap.dedent("""
     from transformer_engine_cpp import _C
     ops = torch.ops.te_cpp
     built = _C.activation_lookup_tables
-    _C.set_activation_lookup_use(3)
+    _C.set_activation_lookup_use(15)
     seen = [built()]
     big = torch.randn(256, 256)
     ops.gelu_fwd(big[:255].bfloat16()); seen.append(built())   # 65280 elements: computed
@@ -169,13 +170,17 @@ _COUNT_SCRIPT = textwrap.dedent("""
     ops.situglu_fwd(wide, 4.0, 25.0, 0); seen.append(built())  # SiTU's value
     ops.situglu_bwd(big.bfloat16(), wide, 4.0, 25.0, 0); seen.append(built())  # sigmoid, tanh
     ops.situglu_bwd(big.bfloat16(), wide, 4.0, 25.0, 0); seen.append(built())  # kept
-    _C.set_activation_lookup_use(2)                            # the backwards only:
+    _C.set_activation_lookup_use(2)                            # bf16's backwards only:
     ops.qgelu_fwd(big.bfloat16()); seen.append(built())        # computed
     ops.qgelu_bwd(big.bfloat16(), big.bfloat16()); seen.append(built())  # QGELU's sigmoid
-    _C.set_activation_lookup_use(1)                            # the forwards only:
-    ops.gelu_bwd(big.half(), big.half()); seen.append(built())  # computed
+    ops.qgelu_bwd(big.half(), big.half()); seen.append(built())  # fp16: computed
+    _C.set_activation_lookup_use(1)                            # bf16's forwards only:
+    ops.qgelu_fwd(big.half()); seen.append(built())            # fp16: computed
     ops.qgelu_fwd(big.bfloat16()); seen.append(built())        # QGELU's values
-    _C.set_activation_lookup_use(0)                            # neither
+    _C.set_activation_lookup_use(8)                            # fp16's backwards only:
+    ops.qgelu_fwd(big.half()); seen.append(built())            # computed
+    ops.qgelu_bwd(big.half(), big.half()); seen.append(built())  # fp16's sigmoid
+    _C.set_activation_lookup_use(0)                            # none
     ops.glu_fwd(wide, 0); ops.glu_bwd(big.bfloat16(), wide, 0); seen.append(built())
     print(seen)
 """)
@@ -189,7 +194,7 @@ def test_tables_are_built_once_for_the_calls_that_read_them():
                          timeout=300)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == str([0, 0, 1, 1, 1, 2, 2, 3, 3, 3, 4, 5, 5, 5, 6, 7, 7, 8, 10,
-                                      10, 10, 11, 11, 12, 12])
+                                      10, 10, 11, 11, 11, 12, 12, 13, 13])
 
 
 def _cpu_vendor():
@@ -201,17 +206,17 @@ def _cpu_vendor():
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/cpuinfo"), reason="reads /proc/cpuinfo")
-def test_the_cpu_chooses_the_directions_that_read_tables():
-    """By default AMD CPUs compute the forwards and read the tables in the backwards, other
-    CPUs read them in both; -1 returns to that choice, flags outside 0-3 are refused."""
+def test_the_cpu_chooses_the_calls_that_read_tables():
+    """By default AMD CPUs read only bf16's backward tables, other CPUs every table; -1
+    returns to that choice, flags outside 0-15 are refused."""
     _C.set_activation_lookup_use(-1)
-    want = BACKWARD if _cpu_vendor() == "AuthenticAMD" else FORWARD | BACKWARD
+    want = BF16_BACKWARD if _cpu_vendor() == "AuthenticAMD" else ALL
     assert _C.activation_lookup_use() == want
     assert _C.set_activation_lookup_use(0) == -1
     assert _C.activation_lookup_use() == 0
     assert _C.set_activation_lookup_use(-1) == 0
     assert _C.activation_lookup_use() == want
-    for bad in (-2, 4):
+    for bad in (-2, 16):
         with pytest.raises(ValueError, match=f"set_activation_lookup_use.*got {bad}"):
             _C.set_activation_lookup_use(bad)
 

@@ -78,20 +78,31 @@ constexpr size_t kMaxLookupTables = 16;
 
 inline std::atomic<int64_t> lookup_tables_built{0};
 
-// Which calls read the tables, as flags: the forwards (value tables) and the backwards.
-constexpr int kLookupForward = 1;
-constexpr int kLookupBackward = 2;
+// Which calls read the tables, as flags: per 16-bit dtype, the forwards (value tables) and the
+// backwards.
+constexpr int kLookupBf16Forward = 1;
+constexpr int kLookupBf16Backward = 2;
+constexpr int kLookupFp16Forward = 4;
+constexpr int kLookupFp16Backward = 8;
+constexpr int kLookupAll = 15;
+
+// The flag of T's forwards or backwards.
+template <typename T>
+constexpr int lookup_flag(bool forward) {
+  const int bf16 = forward ? kLookupBf16Forward : kLookupBf16Backward;
+  return std::is_same_v<T, c10::Half> ? bf16 << 2 : bf16;
+}
 
 // The CPU's choice: AMD CPUs, whose 16-lane gather costs more than the exp and reciprocal it
-// replaces, compute the forwards and read the tables in the backwards (measured on Zen 4:
-// docs/architecture.md); other CPUs read the tables in both.
+// replaces, read only bf16's backward tables (fp16 inputs spread over more entries than L1
+// holds); other CPUs read every table (measured on Zen 4: docs/architecture.md).
 inline int cpu_lookup_use() {
   static const int use = [] {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    if (__builtin_cpu_is("amd")) return kLookupBackward;
+    if (__builtin_cpu_is("amd")) return kLookupBf16Backward;
 #endif
-    return kLookupForward | kLookupBackward;
+    return kLookupAll;
   }();
   return use;
 }
@@ -270,23 +281,24 @@ struct TabulatedAct {
 };
 
 // Calls body(act) for one kernel call that evaluates K's act half `elems` times, with act a
-// TabulatedAct where T is bf16 / fp16, the call has at least kLookupMinElems evaluations, its
-// direction reads tables (lookup_use_now) and the tables kUse needs are at hand, else a
-// ComputedAct. A kernel writes its loop once, as a generic lambda; it is compiled for each
-// kind, so the choice is made once per call.
+// TabulatedAct where T is bf16 / fp16, the call has at least kLookupMinElems evaluations, T's
+// tables are read in its direction (lookup_use_now) and the tables kUse needs are at hand,
+// else a ComputedAct. A kernel writes its loop once, as a generic lambda; it is compiled for
+// each kind, so the choice is made once per call.
 template <Act K, typename T, ActUse kUse, typename Body>
 void with_act(const ActConfig& cfg, int64_t elems, const Body& body) {
   if constexpr (is_half_float<T>) {
     using ActF = typename ActTraits<K, float>::Act;
     if constexpr (kUse == ActUse::kValue && has_value_table(K)) {
-      const float* value = elems >= kLookupMinElems && (lookup_use_now() & kLookupForward) != 0
+      const bool read = (lookup_use_now() & lookup_flag<T>(true)) != 0;
+      const float* value = elems >= kLookupMinElems && read
                                ? lookup_table<ActF, T, Table::kValue>(cfg) : nullptr;
       if (value != nullptr) {
         body(TabulatedAct<K, T, kUse>{ActF(cfg), value, nullptr, nullptr});
         return;
       }
     } else if constexpr (kUse != ActUse::kValue && grad_table(K).has_value()) {
-      if (elems >= kLookupMinElems && (lookup_use_now() & kLookupBackward) != 0) {
+      if (elems >= kLookupMinElems && (lookup_use_now() & lookup_flag<T>(false)) != 0) {
         const float* grad = lookup_table<ActF, T, *grad_table(K)>(cfg);
         const float* value = nullptr;
         constexpr bool kSlopeValue =

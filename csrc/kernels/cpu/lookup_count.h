@@ -8,7 +8,8 @@ namespace te_cpp::cpu {
 
 int64_t activation_lookup_tables();
 
-// The calls that read the tables, as flags (1: the forwards, 2: the backwards).
+// The calls that read the tables, as flags: 1 bf16's forwards, 2 bf16's backwards, 4 fp16's
+// forwards, 8 fp16's backwards.
 int activation_lookup_use();
 // Sets them for the process (-1: the CPU's choice again); returns the value set before (-1
 // where it was the CPU's choice), so that a caller can restore it.
