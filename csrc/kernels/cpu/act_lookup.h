@@ -89,8 +89,11 @@ constexpr int kLookupAll = 15;
 // The flag of T's forwards or backwards.
 template <typename T>
 constexpr int lookup_flag(bool forward) {
-  const int bf16 = forward ? kLookupBf16Forward : kLookupBf16Backward;
-  return std::is_same_v<T, c10::Half> ? bf16 << 2 : bf16;
+  if constexpr (std::is_same_v<T, c10::Half>) {
+    return forward ? kLookupFp16Forward : kLookupFp16Backward;
+  } else {
+    return forward ? kLookupBf16Forward : kLookupBf16Backward;
+  }
 }
 
 // The CPU's choice: AMD CPUs, whose 16-lane gather costs more than the exp and reciprocal it
