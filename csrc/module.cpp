@@ -38,7 +38,7 @@ PyObject* activation_lookup_use(PyObject*, PyObject*) {
 PyObject* set_activation_lookup_use(PyObject*, PyObject* arg) {
   const long use = PyLong_AsLong(arg);
   if (use == -1 && PyErr_Occurred()) return nullptr;
-  if (use < -1 || use > 15) {
+  if (use < -1 || use > te_cpp::cpu::kLookupAll) {
     PyErr_Format(PyExc_ValueError,
                  "set_activation_lookup_use: expected -1 (the CPU's choice) or flags 0-15 "
                  "(1: bf16 forwards, 2: bf16 backwards, 4: fp16 forwards, 8: fp16 backwards), "

@@ -78,15 +78,7 @@ constexpr size_t kMaxLookupTables = 16;
 
 inline std::atomic<int64_t> lookup_tables_built{0};
 
-// Which calls read the tables, as flags: per 16-bit dtype, the forwards (value tables) and the
-// backwards.
-constexpr int kLookupBf16Forward = 1;
-constexpr int kLookupBf16Backward = 2;
-constexpr int kLookupFp16Forward = 4;
-constexpr int kLookupFp16Backward = 8;
-constexpr int kLookupAll = 15;
-
-// The flag of T's forwards or backwards.
+// The flag (lookup_count.h) of T's forwards or backwards.
 template <typename T>
 constexpr int lookup_flag(bool forward) {
   if constexpr (std::is_same_v<T, c10::Half>) {
@@ -117,6 +109,12 @@ inline std::atomic<int> lookup_use{-1};
 inline int lookup_use_now() {
   const int use = lookup_use.load(std::memory_order_relaxed);
   return use < 0 ? cpu_lookup_use() : use;
+}
+
+// Whether a call of T evaluating the act half `elems` times reads tables in its direction.
+template <typename T>
+bool reads_tables(int64_t elems, bool forward) {
+  return elems >= kLookupMinElems && (lookup_use_now() & lookup_flag<T>(forward)) != 0;
 }
 
 // The table of kind kKind of the act functor ActF for every 16-bit pattern of T, built on first
@@ -284,24 +282,23 @@ struct TabulatedAct {
 };
 
 // Calls body(act) for one kernel call that evaluates K's act half `elems` times, with act a
-// TabulatedAct where T is bf16 / fp16, the call has at least kLookupMinElems evaluations, T's
-// tables are read in its direction (lookup_use_now) and the tables kUse needs are at hand,
-// else a ComputedAct. A kernel writes its loop once, as a generic lambda; it is compiled for
-// each kind, so the choice is made once per call.
+// TabulatedAct where T is bf16 / fp16, the call reads tables (reads_tables: at least
+// kLookupMinElems evaluations, T's tables read in its direction) and the tables kUse needs are
+// at hand, else a ComputedAct. A kernel writes its loop once, as a generic lambda; it is
+// compiled for each kind, so the choice is made once per call.
 template <Act K, typename T, ActUse kUse, typename Body>
 void with_act(const ActConfig& cfg, int64_t elems, const Body& body) {
   if constexpr (is_half_float<T>) {
     using ActF = typename ActTraits<K, float>::Act;
     if constexpr (kUse == ActUse::kValue && has_value_table(K)) {
-      const bool read = (lookup_use_now() & lookup_flag<T>(true)) != 0;
-      const float* value = elems >= kLookupMinElems && read
+      const float* value = reads_tables<T>(elems, true)
                                ? lookup_table<ActF, T, Table::kValue>(cfg) : nullptr;
       if (value != nullptr) {
         body(TabulatedAct<K, T, kUse>{ActF(cfg), value, nullptr, nullptr});
         return;
       }
     } else if constexpr (kUse != ActUse::kValue && grad_table(K).has_value()) {
-      if (elems >= kLookupMinElems && (lookup_use_now() & lookup_flag<T>(false)) != 0) {
+      if (reads_tables<T>(elems, false)) {
         const float* grad = lookup_table<ActF, T, *grad_table(K)>(cfg);
         const float* value = nullptr;
         constexpr bool kSlopeValue =

@@ -8,8 +8,15 @@ namespace te_cpp::cpu {
 
 int64_t activation_lookup_tables();
 
-// The calls that read the tables, as flags: 1 bf16's forwards, 2 bf16's backwards, 4 fp16's
-// forwards, 8 fp16's backwards.
+// Which calls read the tables, as flags: per 16-bit dtype, the forwards (value tables) and the
+// backwards.
+constexpr int kLookupBf16Forward = 1;
+constexpr int kLookupBf16Backward = 2;
+constexpr int kLookupFp16Forward = 4;
+constexpr int kLookupFp16Backward = 8;
+constexpr int kLookupAll = 15;
+
+// The flags in force.
 int activation_lookup_use();
 // Sets them for the process (-1: the CPU's choice again); returns the value set before (-1
 // where it was the CPU's choice), so that a caller can restore it.
