@@ -269,14 +269,17 @@ def _norm_error(got, want):
     return ((got.double() - want).norm() / want.norm()).item()
 
 
+@pytest.mark.parametrize("use", [ALL, 0], ids=["tables", "computed"])
 @pytest.mark.parametrize("act", ["gelu", "swiglu"])
-def test_bf16_step_at_4096x1024_eager_equals_compiled_and_the_reference(act):
-    """A Linear + activation training step at a realistic size in bf16, where every activation
-    kernel reads its tables (the GELU through ForwardLinearBiasActivation and
-    BackwardActivationBias): compiled (aot_eager, fullgraph) equals eager exactly, and against
+def test_bf16_step_at_4096x1024_eager_equals_compiled_and_the_reference(act, use):
+    """A Linear + activation training step at a realistic size in bf16, every activation kernel
+    reading its tables (`tables`) or computing (`computed`, what a CPU that reads no table runs;
+    the GELU through ForwardLinearBiasActivation and BackwardActivationBias): compiled
+    (aot_eager, fullgraph) equals eager exactly, and against
     the float64 reference each output and gradient is as close as plain PyTorch's bf16 step
     (norm-wise; element-wise, bf16's rounding of the pre-activation alone exceeds the bf16
     tolerance where the activation's slope is steep, for plain PyTorch as for ours)."""
+    _C.set_activation_lookup_use(use)
     torch.manual_seed(5)
     out = 2048 if act == "swiglu" else 1024
     model = te.ops.Sequential(te.ops.Linear(1024, out, dtype=torch.bfloat16),
