@@ -362,7 +362,7 @@ def write_csv(results: list[Result], path: str) -> None:
     fields = [f.name for f in dataclasses.fields(Result)]
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["# " + environment() + "; " + allocator_note()])
+        w.writerow(["# " + environment()])  # the allocator's settings included
         w.writerow(fields)
         for r in results:
             w.writerow([getattr(r, name) for name in fields])

@@ -176,6 +176,84 @@ def floor_lines(results) -> list[str]:
     return lines
 
 
+def _rows_and_width(shape: str) -> tuple[int, str] | None:
+    """'4096x1024' -> (4096, '1024'), '4096x2*4096' -> (4096, '2*4096'); None for shapes
+    of another form."""
+    rows, _, width = shape.partition("x")
+    return (int(rows), width) if rows.isdigit() and width else None
+
+
+def kernel_floor_lines(results) -> list[str]:
+    """Target 3's floor: each bf16 / fp16 row that misses its target (60% of copy, or 70% of
+    the FLOP roof where that roof binds) against its twin, the same kernel (case, mode, dtype,
+    threads) at another row count, chosen where the copy's bandwidth differs most from the
+    row's: one size from the L3, the other from memory. A kernel whose rate stays within 20%
+    while the copy's bandwidth changes by 1.5x or more is not bound by memory but by its own
+    work on this CPU. Pairs whose copies differ less (both sizes from memory) tell nothing."""
+    groups = list(_group(results).values())
+    by_kernel: dict[tuple, list] = {}
+    for by in groups:
+        r = by.get("ours")
+        if r is not None and r.bytes_moved and r.copy_gbps and _rows_and_width(r.shape):
+            by_kernel.setdefault((r.case_id, r.case, r.mode, r.dtype, r.threads), []).append(r)
+    missed = []
+    for by in groups:
+        r = by.get("ours")
+        if r is None or r.dtype not in ("bfloat16", "float16"):
+            continue
+        copy, roof = _copy_target(by, r), _roof_target(by, r)
+        if (copy is not None and copy < 0.6) or (roof is not None and roof < 0.7):
+            missed.append(r)
+    if not missed:
+        return []
+
+    def spread(r, o):
+        return max(r.copy_gbps, o.copy_gbps) / min(r.copy_gbps, o.copy_gbps)
+
+    held, moved, alone = [], [], []
+    for r in missed:
+        rows = (_rows_and_width(r.shape) or (None,))[0]
+        others = [o for o in by_kernel.get((r.case_id, r.case, r.mode, r.dtype, r.threads), [])
+                  if _rows_and_width(o.shape)[0] != rows]
+        o = max(others, key=lambda o: spread(r, o), default=None)
+        if o is None or spread(r, o) < 1.5:
+            alone.append(r)
+        elif 1 / 1.2 <= r.gbps / o.gbps <= 1.2:
+            held.append((r, o))
+        else:
+            moved.append((r, o))
+
+    def name(r):
+        return f"{r.case_id} {r.case} {r.mode} {r.dtype} {r.shape}, {r.threads} thread" + (
+            "s" if r.threads > 1 else "")
+
+    def span(values, fmt):
+        lo, hi = fmt.format(min(values)), fmt.format(max(values))
+        return lo if lo == hi else f"{lo}-{hi}"
+
+    lines = []
+    if held:
+        rates = [r.gbps / o.gbps for r, o in held]
+        copies = [spread(r, o) for r, o in held]
+        near = [min(r, o, key=lambda x: -x.copy_gbps) for r, o in held]
+        far = [max(r, o, key=lambda x: -x.copy_gbps) for r, o in held]
+        lines.append(f"* {len(held)} of the {len(missed)} missed rows run at "
+                     f"{span(rates, '{:.2f}')}x their twin's rate while the copy's bandwidth "
+                     f"differs {span(copies, '{:.1f}')}x between the two sizes: memory does not "
+                     f"bound them, their own work does. The same rates are "
+                     f"{span([x.copy_efficiency for x in near], '{:.0%}')} of copy from the "
+                     f"faster level and {span([x.copy_efficiency for x in far], '{:.0%}')} "
+                     f"from the slower")
+    for r, o in moved:
+        lines.append(f"* {name(r)}: {r.gbps / o.gbps:.2f}x the rate of its twin at {o.shape} "
+                     f"({o.copy_efficiency:.0%} of copy there), the copy's bandwidth "
+                     f"{spread(r, o):.1f}x apart: its rate moves with memory")
+    if alone:
+        lines.append(f"* {len(alone)} missed rows have no twin at another level of the memory "
+                     "hierarchy in this run: " + "; ".join(name(r) for r in alone))
+    return lines
+
+
 def compile_floor_lines(results) -> list[str]:
     """Target 1's floor ("ours compiled >= ours eager" on the memory-bound cases), from each
     ours row's host costs with cold caches (an 8-row call right after the row's own call): a
@@ -417,6 +495,13 @@ def _body(results, callgrind_rows) -> list[str]:
     if host_floor:
         out += ["The small steps' floor (C9; `bench/callgrind.py` at 8x256 fp32, one thread, "
                 "instructions per call; the table at the end):", ""] + host_floor + [""]
+    kernel_floor = kernel_floor_lines(results)
+    if kernel_floor:
+        out += ["The floor of the bf16 / fp16 kernels' targets (60% of copy, or 70% of the FLOP "
+                "roof; each missed row against its twin, the same kernel at another row count "
+                "whose copy is 1.5x faster or slower: one size in the L3, the other from "
+                "memory):", ""]
+        out += kernel_floor + [""]
     floors = floor_lines(results)
     if floors:
         out += ["The MLP block's floor: time outside the GEMMs (aten::mm / addmm self time under "
@@ -445,21 +530,26 @@ def _body(results, callgrind_rows) -> list[str]:
     return out
 
 
-def _machine_lines(results, env: str, folder: str, *, quick: bool, callgrind_rows) -> list[str]:
-    """One run on one machine: when and where it ran, its plot (ratios.png, drawn into folder
+def _machine_lines(results, env: str, folder: str, *, quick: bool, callgrind_rows,
+                   when: str | None = None) -> list[str]:
+    """One run on one machine: when and where it ran (``when``: the run's time, for a report
+    rendered again later from its CSVs; None: now), its plot (ratios.png, drawn into folder
     when matplotlib is installed) and its verdicts, floors and tables."""
     cmd = "make bench" if quick else "make bench-report"
-    out = [f"This run: `{cmd}`, {time.strftime('%Y-%m-%d %H:%M')}.  ", f"Machine: {env}", ""]
+    now = time.strftime('%Y-%m-%d %H:%M')
+    stamp = now if when is None else f"{when} (rendered again from its CSVs {now})"
+    out = [f"This run: `{cmd}`, {stamp}.  ", f"Machine: {env}", ""]
     if plot(results, os.path.join(folder, "ratios.png")):
         out += ["![speedups](ratios.png)", ""]
     return out + _body(results, callgrind_rows)
 
 
-def render(results, env: str, path: str, *, quick: bool, callgrind_rows=()) -> None:
+def render(results, env: str, path: str, *, quick: bool, callgrind_rows=(),
+           when: str | None = None) -> None:
     """One run's own report, whole, at path (with ratios.png in its folder)."""
     out = ["# Benchmarks", "", _INTRO, "", _METHOD, ""]
     out += _machine_lines(results, env, os.path.dirname(path), quick=quick,
-                          callgrind_rows=callgrind_rows)
+                          callgrind_rows=callgrind_rows, when=when)
     with open(path, "w") as f:
         f.write("\n".join(out))
 
@@ -489,7 +579,7 @@ def machine_slug(name: str) -> str:
 
 
 def render_collected(results, env: str, path: str, *, quick: bool, callgrind_rows=(),
-                     csvs=()) -> str:
+                     csvs=(), when: str | None = None) -> str:
     """Writes this run's machine section (machines/<model>/ beside path, replacing that
     model's previous one, with copies of the files in csvs) and re-assembles the report at
     path from every machine's section. Returns the section's folder."""
@@ -497,25 +587,27 @@ def render_collected(results, env: str, path: str, *, quick: bool, callgrind_row
     folder = os.path.join(os.path.dirname(os.path.abspath(path)), MACHINES, machine_slug(name))
     os.makedirs(folder, exist_ok=True)
     out = [f"# {name}", ""] + _machine_lines(results, env, folder, quick=quick,
-                                             callgrind_rows=callgrind_rows)
+                                             callgrind_rows=callgrind_rows, when=when)
     with open(os.path.join(folder, "report.md"), "w") as f:
         f.write("\n".join(out))
     for src in csvs:
-        shutil.copyfile(src, os.path.join(folder, os.path.basename(src)))
+        dst = os.path.join(folder, os.path.basename(src))
+        if os.path.abspath(src) != os.path.abspath(dst):
+            shutil.copyfile(src, dst)
     with open(path, "w") as f:
         f.write(assemble(os.path.dirname(os.path.abspath(path))))
     return folder
 
 
 def render_reports(results, env: str, stem: str, *, quick: bool, readme: str | None = None,
-                   callgrind_rows=(), csvs=()) -> list[str]:
+                   callgrind_rows=(), csvs=(), when: str | None = None) -> list[str]:
     """Every report of a run (report_paths): its own whole report, then each collected report
     asked for, with this run as its machine's section. Returns their paths."""
     paths = report_paths(stem, quick=quick, readme=readme)
-    render(results, env, paths[0], quick=quick, callgrind_rows=callgrind_rows)
+    render(results, env, paths[0], quick=quick, callgrind_rows=callgrind_rows, when=when)
     for path in paths[1:]:
         render_collected(results, env, path, quick=quick, callgrind_rows=callgrind_rows,
-                         csvs=csvs)
+                         csvs=csvs, when=when)
     return paths
 
 
@@ -555,7 +647,8 @@ def assemble(folder: str) -> str:
            "(bench/machines/<model>/: report.md, ratios.png and the run's CSVs) and this report "
            "from every model's latest section.", "", _METHOD, ""]
     names = [lines[0][2:] for _, lines in sections]
-    runs = [next((ln.split(", ", 1)[1].rstrip(".  ") for ln in lines
+    # the run's time (a section rendered again later also states when, in parentheses)
+    runs = [next((ln.split(", ", 1)[1].rstrip(".  ").split(" (")[0] for ln in lines
                   if ln.startswith("This run:")), "") for _, lines in sections]
     cells = [verdict_cells(lines) for _, lines in sections]
     out += ["## Verdicts per machine", "",
@@ -586,6 +679,9 @@ def _load_csv(path):
     with open(path) as f:
         reader = csv.reader(f)
         env = next(reader)[0].lstrip("# ")
+        head, _, tail = env.rpartition("; ")
+        if head and head.endswith(tail):  # older CSVs: the allocator's settings twice
+            env = head
         header = next(reader)
         for vals in reader:
             r = types.SimpleNamespace(**dict(zip(header, vals)))
@@ -622,10 +718,13 @@ if __name__ == "__main__":
     parser.add_argument("--readme", nargs="?", const=COMMITTED_REPORT, default="",
                         help="also render this run's machine section of the committed report "
                         "(default path: bench/README.md, sections in bench/machines/)")
+    parser.add_argument("--when", help="the run's time (as its report states it, e.g. "
+                        "'2026-12-06 00:45'), when rendering an earlier run again from its CSVs")
     a = parser.parse_args()
     rows, env = _load_csv(a.csv)
     cg = _load_callgrind_csv(a.callgrind) if a.callgrind else ()
     for path in render_reports(rows, env, os.path.splitext(a.csv)[0], quick=a.quick,
                                readme=a.readme, callgrind_rows=cg,
-                               csvs=[a.csv] + ([a.callgrind] if a.callgrind else [])):
+                               csvs=[a.csv] + ([a.callgrind] if a.callgrind else []),
+                               when=a.when):
         print(f"wrote {path}")

@@ -399,6 +399,11 @@ def all_cases(full: bool, quick: bool) -> list[Case]:
                   bias_act_case(16384, F, "relu"), swiglu_case(16384, F),
                   layernorm_case(T, 1000), rmsnorm_case(T, 1000), swiglu_case(T, 4000),
                   mlp_case(T, 1000, 4000, "residual")]
+        # each memory-bound kernel at a second level of the memory hierarchy (bf16 tensors in
+        # the L3 at 1024 and 512 rows, from memory at 16384): target 3's floor compares a row
+        # with its twin (report.kernel_floor_lines)
+        cases += [bias_act_case(1024, F, "gelu"), dact_dbias_case(1024, F), swiglu_case(512, F),
+                  quantize_case(16384, H, "fp8"), quantize_case(16384, H, "mxfp8")]
     return cases
 
 

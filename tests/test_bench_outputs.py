@@ -5,6 +5,7 @@ when a path is asked for."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -143,6 +144,74 @@ def test_roofline_picks_the_lower_roof_and_its_target():
     table = "\n".join(report.summary_table([compute, memory]))
     assert "| 80% (80.0 of 100, FLOP) |" in table and "roof ≥70% ✓" in table
     assert "| 40% (20.0 of 50, memory) |" in table and "copy ≥60% ✗" in table
+
+
+def test_kernel_floor_lines_pair_each_miss_with_its_twin():
+    """Target 3's floor: a missed bf16 row against the same kernel at another row count. A
+    rate that holds while the copy's bandwidth changes 3x is the kernel's own; one that moves
+    with the copy is memory's; a twin whose copy is about as fast (both from memory) and a row
+    without a twin are listed as having none."""
+    sys.path.insert(0, BENCH)
+    import common
+    import report
+
+    def row(case_id, shape, gbps, copy_gbps, dtype="bfloat16", mode="fwd", threads=2):
+        r = common.Result(f"case {case_id}", dtype, shape, mode, threads, "ours", 100.0, 1.0,
+                          1.0, 1.0, bytes_moved=10**6, case_id=case_id, target_copy=0.6)
+        r.gbps, r.copy_gbps, r.copy_efficiency = gbps, copy_gbps, gbps / copy_gbps
+        return r
+
+    rows = [row("C1", "4096x1024", 40.0, 180.0), row("C1", "16384x1024", 38.0, 60.0),
+            row("C2", "4096x1000", 90.0, 180.0), row("C2", "16384x1024", 45.0, 60.0),
+            row("C5", "4096x2*4096", 20.0, 60.0), row("C5", "16384x2*4096", 20.0, 55.0),
+            row("C10", "4096x1024", 30.0, 180.0),
+            row("C1", "4096x1024", 100.0, 180.0, dtype="float32"),  # no bf16 target
+            row("C3", "4096x4096", 170.0, 180.0)]  # met
+    lines = report.kernel_floor_lines(rows)
+    # C1 at 16384 rows and C2 at 16384 rows meet 60%: 5 misses
+    assert lines[0] == ("* 1 of the 5 missed rows run at 1.05x their twin's rate while the "
+                        "copy's bandwidth differs 3.0x between the two sizes: memory does not "
+                        "bound them, their own work does. The same rates are 22% of copy from "
+                        "the faster level and 63% from the slower")
+    held = report.kernel_floor_lines(rows + [row("C10", "16384x1024", 27.0, 60.0)])[0]
+    # C10's twin misses too: both held, each against the other
+    assert held.startswith("* 3 of the 6 missed rows run at 0.90-1.11x their twin's rate while "
+                           "the copy's bandwidth differs 3.0x")
+    assert lines[1] == ("* C2 case C2 fwd bfloat16 4096x1000, 2 threads: 2.00x the rate of its "
+                        "twin at 16384x1024 (75% of copy there), the copy's bandwidth 3.0x "
+                        "apart: its rate moves with memory")
+    assert lines[2].startswith("* 3 missed rows have no twin at another level of the memory "
+                               "hierarchy in this run: C5 case C5 fwd bfloat16 4096x2*4096, 2 "
+                               "threads; C5 case C5 fwd bfloat16 16384x2*4096")
+    assert lines[2].endswith("C10 case C10 fwd bfloat16 4096x1024, 2 threads")
+    assert len(lines) == 3
+    assert report.kernel_floor_lines(rows[-2:]) == []
+
+
+def test_report_rendered_again_from_its_csvs_keeps_the_run(tmp_path):
+    """A report rendered again from a run's CSVs states the run's own time and when it was
+    rendered; the machine line is the CSV's, once (older CSVs repeat the allocator note)."""
+    sys.path.insert(0, BENCH)
+    import report
+
+    env = ("torch 2.13.0+cpu, python 3.11.7, AMD EPYC (avx2), 2 cpus, ATen parallel backend "
+           "OpenMP, GLIBC_TUNABLES=x=1")
+    csv_path = tmp_path / "suite.csv"
+    csv_path.write_text(f'"# {env}; GLIBC_TUNABLES=x=1"\ncase,threads,bytes_moved,saved_bytes,'
+                        "peak_bytes\n")
+    rows, loaded = report._load_csv(str(csv_path))
+    assert rows == [] and loaded == env
+    report.render_reports(_verdict_rows(1.3), env, str(tmp_path / "suite"), quick=False,
+                          readme="", when="2026-12-06 00:45")
+    text = (tmp_path / "suite.md").read_text()
+    assert re.search(r"This run: `make bench-report`, 2026-12-06 00:45 \(rendered again from its "
+                     r"CSVs \d{4}-\d\d-\d\d \d\d:\d\d\)\.", text)
+    assert f"Machine: {env}\n" in text
+    # the collected report's verdict table names the run's time alone
+    readme = tmp_path / "README.md"
+    report.render_collected(_verdict_rows(1.3), env, str(readme), quick=False,
+                            when="2026-12-06 00:45")
+    assert "| target | AMD EPYC (2026-12-06 00:45) |" in readme.read_text()
 
 
 def test_outside_gemm_fraction_and_floor_line():
