@@ -189,7 +189,8 @@ def kernel_floor_lines(results) -> list[str]:
     threads) at another row count, chosen where the copy's bandwidth differs most from the
     row's: one size from the L3, the other from memory. A kernel whose rate stays within 20%
     while the copy's bandwidth changes by 1.5x or more is not bound by memory but by its own
-    work on this CPU. Pairs whose copies differ less (both sizes from memory) tell nothing."""
+    work on this CPU; the others are listed with both rates. Pairs whose copies differ less
+    (both sizes from memory) tell nothing."""
     groups = list(_group(results).values())
     by_kernel: dict[tuple, list] = {}
     for by in groups:
@@ -246,8 +247,8 @@ def kernel_floor_lines(results) -> list[str]:
                      f"from the slower")
     for r, o in moved:
         lines.append(f"* {name(r)}: {r.gbps / o.gbps:.2f}x the rate of its twin at {o.shape} "
-                     f"({o.copy_efficiency:.0%} of copy there), the copy's bandwidth "
-                     f"{spread(r, o):.1f}x apart: its rate moves with memory")
+                     f"({o.copy_efficiency:.0%} of copy there) while the copy's bandwidth "
+                     f"differs {spread(r, o):.1f}x")
     if alone:
         lines.append(f"* {len(alone)} missed rows have no twin at another level of the memory "
                      "hierarchy in this run: " + "; ".join(name(r) for r in alone))
