@@ -249,7 +249,11 @@ def kernel_floor_lines(results) -> list[str]:
         lines.append(f"* {name(r)}: {r.gbps / o.gbps:.2f}x the rate of its twin at {o.shape} "
                      f"({o.copy_efficiency:.0%} of copy there) while the copy's bandwidth "
                      f"differs {spread(r, o):.1f}x")
-    if alone:
+    if alone and not lines:
+        lines.append(f"* not measured in this run: none of its {len(alone)} missed rows has a "
+                     "twin at another level of the memory hierarchy (bench/suite.py --full "
+                     "times a twin for every memory-bound kernel)")
+    elif alone:
         lines.append(f"* {len(alone)} missed rows have no twin at another level of the memory "
                      "hierarchy in this run: " + "; ".join(name(r) for r in alone))
     return lines

@@ -186,6 +186,11 @@ def test_kernel_floor_lines_pair_each_miss_with_its_twin():
     assert lines[2].endswith("C10 case C10 fwd bfloat16 4096x1024, 2 threads")
     assert len(lines) == 3
     assert report.kernel_floor_lines(rows[-2:]) == []
+    # a run without twins (the quick run): one line, not a list of every miss
+    assert report.kernel_floor_lines(rows[6:7]) == [
+        "* not measured in this run: none of its 1 missed rows has a twin at another level of "
+        "the memory hierarchy (bench/suite.py --full times a twin for every memory-bound "
+        "kernel)"]
 
 
 def test_report_rendered_again_from_its_csvs_keeps_the_run(tmp_path):
