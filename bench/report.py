@@ -176,34 +176,40 @@ def floor_lines(results) -> list[str]:
     return lines
 
 
-def _rows_and_width(shape: str) -> tuple[int, str] | None:
-    """'4096x1024' -> (4096, '1024'), '4096x2*4096' -> (4096, '2*4096'); None for shapes
+def _rows(shape: str) -> int | None:
+    """The row count of a shape: '4096x1024' -> 4096, '4096x2*4096' -> 4096; None for shapes
     of another form."""
     rows, _, width = shape.partition("x")
-    return (int(rows), width) if rows.isdigit() and width else None
+    return int(rows) if rows.isdigit() and width else None
+
+
+def _row_name(r) -> str:
+    """A row as the report names it: case, mode, dtype, shape and thread count."""
+    return (f"{r.case_id} {r.case} {r.mode} {r.dtype} {r.shape}, {r.threads} thread"
+            f"{'s' if r.threads > 1 else ''}")
 
 
 def kernel_floor_lines(results) -> list[str]:
-    """Target 3's floor: each bf16 / fp16 row that misses its target (60% of copy, or 70% of
-    the FLOP roof where that roof binds) against its twin, the same kernel (case, mode, dtype,
-    threads) at another row count, chosen where the copy's bandwidth differs most from the
-    row's: one size from the L3, the other from memory. A kernel whose rate stays within 20%
-    while the copy's bandwidth changes by 1.5x or more is not bound by memory but by its own
-    work on this CPU; the others are listed with both rates. Pairs whose copies differ less
-    (both sizes from memory) tell nothing."""
+    """Target 3's floor: each row that misses one of the bf16 / fp16 kernel targets of
+    VERDICTS (60% of copy, or 70% of the FLOP roof where that roof binds) against its twin,
+    the same kernel (case, mode, dtype, threads) at another row count, chosen where the copy's
+    bandwidth differs most from the row's: one size from the L3, the other from memory. A
+    kernel whose rate stays within 20% while the copy's bandwidth changes by 1.5x or more is
+    not bound by memory but by its own work on this CPU; the others are listed with both
+    rates. Pairs whose copies differ less (both sizes from memory) tell nothing."""
+    targets = [(dtypes, value, minimum) for _, _, _, dtypes, value, minimum, _ in VERDICTS
+               if value in (_copy_target, _roof_target)]
     groups = list(_group(results).values())
     by_kernel: dict[tuple, list] = {}
-    for by in groups:
-        r = by.get("ours")
-        if r is not None and r.bytes_moved and r.copy_gbps and _rows_and_width(r.shape):
-            by_kernel.setdefault((r.case_id, r.case, r.mode, r.dtype, r.threads), []).append(r)
     missed = []
     for by in groups:
         r = by.get("ours")
-        if r is None or r.dtype not in ("bfloat16", "float16"):
+        if r is None:
             continue
-        copy, roof = _copy_target(by, r), _roof_target(by, r)
-        if (copy is not None and copy < 0.6) or (roof is not None and roof < 0.7):
+        if r.bytes_moved and r.copy_gbps and _rows(r.shape) is not None:
+            by_kernel.setdefault((r.case_id, r.case, r.mode, r.dtype, r.threads), []).append(r)
+        if any(r.dtype in dtypes and (v := value(by, r)) is not None and v < minimum
+               for dtypes, value, minimum in targets):
             missed.append(r)
     if not missed:
         return []
@@ -213,9 +219,8 @@ def kernel_floor_lines(results) -> list[str]:
 
     held, moved, alone = [], [], []
     for r in missed:
-        rows = (_rows_and_width(r.shape) or (None,))[0]
         others = [o for o in by_kernel.get((r.case_id, r.case, r.mode, r.dtype, r.threads), [])
-                  if _rows_and_width(o.shape)[0] != rows]
+                  if _rows(o.shape) != _rows(r.shape)]
         o = max(others, key=lambda o: spread(r, o), default=None)
         if o is None or spread(r, o) < 1.5:
             alone.append(r)
@@ -224,20 +229,19 @@ def kernel_floor_lines(results) -> list[str]:
         else:
             moved.append((r, o))
 
-    def name(r):
-        return f"{r.case_id} {r.case} {r.mode} {r.dtype} {r.shape}, {r.threads} thread" + (
-            "s" if r.threads > 1 else "")
-
     def span(values, fmt):
         lo, hi = fmt.format(min(values)), fmt.format(max(values))
         return lo if lo == hi else f"{lo}-{hi}"
+
+    def copy_gbps(x):
+        return x.copy_gbps
 
     lines = []
     if held:
         rates = [r.gbps / o.gbps for r, o in held]
         copies = [spread(r, o) for r, o in held]
-        near = [min(r, o, key=lambda x: -x.copy_gbps) for r, o in held]
-        far = [max(r, o, key=lambda x: -x.copy_gbps) for r, o in held]
+        near = [max(r, o, key=copy_gbps) for r, o in held]
+        far = [min(r, o, key=copy_gbps) for r, o in held]
         lines.append(f"* {len(held)} of the {len(missed)} missed rows run at "
                      f"{span(rates, '{:.2f}')}x their twin's rate while the copy's bandwidth "
                      f"differs {span(copies, '{:.1f}')}x between the two sizes: memory does not "
@@ -246,16 +250,16 @@ def kernel_floor_lines(results) -> list[str]:
                      f"faster level and {span([x.copy_efficiency for x in far], '{:.0%}')} "
                      f"from the slower")
     for r, o in moved:
-        lines.append(f"* {name(r)}: {r.gbps / o.gbps:.2f}x the rate of its twin at {o.shape} "
-                     f"({o.copy_efficiency:.0%} of copy there) while the copy's bandwidth "
-                     f"differs {spread(r, o):.1f}x")
+        lines.append(f"* {_row_name(r)}: {r.gbps / o.gbps:.2f}x the rate of its twin at "
+                     f"{o.shape} ({o.copy_efficiency:.0%} of copy there) while the copy's "
+                     f"bandwidth differs {spread(r, o):.1f}x")
     if alone and not lines:
         lines.append(f"* not measured in this run: none of its {len(alone)} missed rows has a "
                      "twin at another level of the memory hierarchy (bench/suite.py --full "
                      "times a twin for every memory-bound kernel)")
     elif alone:
         lines.append(f"* {len(alone)} missed rows have no twin at another level of the memory "
-                     "hierarchy in this run: " + "; ".join(name(r) for r in alone))
+                     "hierarchy in this run: " + "; ".join(_row_name(r) for r in alone))
     return lines
 
 
@@ -356,8 +360,7 @@ def verdict_lines(results) -> list[str]:
                 continue
             v = value(by, r)
             if v is not None:
-                vals.append((v, f"{r.case_id} {r.case} {r.mode} {r.dtype} {r.shape}, "
-                                f"{r.threads} thread{'s' if r.threads > 1 else ''}"))
+                vals.append((v, _row_name(r)))
         if not vals:
             lines.append(f"* {label}: not measured in this run")
             continue
