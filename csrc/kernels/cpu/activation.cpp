@@ -36,6 +36,10 @@ struct GatedGeometry {
 
 using cpu::for_chunks;
 
+// Each parallel body copies the activation functor and its row or chunk pointers into locals
+// before its vector loop: the vector stores may alias any memory, so state read through the
+// lambdas' captures would be loaded again for every vector.
+
 // The unary kernels run over the rows * features elements as one flat range.
 
 template <Act K>
@@ -51,8 +55,11 @@ void fwd_kernel(const ActFwdArgs& a) {
       const int64_t total = a.rows * a.features;
       cpu::with_act<K, T, cpu::ActUse::kValue>(cfg, total, [&](const auto& act) {
         at::parallel_for(0, total, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
+          const auto local_act = act;
+          const T* x0 = xp + i0;
+          T* y0 = yp + i0;
           for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
-            store_acc<T>(yp + i0 + i, act.f(xp + i0 + i, k), k);
+            store_acc<T>(y0 + i, local_act.f(x0 + i, k), k);
           });
         });
       });
@@ -63,17 +70,20 @@ void fwd_kernel(const ActFwdArgs& a) {
       const GatedGeometry g(n, cfg.interleave);
       cpu::with_act<K, T, cpu::ActUse::kValue>(cfg, rows * n / 2, [&](const auto& act) {
         at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
+          const auto local_act = act;
+          const auto local_gated = gated;
+          const GatedGeometry lg = g;
           for (int64_t r = r0; r < r1; ++r) {
-            for (int64_t s = 0; s < g.segments; ++s) {
-              const T* xa = xp + r * n + s * g.stride;
-              const T* xb = xa + g.len;
-              T* yr = yp + r * (n / 2) + s * g.len;
-              for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
+            for (int64_t s = 0; s < lg.segments; ++s) {
+              const T* xa = xp + r * n + s * lg.stride;
+              const T* xb = xa + lg.len;
+              T* yr = yp + r * (n / 2) + s * lg.len;
+              for_chunks<W>(lg.len, [&](int64_t i, int64_t k) {
                 prefetch_ahead(xa + i);
                 prefetch_ahead(xb + i);
                 prefetch_ahead_for_write(yr + i);
                 const AccVec<T> vb = load_acc<T>(xb + i, k);
-                store_acc<T>(yr + i, act.f(xa + i, k) * gated.lin.f(vb), k);
+                store_acc<T>(yr + i, local_act.f(xa + i, k) * local_gated.lin.f(vb), k);
               });
             }
           }
@@ -98,10 +108,14 @@ void bwd_kernel(const ActBwdArgs& a) {
       const int64_t total = a.rows * a.features;
       cpu::with_act<K, T, cpu::ActUse::kGrad>(cfg, total, [&](const auto& act) {
         at::parallel_for(0, total, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
+          const auto local_act = act;
+          const T* x0 = xp + i0;
+          const T* dy0 = dyp + i0;
+          T* dx0 = dxp + i0;
           for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
             Vec f, gx;
-            act.grad(xp + i0 + i, k, load_acc<T>(dyp + i0 + i, k), f, gx);
-            store_acc<T>(dxp + i0 + i, gx, k);
+            local_act.grad(x0 + i, k, load_acc<T>(dy0 + i, k), f, gx);
+            store_acc<T>(dx0 + i, gx, k);
           });
         });
       });
@@ -111,25 +125,30 @@ void bwd_kernel(const ActBwdArgs& a) {
       const GatedGeometry g(n, cfg.interleave);
       cpu::with_act<K, T, cpu::ActUse::kGradValue>(cfg, rows * n / 2, [&](const auto& act) {
         at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
+          const auto local_act = act;
+          const auto local_gated = gated;
+          const GatedGeometry lg = g;
           for (int64_t r = r0; r < r1; ++r) {
-            for (int64_t s = 0; s < g.segments; ++s) {
-              const int64_t a_off = r * n + s * g.stride;
-              const int64_t b_off = a_off + g.len;
-              const T* dyr = dyp + r * (n / 2) + s * g.len;
-              for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
-                prefetch_ahead(xp + a_off + i);
-                prefetch_ahead(xp + b_off + i);
+            for (int64_t s = 0; s < lg.segments; ++s) {
+              const T* xa0 = xp + r * n + s * lg.stride;
+              const T* xb0 = xa0 + lg.len;
+              T* dxa0 = dxp + r * n + s * lg.stride;
+              T* dxb0 = dxa0 + lg.len;
+              const T* dyr = dyp + r * (n / 2) + s * lg.len;
+              for_chunks<W>(lg.len, [&](int64_t i, int64_t k) {
+                prefetch_ahead(xa0 + i);
+                prefetch_ahead(xb0 + i);
                 prefetch_ahead(dyr + i);
-                prefetch_ahead_for_write(dxp + a_off + i);
-                prefetch_ahead_for_write(dxp + b_off + i);
-                const T* xa = xp + a_off + i;
+                prefetch_ahead_for_write(dxa0 + i);
+                prefetch_ahead_for_write(dxb0 + i);
+                const T* xa = xa0 + i;
                 Vec fa, fb, da, db;
-                gated.grad_with(
-                    load_acc<T>(xp + b_off + i, k), load_acc<T>(dyr + i, k),
-                    [&](const Vec& ga, Vec& f, Vec& d) { act.grad(xa, k, ga, f, d); }, fa, fb,
-                    da, db);
-                store_acc<T>(dxp + a_off + i, da, k);
-                store_acc<T>(dxp + b_off + i, db, k);
+                local_gated.grad_with(
+                    load_acc<T>(xb0 + i, k), load_acc<T>(dyr + i, k),
+                    [&](const Vec& ga, Vec& f, Vec& d) { local_act.grad(xa, k, ga, f, d); },
+                    fa, fb, da, db);
+                store_acc<T>(dxa0 + i, da, k);
+                store_acc<T>(dxb0 + i, db, k);
               });
             }
           }
@@ -151,12 +170,14 @@ void bias_act_kernel(const BiasActArgs& a) {
     T* yp = static_cast<T*>(a.y);
     cpu::with_act<K, T, cpu::ActUse::kValue>(a.cfg, rows * n, [&](const auto& act) {
       at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
+        const auto local_act = act;
+        const T* b = bp;
         for (int64_t r = r0; r < r1; ++r) {
           const T* xr = xp + r * n;
           T* yr = yp + r * n;
           for_chunks<W>(n, [&](int64_t i, int64_t k) {
-            store_acc<T>(yr + i, act.f_rounded(load_acc<T>(xr + i, k) + load_acc<T>(bp + i, k)),
-                         k);
+            store_acc<T>(yr + i,
+                         local_act.f_rounded(load_acc<T>(xr + i, k) + load_acc<T>(b + i, k)), k);
           });
         }
       });
@@ -179,27 +200,27 @@ void dbias_dact_kernel(const DbiasDactArgs& a) {
     cpu::with_act<K, T, cpu::ActUse::kGrad>(a.cfg, rows * n, [&](const auto& act) {
       auto run = [&](auto with_bias) {
         constexpr bool kBias = decltype(with_bias)::value;
-        // dx = dy * act'(z) for row r, columns [i, i + k) (z = x + bias rounded to T, as
-        // bias_fwd stores it): stored, and returned for the sums.
-        auto dact = [&](int64_t r, int64_t i, int64_t k) {
-          const int64_t off = r * n + i;
-          const Vec dy = load_acc<T>(dyp + off, k);
-          Vec f, d;
-          if constexpr (kBias) {
-            act.grad_rounded(load_acc<T>(xp + off, k) + load_acc<T>(bp + i, k), dy, f, d);
-          } else {
-            act.grad(xp + off, k, dy, f, d);
-          }
-          store_acc<T>(dxp + off, d, k);
-          return d;
-        };
-        // One pass per row: dx stored and added to the row block's partial dbias row. Rows are
-        // walked one after the other, so x, dy and dx are each one long sequential stream
-        // (rows of a block walked together, with the partial sums in registers, measured
-        // slower: more streams than the prefetchers follow, worst for short rows).
+        // One pass per row: dx = dy * act'(z) (z = x + bias rounded to T, as bias_fwd stores
+        // it) stored and added to the row block's partial dbias row. Rows are walked one after
+        // the other, so x, dy and dx are each one long sequential stream (rows of a block
+        // walked together, with the partial sums in registers, measured slower: more streams
+        // than the prefetchers follow, worst for short rows).
         auto row_fn = [&](int64_t r, A* acc) {
+          const auto row_act = act;
+          const T* xr = xp + r * n;
+          const T* dyr = dyp + r * n;
+          const T* br = bp;
+          T* dxr = dxp + r * n;
           for_chunks<W>(n, [&](int64_t i, int64_t k) {
-            (Vec::loadu(acc + i, k) + dact(r, i, k)).store(acc + i, k);
+            const Vec dy = load_acc<T>(dyr + i, k);
+            Vec f, d;
+            if constexpr (kBias) {
+              row_act.grad_rounded(load_acc<T>(xr + i, k) + load_acc<T>(br + i, k), dy, f, d);
+            } else {
+              row_act.grad(xr + i, k, dy, f, d);
+            }
+            store_acc<T>(dxr + i, d, k);
+            (Vec::loadu(acc + i, k) + d).store(acc + i, k);
           });
         };
         TE_DISPATCH_FLOAT(a.bias_dtype, "dbias_dact", [&] {
@@ -238,14 +259,18 @@ void scaled_fwd_kernel(const ScaledActFwdArgs& a) {
     T* yp = static_cast<T*>(a.y);
     cpu::with_act<K, T, cpu::ActUse::kValue>(cfg, rows * n_out, [&](const auto& act) {
       at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
+        const auto local_act = act;
+        const auto local_gated = gated;
+        const GatedGeometry lg = g;
         for (int64_t r = r0; r < r1; ++r) {
           const Vec sv(sp[r]);
-          for (int64_t seg = 0; seg < g.segments; ++seg) {
-            const T* xa = xp + r * n + seg * g.stride;
-            T* yr = yp + r * n_out + seg * g.len;
-            for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
-              Vec v = act.f(xa + i, k);
-              if constexpr (is_gated(K)) v = v * gated.lin.f(load_acc<T>(xa + g.len + i, k));
+          for (int64_t seg = 0; seg < lg.segments; ++seg) {
+            const T* xa = xp + r * n + seg * lg.stride;
+            const T* xb = xa + lg.len;
+            T* yr = yp + r * n_out + seg * lg.len;
+            for_chunks<W>(lg.len, [&](int64_t i, int64_t k) {
+              Vec v = local_act.f(xa + i, k);
+              if constexpr (is_gated(K)) v = v * local_gated.lin.f(load_acc<T>(xb + i, k));
               store_acc<T>(yr + i, sv * v, k);
             });
           }
@@ -275,33 +300,39 @@ void scaled_bwd_kernel(const ScaledActBwdArgs& a) {
     // the value too: dscales sums dy * act(x)
     cpu::with_act<K, T, cpu::ActUse::kGradValue>(cfg, rows * n_out, [&](const auto& act) {
       at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
+        const auto local_act = act;
+        const auto local_gated = gated;
+        const GatedGeometry lg = g;
+        const bool with_dscales = dsp != nullptr;
         for (int64_t r = r0; r < r1; ++r) {
           const Vec sv(sp[r]);
           Vec acc(A(0));
-          for (int64_t seg = 0; seg < g.segments; ++seg) {
-            const int64_t a_off = r * n + seg * g.stride;
-            const T* dyr = dyp + r * n_out + seg * g.len;
-            for_chunks<W>(g.len, [&](int64_t i, int64_t k) {
+          for (int64_t seg = 0; seg < lg.segments; ++seg) {
+            const T* xa0 = xp + r * n + seg * lg.stride;
+            const T* xb0 = xa0 + lg.len;
+            T* dxa0 = dxp + r * n + seg * lg.stride;
+            T* dxb0 = dxa0 + lg.len;
+            const T* dyr = dyp + r * n_out + seg * lg.len;
+            for_chunks<W>(lg.len, [&](int64_t i, int64_t k) {
               // Partial chunks load zeros past the row's end: d = 0 there, so the dscales
               // lanes of the tail add exactly 0 (the activations are finite at 0).
               const Vec d = load_acc<T>(dyr + i, k);
               const Vec gs = d * sv;
-              const T* xa = xp + a_off + i;
+              const T* xa = xa0 + i;
               Vec fa, da;
               if constexpr (is_gated(K)) {
-                const int64_t b_off = a_off + g.len;
                 Vec fb, db;
-                gated.grad_with(
-                    load_acc<T>(xp + b_off + i, k), gs,
-                    [&](const Vec& ga, Vec& f, Vec& dg) { act.grad(xa, k, ga, f, dg); }, fa, fb,
-                    da, db);
-                store_acc<T>(dxp + a_off + i, da, k);
-                store_acc<T>(dxp + b_off + i, db, k);
-                if (dsp != nullptr) acc += d * (fa * fb);
+                local_gated.grad_with(
+                    load_acc<T>(xb0 + i, k), gs,
+                    [&](const Vec& ga, Vec& f, Vec& dg) { local_act.grad(xa, k, ga, f, dg); },
+                    fa, fb, da, db);
+                store_acc<T>(dxa0 + i, da, k);
+                store_acc<T>(dxb0 + i, db, k);
+                if (with_dscales) acc += d * (fa * fb);
               } else {
-                act.grad(xa, k, gs, fa, da);
-                store_acc<T>(dxp + a_off + i, da, k);
-                if (dsp != nullptr) acc += d * fa;
+                local_act.grad(xa, k, gs, fa, da);
+                store_acc<T>(dxa0 + i, da, k);
+                if (with_dscales) acc += d * fa;
               }
             });
           }
