@@ -80,6 +80,31 @@ def test_unfused_backward_recomputes_the_activation_input(act_cls, fusion_regist
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("act_cls", ACTS, ids=lambda c: c.__name__)
+def test_dbias_dact_is_bitwise_equal_whatever_the_thread_count(act_cls, dtype):
+    """dbias_d<act>'s rows and its dbias row blocks split over 1, 2 and 3 threads give the same
+    bits, without and with the bias recomputed into the activation's input (bf16 at this size
+    reads the tables where the CPU uses them; 300 columns leave a partial vector per row)."""
+    g = torch.Generator().manual_seed(0)
+    rows, width = 1000, 300
+    x, dy = (torch.randn(rows, width, generator=g).to(dtype) for _ in range(2))
+    bias = torch.randn(width, generator=g).to(dtype)
+    op = getattr(torch.ops.te_cpp, f"dbias_d{act_cls.op_stem}")
+    before = torch.get_num_threads()
+    runs = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            runs.append([t for b in (None, bias) for t in op(dy, x, dtype, b)])
+    finally:
+        torch.set_num_threads(before)
+    names = ["dx", "dbias", "dx (bias)", "dbias (bias)"]
+    for threads, other in zip((2, 3), runs[1:]):
+        for name, a, b in zip(names, runs[0], other):
+            assert torch.equal(a, b), f"{act_cls.__name__} {name}: {threads} threads differ from 1"
+
+
 def test_matches_the_float64_reference():
     x = torch.randn(4, 7, 33, requires_grad=True)
     seq = te.ops.Sequential(te.ops.Bias(33), te.ops.GELU())
