@@ -130,9 +130,10 @@ void bwd_kernel(const ActBwdArgs& a) {
           const GatedGeometry lg = g;
           for (int64_t r = r0; r < r1; ++r) {
             for (int64_t s = 0; s < lg.segments; ++s) {
-              const T* xa0 = xp + r * n + s * lg.stride;
+              const int64_t a_off = r * n + s * lg.stride;
+              const T* xa0 = xp + a_off;
               const T* xb0 = xa0 + lg.len;
-              T* dxa0 = dxp + r * n + s * lg.stride;
+              T* dxa0 = dxp + a_off;
               T* dxb0 = dxa0 + lg.len;
               const T* dyr = dyp + r * (n / 2) + s * lg.len;
               for_chunks<W>(lg.len, [&](int64_t i, int64_t k) {
@@ -308,9 +309,10 @@ void scaled_bwd_kernel(const ScaledActBwdArgs& a) {
           const Vec sv(sp[r]);
           Vec acc(A(0));
           for (int64_t seg = 0; seg < lg.segments; ++seg) {
-            const T* xa0 = xp + r * n + seg * lg.stride;
+            const int64_t a_off = r * n + seg * lg.stride;
+            const T* xa0 = xp + a_off;
             const T* xb0 = xa0 + lg.len;
-            T* dxa0 = dxp + r * n + seg * lg.stride;
+            T* dxa0 = dxp + a_off;
             T* dxb0 = dxa0 + lg.len;
             const T* dyr = dyp + r * n_out + seg * lg.len;
             for_chunks<W>(lg.len, [&](int64_t i, int64_t k) {
