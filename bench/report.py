@@ -18,6 +18,7 @@ import shutil
 import sys
 import time
 from collections import OrderedDict
+from operator import attrgetter
 
 PROVIDERS = ("torch", "torch.compile", "ours", "ours compiled")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -233,15 +234,12 @@ def kernel_floor_lines(results) -> list[str]:
         lo, hi = fmt.format(min(values)), fmt.format(max(values))
         return lo if lo == hi else f"{lo}-{hi}"
 
-    def copy_gbps(x):
-        return x.copy_gbps
-
     lines = []
     if held:
         rates = [r.gbps / o.gbps for r, o in held]
         copies = [spread(r, o) for r, o in held]
-        near = [max(r, o, key=copy_gbps) for r, o in held]
-        far = [min(r, o, key=copy_gbps) for r, o in held]
+        near = [max(r, o, key=attrgetter("copy_gbps")) for r, o in held]
+        far = [min(r, o, key=attrgetter("copy_gbps")) for r, o in held]
         lines.append(f"* {len(held)} of the {len(missed)} missed rows run at "
                      f"{span(rates, '{:.2f}')}x their twin's rate while the copy's bandwidth "
                      f"differs {span(copies, '{:.1f}')}x between the two sizes: memory does not "
