@@ -96,13 +96,14 @@ def test_dbias_dact_is_bitwise_equal_whatever_the_thread_count(act_cls, dtype):
     try:
         for threads in (1, 2, 3):
             torch.set_num_threads(threads)
-            runs.append([t for b in (None, bias) for t in op(dy, x, dtype, b)])
+            runs.append([t for with_bias in (None, bias) for t in op(dy, x, dtype, with_bias)])
     finally:
         torch.set_num_threads(before)
     names = ["dx", "dbias", "dx (bias)", "dbias (bias)"]
     for threads, other in zip((2, 3), runs[1:]):
-        for name, a, b in zip(names, runs[0], other):
-            assert torch.equal(a, b), f"{act_cls.__name__} {name}: {threads} threads differ from 1"
+        for name, one, many in zip(names, runs[0], other):
+            assert torch.equal(one, many), (
+                f"{act_cls.__name__} {name}: {threads} threads differ from 1")
 
 
 def test_matches_the_float64_reference():
