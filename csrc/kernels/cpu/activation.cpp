@@ -24,6 +24,15 @@ struct GatedGeometry {
     segments = len == 0 ? 0 : (n / 2) / len;
     stride = 2 * len;
   }
+  // Where run s of a row starting at p begins: its a half, and its b half len later.
+  template <typename P>
+  P a(P p, int64_t s) const {
+    return p + s * stride;
+  }
+  template <typename P>
+  P b(P p, int64_t s) const {
+    return p + s * stride + len;
+  }
   // A unary activation's row seen as one run of n (used by the row-wise scaled kernels).
   static GatedGeometry unary(int64_t n) {
     GatedGeometry g(0, 0);
@@ -75,8 +84,8 @@ void fwd_kernel(const ActFwdArgs& a) {
           const GatedGeometry lg = g;
           for (int64_t r = r0; r < r1; ++r) {
             for (int64_t s = 0; s < lg.segments; ++s) {
-              const T* xa = xp + r * n + s * lg.stride;
-              const T* xb = xa + lg.len;
+              const T* xa = lg.a(xp + r * n, s);
+              const T* xb = lg.b(xp + r * n, s);
               T* yr = yp + r * (n / 2) + s * lg.len;
               for_chunks<W>(lg.len, [&](int64_t i, int64_t k) {
                 prefetch_ahead(xa + i);
@@ -130,11 +139,10 @@ void bwd_kernel(const ActBwdArgs& a) {
           const GatedGeometry lg = g;
           for (int64_t r = r0; r < r1; ++r) {
             for (int64_t s = 0; s < lg.segments; ++s) {
-              const int64_t a_off = r * n + s * lg.stride;
-              const T* xa0 = xp + a_off;
-              const T* xb0 = xa0 + lg.len;
-              T* dxa0 = dxp + a_off;
-              T* dxb0 = dxa0 + lg.len;
+              const T* xa0 = lg.a(xp + r * n, s);
+              const T* xb0 = lg.b(xp + r * n, s);
+              T* dxa0 = lg.a(dxp + r * n, s);
+              T* dxb0 = lg.b(dxp + r * n, s);
               const T* dyr = dyp + r * (n / 2) + s * lg.len;
               for_chunks<W>(lg.len, [&](int64_t i, int64_t k) {
                 prefetch_ahead(xa0 + i);
@@ -266,8 +274,8 @@ void scaled_fwd_kernel(const ScaledActFwdArgs& a) {
         for (int64_t r = r0; r < r1; ++r) {
           const Vec sv(sp[r]);
           for (int64_t seg = 0; seg < lg.segments; ++seg) {
-            const T* xa = xp + r * n + seg * lg.stride;
-            const T* xb = xa + lg.len;
+            const T* xa = lg.a(xp + r * n, seg);
+            const T* xb = lg.b(xp + r * n, seg);
             T* yr = yp + r * n_out + seg * lg.len;
             for_chunks<W>(lg.len, [&](int64_t i, int64_t k) {
               Vec v = local_act.f(xa + i, k);
@@ -309,11 +317,10 @@ void scaled_bwd_kernel(const ScaledActBwdArgs& a) {
           const Vec sv(sp[r]);
           Vec acc(A(0));
           for (int64_t seg = 0; seg < lg.segments; ++seg) {
-            const int64_t a_off = r * n + seg * lg.stride;
-            const T* xa0 = xp + a_off;
-            const T* xb0 = xa0 + lg.len;
-            T* dxa0 = dxp + a_off;
-            T* dxb0 = dxa0 + lg.len;
+            const T* xa0 = lg.a(xp + r * n, seg);
+            const T* xb0 = lg.b(xp + r * n, seg);
+            T* dxa0 = lg.a(dxp + r * n, seg);
+            T* dxb0 = lg.b(dxp + r * n, seg);
             const T* dyr = dyp + r * n_out + seg * lg.len;
             for_chunks<W>(lg.len, [&](int64_t i, int64_t k) {
               // Partial chunks load zeros past the row's end: d = 0 there, so the dscales
