@@ -75,6 +75,11 @@ class Result:
     target_roof: float = float("nan")  # used instead of target_copy where compute-bound
     target_compiled: float = float("nan")
     target_note: str = ""
+    # the host's state around the job (bench/suite.py): the lower of the copy probes timed just
+    # before and just after it (host_probe_gbps, GB/s; NaN: not probed), and how many times the
+    # job was timed (more than once: a probe showed the host's memory busy)
+    host_probe_gbps: float = float("nan")
+    attempts: int = 1
 
 
 def environment() -> str:
@@ -131,6 +136,17 @@ def copy_gbps(nbytes: int, threads: int, min_run_time: float) -> float:
     dst = torch.empty_like(src)
     t = time_us(lambda: dst.copy_(src), threads, min_run_time)
     return 2 * n * 4 / (t * 1e-6) / 1e9
+
+
+# A copy from memory (64 MiB each way, beyond the L3 of the development VMs): its bandwidth drops
+# when other guests of the VM's host stream memory, which slows every memory-bound row alike.
+PROBE_BYTES = 64 << 20
+
+
+def probe_host(threads: int) -> float:
+    """The host's memory bandwidth now: the median of three short timings of a PROBE_BYTES
+    copy (one timing alone varies by up to 25% on a quiet VM)."""
+    return statistics.median(copy_gbps(PROBE_BYTES, threads, 0.1) for _ in range(3))
 
 
 # The compute roof: an fp32 torch.mm of this size runs at the GEMM's rate (on the 2-core

@@ -23,6 +23,9 @@ from operator import attrgetter
 PROVIDERS = ("torch", "torch.compile", "ours", "ours compiled")
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMMITTED_REPORT = os.path.join(HERE, "README.md")
+# bench/suite.py times a job again when the host's memory bandwidth (a copy timed before and
+# after the job) was below this fraction of the run's best at the job's thread count
+QUIET_HOST = 0.8
 
 
 def report_paths(stem: str, *, quick: bool, readme: str | None = None) -> list[str]:
@@ -483,7 +486,12 @@ _METHOD = (
     "training forward (grad enabled), `bwd` a backward on a retained graph, `fwd+bwd` a "
     "whole step. Freed memory is kept by the process (GLIBC_TUNABLES in bench/common.py): "
     "on these VMs a fresh 64 MiB allocation costs about 18 ms of page faults, for every "
-    "provider alike, which would otherwise hide the kernels.")
+    "provider alike, which would otherwise hide the kernels. Each job (a case at one dtype and "
+    "thread count) runs between two timings of a 64 MiB copy: where either falls below "
+    f"{100 * QUIET_HOST:.0f}% of the run's best at that thread count (another guest of the "
+    "VM's host streaming memory), the job is timed again once the copy recovers; a "
+    "machine's \"Host:\" line states its run's probes (a section without one comes from a run "
+    "made before the suite probed the host).")
 
 
 def _body(results, callgrind_rows) -> list[str]:
@@ -536,6 +544,33 @@ def _body(results, callgrind_rows) -> list[str]:
     return out
 
 
+def host_lines(results) -> list[str]:
+    """The run's host probes (bench/suite.py's QuietHost): the best per thread count, the jobs
+    timed again, and the jobs whose probe stayed below QUIET_HOST of the best (their rows ran
+    while the host's memory was busy). None for a run without probes."""
+    jobs = {(r.threads, r.case_id, r.case, r.shape, r.dtype): r for r in results
+            if r.host_probe_gbps == r.host_probe_gbps}
+    if not jobs:
+        return []
+    best: dict[int, float] = {}
+    for r in jobs.values():
+        best[r.threads] = max(best.get(r.threads, 0.0), r.host_probe_gbps)
+    retimed = sum(r.attempts > 1 for r in jobs.values())
+    low = [r for r in jobs.values() if r.host_probe_gbps < QUIET_HOST * best[r.threads]]
+    bests = ", ".join(f"{t} thread{'s' if t > 1 else ''} {g:.1f} GB/s"
+                      for t, g in sorted(best.items(), reverse=True))
+    line = (f"Host: a 64 MiB copy timed before and after each job, the best {bests}; "
+            f"{retimed} of {len(jobs)} jobs timed again after a probe below "
+            f"{100 * QUIET_HOST:.0f}% of the best; ")
+    if not low:
+        return [line + f"every job's probes at or above {100 * QUIET_HOST:.0f}%.", ""]
+    names = "; ".join(f"{r.case_id} {r.case} {r.dtype} {r.shape}, {r.threads} "
+                      f"thread{'s' if r.threads > 1 else ''} "
+                      f"({100 * r.host_probe_gbps / best[r.threads]:.0f}%)" for r in low)
+    ran = "1 job ran" if len(low) == 1 else f"{len(low)} jobs ran"
+    return [line + f"{ran} while the host's memory stayed busy: {names}.", ""]
+
+
 def _machine_lines(results, env: str, folder: str, *, quick: bool, callgrind_rows,
                    when: str | None = None) -> list[str]:
     """One run on one machine: when and where it ran (``when``: the run's time, for a report
@@ -544,7 +579,7 @@ def _machine_lines(results, env: str, folder: str, *, quick: bool, callgrind_row
     cmd = "make bench" if quick else "make bench-report"
     now = time.strftime('%Y-%m-%d %H:%M')
     stamp = now if when is None else f"{when} (rendered again from its CSVs {now})"
-    out = [f"This run: `{cmd}`, {stamp}.  ", f"Machine: {env}", ""]
+    out = [f"This run: `{cmd}`, {stamp}.  ", f"Machine: {env}", ""] + host_lines(results)
     if plot(results, os.path.join(folder, "ratios.png")):
         out += ["![speedups](ratios.png)", ""]
     return out + _body(results, callgrind_rows)
@@ -696,10 +731,11 @@ def _load_csv(path):
                          "outside_gemm", "eager_host_us", "compile_wrapper_us", "compiled_host_us",
                          "target_vs_eager", "target_vs_compile", "target_copy",
                          "target_compiled", "gflops", "peak_gflops", "roof_gflops",
-                         "roof_efficiency", "target_roof"):
+                         "roof_efficiency", "target_roof", "host_probe_gbps"):
                 setattr(r, name, float(getattr(r, name, "nan")))  # older CSVs lack some
             for name in ("threads", "bytes_moved", "saved_bytes", "peak_bytes"):
                 setattr(r, name, int(getattr(r, name)))
+            r.attempts = int(getattr(r, "attempts", 1))
             rows.append(r)
     return rows, env
 
