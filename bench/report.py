@@ -15,6 +15,7 @@ import csv
 import os
 import re
 import shutil
+import statistics
 import sys
 import time
 from collections import OrderedDict
@@ -24,7 +25,7 @@ PROVIDERS = ("torch", "torch.compile", "ours", "ours compiled")
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMMITTED_REPORT = os.path.join(HERE, "README.md")
 # bench/suite.py times a job again when the host's memory bandwidth (a copy timed before and
-# after the job) was below this fraction of the run's best at the job's thread count
+# after the job) was below this fraction of the run's median at the job's thread count
 QUIET_HOST = 0.8
 
 
@@ -488,8 +489,9 @@ _METHOD = (
     "on these VMs a fresh 64 MiB allocation costs about 18 ms of page faults, for every "
     "provider alike, which would otherwise hide the kernels. Each job (a case at one dtype and "
     "thread count) runs between two timings of a 64 MiB copy: where either falls below "
-    f"{100 * QUIET_HOST:.0f}% of the run's best at that thread count (another guest of the "
-    "VM's host streaming memory), the job is timed again once the copy recovers; a "
+    f"{100 * QUIET_HOST:.0f}% of the run's median at that thread count (other guests of the "
+    "VM's host streaming memory), the job is timed again once the copy recovers, and the "
+    "timing with the faster copy stands; a "
     "machine's \"Host:\" line states its run's probes (a section without one comes from a run "
     "made before the suite probed the host).")
 
@@ -545,28 +547,31 @@ def _body(results, callgrind_rows) -> list[str]:
 
 
 def host_lines(results) -> list[str]:
-    """The run's host probes (bench/suite.py's QuietHost): the best per thread count, the jobs
-    timed again, and the jobs whose probe stayed below QUIET_HOST of the best (their rows ran
-    while the host's memory was busy). None for a run without probes."""
+    """The run's host probes (bench/suite.py's QuietHost), per thread count: their median and
+    range over the jobs, the jobs timed again, and the jobs whose probe stayed below
+    QUIET_HOST of the median (their rows ran while the host's memory was busy). None for a run
+    without probes."""
     jobs = {(r.threads, r.case_id, r.case, r.shape, r.dtype): r for r in results
             if r.host_probe_gbps == r.host_probe_gbps}
     if not jobs:
         return []
-    best: dict[int, float] = {}
+    probes: dict[int, list[float]] = {}
     for r in jobs.values():
-        best[r.threads] = max(best.get(r.threads, 0.0), r.host_probe_gbps)
+        probes.setdefault(r.threads, []).append(r.host_probe_gbps)
+    median = {t: statistics.median(v) for t, v in probes.items()}
     retimed = sum(r.attempts > 1 for r in jobs.values())
-    low = [r for r in jobs.values() if r.host_probe_gbps < QUIET_HOST * best[r.threads]]
-    bests = ", ".join(f"{t} thread{'s' if t > 1 else ''} {g:.1f} GB/s"
-                      for t, g in sorted(best.items(), reverse=True))
-    line = (f"Host: a 64 MiB copy timed before and after each job, the best {bests}; "
-            f"{retimed} of {len(jobs)} jobs timed again after a probe below "
-            f"{100 * QUIET_HOST:.0f}% of the best; ")
+    low = [r for r in jobs.values() if r.host_probe_gbps < QUIET_HOST * median[r.threads]]
+    levels = ", ".join(f"{t} thread{'s' if t > 1 else ''} {median[t]:.1f} GB/s "
+                       f"({min(v):.1f}-{max(v):.1f})"
+                       for t, v in sorted(probes.items(), reverse=True))
+    line = (f"Host: a 64 MiB copy timed before and after each job, the lower of the two over "
+            f"the jobs: {levels}; {retimed} of {len(jobs)} jobs timed again after a probe "
+            f"below {100 * QUIET_HOST:.0f}% of the median; ")
     if not low:
         return [line + f"every job's probes at or above {100 * QUIET_HOST:.0f}%.", ""]
     names = "; ".join(f"{r.case_id} {r.case} {r.dtype} {r.shape}, {r.threads} "
                       f"thread{'s' if r.threads > 1 else ''} "
-                      f"({100 * r.host_probe_gbps / best[r.threads]:.0f}%)" for r in low)
+                      f"({100 * r.host_probe_gbps / median[r.threads]:.0f}%)" for r in low)
     ran = "1 job ran" if len(low) == 1 else f"{len(low)} jobs ran"
     return [line + f"{ran} while the host's memory stayed busy: {names}.", ""]
 
