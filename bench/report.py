@@ -491,9 +491,8 @@ _METHOD = (
     "thread count) runs between two timings of a 64 MiB copy: where either falls below "
     f"{100 * QUIET_HOST:.0f}% of the run's median at that thread count (other guests of the "
     "VM's host streaming memory), the job is timed again once the copy recovers, and the "
-    "timing with the faster copy stands; a "
-    "machine's \"Host:\" line states its run's probes (a section without one comes from a run "
-    "made before the suite probed the host).")
+    "timing with the faster copy stands; a machine's \"Host:\" line states its run's probes "
+    "(a section without one comes from a run made before the suite probed the host).")
 
 
 def _body(results, callgrind_rows) -> list[str]:
