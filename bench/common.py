@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import functools
 import os
 import platform
 import statistics
@@ -129,13 +130,17 @@ def time_us(fn: Callable[[], object], threads: int, min_run_time: float) -> floa
     return timer.blocked_autorange(min_run_time=min_run_time).median * 1e6
 
 
+def _copy_rate(src: torch.Tensor, dst: torch.Tensor, threads: int,
+               min_run_time: float) -> float:
+    """GB/s of dst.copy_(src), counting the bytes read and the bytes written."""
+    t = time_us(lambda: dst.copy_(src), threads, min_run_time)
+    return 2 * src.nbytes / (t * 1e-6) / 1e9
+
+
 def copy_gbps(nbytes: int, threads: int, min_run_time: float) -> float:
     """Bandwidth of dst.copy_(src) moving nbytes in and nbytes out."""
-    n = max(nbytes // 4, 1)
-    src = torch.randn(n)
-    dst = torch.empty_like(src)
-    t = time_us(lambda: dst.copy_(src), threads, min_run_time)
-    return 2 * n * 4 / (t * 1e-6) / 1e9
+    src = torch.randn(max(nbytes // 4, 1))
+    return _copy_rate(src, torch.empty_like(src), threads, min_run_time)
 
 
 # A copy from memory (64 MiB each way, beyond the L3 of the development VMs): its bandwidth drops
@@ -143,10 +148,19 @@ def copy_gbps(nbytes: int, threads: int, min_run_time: float) -> float:
 PROBE_BYTES = 64 << 20
 
 
+@functools.cache
+def _probe_buffers() -> tuple[torch.Tensor, torch.Tensor]:
+    """The probe's source and destination, made once: every probe copies the same pages, and
+    no probe allocates (or draws random numbers) between jobs."""
+    src = torch.randn(PROBE_BYTES // 4)
+    return src, torch.empty_like(src)
+
+
 def probe_host(threads: int) -> float:
     """The host's memory bandwidth now: the median of three short timings of a PROBE_BYTES
     copy (one timing alone varies by up to 25% on a quiet VM)."""
-    return statistics.median(copy_gbps(PROBE_BYTES, threads, 0.1) for _ in range(3))
+    src, dst = _probe_buffers()
+    return statistics.median(_copy_rate(src, dst, threads, 0.1) for _ in range(3))
 
 
 # The compute roof: an fp32 torch.mm of this size runs at the GEMM's rate (on the 2-core
