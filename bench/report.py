@@ -188,10 +188,14 @@ def _rows(shape: str) -> int | None:
     return int(rows) if rows.isdigit() and width else None
 
 
+def threads_label(n: int) -> str:
+    """A thread count in words: '1 thread', '2 threads'."""
+    return f"{n} thread{'s' if n > 1 else ''}"
+
+
 def _row_name(r) -> str:
     """A row as the report names it: case, mode, dtype, shape and thread count."""
-    return (f"{r.case_id} {r.case} {r.mode} {r.dtype} {r.shape}, {r.threads} thread"
-            f"{'s' if r.threads > 1 else ''}")
+    return f"{r.case_id} {r.case} {r.mode} {r.dtype} {r.shape}, {threads_label(r.threads)}"
 
 
 def kernel_floor_lines(results) -> list[str]:
@@ -438,7 +442,7 @@ def plot(results, path: str) -> bool:
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_yscale("log")
         ax.set_ylabel("speedup over plain eager (log)")
-        ax.set_title(f"{th} thread{'s' if th > 1 else ''}: time of plain PyTorch eager / time "
+        ax.set_title(f"{threads_label(th)}: time of plain PyTorch eager / time "
                      "of each provider (median of per-round ratios)")
         ax.set_xticks(range(len(sub)))
         ax.set_xticklabels(labels, rotation=75, ha="right", fontsize=7)
@@ -523,7 +527,7 @@ def _body(results, callgrind_rows) -> list[str]:
                 "torch.profiler, over the step's wall time):", ""] + floors + [""]
     for th in sorted({r.threads for r in results}, reverse=True):
         sub = [r for r in results if r.threads == th]
-        out += [f"## {th} thread{'s' if th > 1 else ''}", ""] + summary_table(sub) + [""]
+        out += [f"## {threads_label(th)}", ""] + summary_table(sub) + [""]
     mem = memory_table(results)
     if mem:
         out += ["## Memory of a training step (C8)", "",
@@ -560,16 +564,14 @@ def host_lines(results) -> list[str]:
     median = {t: statistics.median(v) for t, v in probes.items()}
     retimed = sum(r.attempts > 1 for r in jobs.values())
     low = [r for r in jobs.values() if r.host_probe_gbps < QUIET_HOST * median[r.threads]]
-    levels = ", ".join(f"{t} thread{'s' if t > 1 else ''} {median[t]:.1f} GB/s "
-                       f"({min(v):.1f}-{max(v):.1f})"
+    levels = ", ".join(f"{threads_label(t)} {median[t]:.1f} GB/s ({min(v):.1f}-{max(v):.1f})"
                        for t, v in sorted(probes.items(), reverse=True))
     line = (f"Host: a 64 MiB copy timed before and after each job, the lower of the two over "
             f"the jobs: {levels}; {retimed} of {len(jobs)} jobs timed again after a probe "
             f"below {100 * QUIET_HOST:.0f}% of the median; ")
     if not low:
         return [line + f"every job's probes at or above {100 * QUIET_HOST:.0f}%.", ""]
-    names = "; ".join(f"{r.case_id} {r.case} {r.dtype} {r.shape}, {r.threads} "
-                      f"thread{'s' if r.threads > 1 else ''} "
+    names = "; ".join(f"{r.case_id} {r.case} {r.dtype} {r.shape}, {threads_label(r.threads)} "
                       f"({100 * r.host_probe_gbps / median[r.threads]:.0f}%)" for r in low)
     ran = "1 job ran" if len(low) == 1 else f"{len(low)} jobs ran"
     return [line + f"{ran} while the host's memory stayed busy: {names}.", ""]

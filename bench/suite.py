@@ -607,7 +607,7 @@ class QuietHost:
         self.log = log
         self.probes = {t: [common.probe_host(t) for _ in range(3)] for t in threads}
         self.log("host probe (GB/s, a 64 MiB copy): " + ", ".join(
-            f"{t} thread{'s' if t > 1 else ''} {self.reference(t):.1f}" for t in threads))
+            f"{report.threads_label(t)} {self.reference(t):.1f}" for t in threads))
 
     def reference(self, threads: int) -> float:
         return statistics.median(self.probes[threads])
