@@ -36,7 +36,9 @@ demo-tp: build
 	@py=$(PY); OMP_NUM_THREADS=1 timeout 600 $$py -m torch.distributed.run --standalone \
 		--nproc-per-node 2 examples/train_tensor_parallel.py $(DEMO_TP_ARGS)
 
-# Benchmarks (never part of `make test`): the suite, bench/suite.py (matplotlib: installed here).
+# Benchmarks (never part of `make test`): the suite, bench/suite.py (matplotlib and Debian's
+# libjemalloc2, the benchmarks' allocator (bench/common.py): installed here where the machine
+# allows; without jemalloc the suite runs on glibc malloc and says so).
 # `make bench`: the quick run (under 5 minutes once the compile cache is warm), into bench/out/
 # only (suite.csv, suite.md, ratios.png). `make bench-report`: the full run, which also renders
 # this CPU model's section of the committed report (bench/machines/<model>/) and bench/README.md
@@ -44,6 +46,11 @@ demo-tp: build
 BENCH_ARGS ?= --quick
 bench: build
 	@py=$(PY); $$py -c "import matplotlib" 2>/dev/null || $$py -m pip install -q matplotlib >&2; \
+		ldconfig -p | grep -q libjemalloc.so.2 || ! command -v apt-get >/dev/null || { \
+		echo "[bench] installing libjemalloc2 (the benchmarks' allocator) ..." >&2; \
+		{ apt-get install -y -qq libjemalloc2 || { apt-get update -qq \
+		&& apt-get install -y -qq libjemalloc2; }; } >/dev/null 2>&1 \
+		|| echo "[bench] could not install libjemalloc2: glibc malloc this time" >&2; }; \
 		OMP_NUM_THREADS=2 $$py bench/suite.py $(BENCH_ARGS)
 
 bench-report: BENCH_ARGS = --full

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import ctypes
+import ctypes.util
 import dataclasses
 import functools
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -81,6 +84,9 @@ class Result:
     # job was timed (more than once: a probe showed the host's memory busy)
     host_probe_gbps: float = float("nan")
     attempts: int = 1
+    # minor page faults per timed call, the median over rounds (common.timed): a call that
+    # faults takes fresh pages for its outputs instead of reusing freed ones (NaN: not counted)
+    faults_per_call: float = float("nan")
 
 
 def environment() -> str:
@@ -125,9 +131,19 @@ def _backend() -> str:
     return line.split(":", 1)[-1].strip() or "?"
 
 
-def time_us(fn: Callable[[], object], threads: int, min_run_time: float) -> float:
+def timed(fn: Callable[[], object], threads: int, min_run_time: float) -> tuple[float, float]:
+    """fn's median time per call (µs, blocked_autorange) and the minor page faults per call over
+    all of the timer's calls (its block-size calibration included: 1 + 10 + ... + the block)."""
     timer = tbench.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
-    return timer.blocked_autorange(min_run_time=min_run_time).median * 1e6
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    m = timer.blocked_autorange(min_run_time=min_run_time)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    calls = (10 * m.number_per_run - 1) // 9 + m.number_per_run * len(m.raw_times)
+    return m.median * 1e6, faults / calls
+
+
+def time_us(fn: Callable[[], object], threads: int, min_run_time: float) -> float:
+    return timed(fn, threads, min_run_time)[0]
 
 
 def _copy_rate(src: torch.Tensor, dst: torch.Tensor, threads: int,
@@ -197,12 +213,15 @@ def run_case(case: str, dtype: torch.dtype, shape: str, mode: str, providers: li
     for p in providers:  # warm-up (and compile)
         p.fn()
     times: dict[str, list[float]] = {p.name: [] for p in providers}
+    faults: dict[str, list[float]] = {p.name: [] for p in providers}
     copies: list[float] = []
     peaks: list[float] = []
     for r in range(rounds):
         order = providers[r % len(providers):] + providers[:r % len(providers)]
         for p in order:
-            times[p.name].append(time_us(p.fn, threads, min_run_time))
+            t, f = timed(p.fn, threads, min_run_time)
+            times[p.name].append(t)
+            faults[p.name].append(f)
         if copy_bytes:
             copies.append(copy_gbps(copy_bytes, threads, min_run_time))
             if flops:
@@ -214,6 +233,7 @@ def run_case(case: str, dtype: torch.dtype, shape: str, mode: str, providers: li
         res = Result(case, str(dtype).replace("torch.", ""), shape, mode, threads, p.name, med,
                      statistics.median(ratios), min(ratios), max(ratios))
         res.p20_us, res.p80_us = _quantile(times[p.name], 0.2), _quantile(times[p.name], 0.8)
+        res.faults_per_call = statistics.median(faults[p.name])
         if bytes_moved:
             res.bytes_moved = bytes_moved
             res.gbps = bytes_moved / (med * 1e-6) / 1e9
@@ -231,6 +251,10 @@ def run_case(case: str, dtype: torch.dtype, shape: str, mode: str, providers: li
     if eff and eff.roof_gflops:
         extra += (f", {eff.gflops:5.1f} GFLOP/s = {100 * eff.roof_efficiency:4.0f}% of the "
                   f"{'FLOP' if report.compute_bound(eff) else 'memory'} roof")
+    faulting = [r for r in results if r.faults_per_call >= report.FRESH_PAGES]
+    if faulting:
+        extra += " | page faults per call: " + ", ".join(
+            f"{r.provider} {r.faults_per_call:.0f}" for r in faulting)
     log(f"  {case:<16} {mode:<8} {results[0].dtype:<9} {shape:<12} t{threads}: {line}{extra}")
     return results
 
@@ -243,24 +267,68 @@ def _quantile(xs: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-# Freed memory stays with the process instead of going back to the kernel: on the development
-# VM a fresh 64 MiB allocation costs ~18 ms of page faults, which would swamp the kernels being
-# measured (for every provider alike). glibc's default gives >= 32 MiB blocks back at free().
+# The benchmarks' allocator keeps freed memory and hands it out again, so that a timed call
+# reuses the pages of the call before instead of faulting fresh ones in (on the development VMs
+# a fresh 64 MiB costs about 18 ms of page faults, for every provider alike, which would hide
+# the kernels being measured). glibc cannot be made to: its default gives blocks of 32 MiB and
+# more back to the kernel at free(), and with the tunables below it keeps them, but its
+# posix_memalign (c10's CPU allocator) does not hand a freed block of the size asked for back
+# (docs/architecture.md, Benchmarks). jemalloc with purging off does; glibc with the tunables is
+# the fallback where jemalloc is not installed.
+JEMALLOC = "libjemalloc.so.2"
+JEMALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
 ALLOCATOR_TUNABLES = "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296"
+_ALLOCATOR_SET = "TECPP_BENCH_ALLOCATOR"  # set in the re-executed process
+
+
+def benchmark_allocator_env(environ: dict, jemalloc: Optional[str]) -> Optional[dict]:
+    """The environment to re-execute a benchmark in (None: run as is): jemalloc preloaded with
+    JEMALLOC_CONF where it is installed (``jemalloc``: its library, None where it is not),
+    else glibc with ALLOCATOR_TUNABLES; as is where TECPP_BENCH_SYSTEM_MALLOC asks for the
+    system's defaults or the process was already re-executed."""
+    if environ.get("TECPP_BENCH_SYSTEM_MALLOC") or environ.get(_ALLOCATOR_SET):
+        return None
+    env = dict(environ, **{_ALLOCATOR_SET: "jemalloc" if jemalloc else "glibc"})
+    if jemalloc:
+        preload = environ.get("LD_PRELOAD")
+        env["LD_PRELOAD"] = jemalloc + (":" + preload if preload else "")
+        env["MALLOC_CONF"] = JEMALLOC_CONF
+    else:
+        env["GLIBC_TUNABLES"] = ALLOCATOR_TUNABLES
+    return env
 
 
 def ensure_benchmark_allocator() -> None:
-    """Re-executes this process once with ALLOCATOR_TUNABLES set (unless TECPP_BENCH_SYSTEM_MALLOC
-    is set: then the system defaults are measured)."""
-    if os.environ.get("TECPP_BENCH_SYSTEM_MALLOC") or os.environ.get("GLIBC_TUNABLES"):
+    """Re-executes this process once in benchmark_allocator_env's environment."""
+    jemalloc = ctypes.util.find_library("jemalloc")
+    env = benchmark_allocator_env(dict(os.environ), jemalloc)
+    if env is None:
         return
-    env = dict(os.environ, GLIBC_TUNABLES=ALLOCATOR_TUNABLES)
+    if not jemalloc:
+        print(f"[bench] {JEMALLOC} not found (Debian: apt-get install libjemalloc2): glibc "
+              "malloc, whose memalign may fault fresh pages in for big outputs",
+              file=sys.stderr, flush=True)
     os.execve(sys.executable, [sys.executable] + sys.argv, env)
 
 
+def _jemalloc_version() -> Optional[str]:
+    """The version of the jemalloc serving this process's malloc (None: not jemalloc)."""
+    mallctl = getattr(ctypes.CDLL(None), "mallctl", None)
+    if mallctl is None:
+        return None
+    version, size = ctypes.c_char_p(), ctypes.c_size_t(ctypes.sizeof(ctypes.c_char_p))
+    if mallctl(b"version", ctypes.byref(version), ctypes.byref(size), None, 0) != 0:
+        return None
+    return version.value.decode().split("-")[0]
+
+
 def allocator_note() -> str:
+    """The allocator this process runs on, as the report's Machine line states it."""
+    version = _jemalloc_version()
+    if version:
+        return f"jemalloc {version} (MALLOC_CONF={os.environ.get('MALLOC_CONF', '')})"
     tun = os.environ.get("GLIBC_TUNABLES")
-    return f"GLIBC_TUNABLES={tun}" if tun else "system malloc defaults"
+    return f"glibc malloc, GLIBC_TUNABLES={tun}" if tun else "glibc malloc, system defaults"
 
 
 def saved_activation_bytes(forward: Callable[[], object]) -> int:

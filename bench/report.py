@@ -27,6 +27,9 @@ COMMITTED_REPORT = os.path.join(HERE, "README.md")
 # bench/suite.py times a job again when the host's memory bandwidth (a copy timed before and
 # after the job) was below this fraction of the run's median at the job's thread count
 QUIET_HOST = 0.8
+# a row whose timed calls fault in this many fresh pages each (the median over rounds) or more
+# took new memory for its outputs instead of reusing freed memory (common.timed counts them)
+FRESH_PAGES = 1.0
 
 
 def report_paths(stem: str, *, quick: bool, readme: str | None = None) -> list[str]:
@@ -489,14 +492,18 @@ _METHOD = (
     "target is 70% of it instead of 60% of copy. GEMM-bound cases time a bare "
     "torch.mm of the same shapes: \"ours / torch.mm\" is t(ours) / t(mm). `fwd` is a "
     "training forward (grad enabled), `bwd` a backward on a retained graph, `fwd+bwd` a "
-    "whole step. Freed memory is kept by the process (GLIBC_TUNABLES in bench/common.py): "
-    "on these VMs a fresh 64 MiB allocation costs about 18 ms of page faults, for every "
-    "provider alike, which would otherwise hide the kernels. Each job (a case at one dtype and "
+    "whole step. The process keeps freed memory and reuses it (jemalloc with purging off "
+    "where it is installed, else glibc malloc with GLIBC_TUNABLES; bench/common.py, and the "
+    "Machine line names it): on these VMs a fresh 64 MiB allocation costs about 18 ms of page "
+    "faults, for every provider alike, which would otherwise hide the kernels. Every timed "
+    "call's page faults are counted, and a \"Page faults:\" line names the rows whose calls "
+    "took fresh pages all the same. Each job (a case at one dtype and "
     "thread count) runs between two timings of a 64 MiB copy: where either falls below "
     f"{100 * QUIET_HOST:.0f}% of the run's median at that thread count (other guests of the "
     "VM's host streaming memory), the job is timed again once the copy recovers, and the "
     "timing with the faster copy stands; a machine's \"Host:\" line states its run's probes "
-    "(a section without one comes from a run made before the suite probed the host).")
+    "(a section without a Host or a Page faults line comes from a run made before the suite "
+    "probed the host or counted faults).")
 
 
 def _body(results, callgrind_rows) -> list[str]:
@@ -577,6 +584,25 @@ def host_lines(results) -> list[str]:
     return [line + f"{ran} while the host's memory stayed busy: {names}.", ""]
 
 
+def fault_lines(results) -> list[str]:
+    """The rows whose timed calls faulted in FRESH_PAGES or more fresh pages each (the allocator
+    gave them new memory instead of the memory freed by the call before: their times include
+    the faults). None for a run that did not count faults."""
+    counted = [r for r in results if r.faults_per_call == r.faults_per_call]
+    if not counted:
+        return []
+    line = "Page faults: each timed call's minor page faults counted; "
+    faulted = [r for r in counted if r.faults_per_call >= FRESH_PAGES]
+    if not faulted:
+        return [line + f"no row's calls took fresh pages (0 of {len(counted)} rows at "
+                       f"{FRESH_PAGES:g} or more a call).", ""]
+    names = "; ".join(f"{r.case_id} {r.case} {r.mode} {r.dtype} {r.shape}, "
+                      f"{threads_label(r.threads)}, {r.provider} ({r.faults_per_call:,.0f})"
+                      for r in faulted)
+    return [line + f"{len(faulted)} of {len(counted)} rows took fresh pages on their calls "
+                   f"(faults a call): {names}.", ""]
+
+
 def _machine_lines(results, env: str, folder: str, *, quick: bool, callgrind_rows,
                    when: str | None = None) -> list[str]:
     """One run on one machine: when and where it ran (``when``: the run's time, for a report
@@ -586,6 +612,7 @@ def _machine_lines(results, env: str, folder: str, *, quick: bool, callgrind_row
     now = time.strftime('%Y-%m-%d %H:%M')
     stamp = now if when is None else f"{when} (rendered again from its CSVs {now})"
     out = [f"This run: `{cmd}`, {stamp}.  ", f"Machine: {env}", ""] + host_lines(results)
+    out += fault_lines(results)
     if plot(results, os.path.join(folder, "ratios.png")):
         out += ["![speedups](ratios.png)", ""]
     return out + _body(results, callgrind_rows)
@@ -737,7 +764,7 @@ def _load_csv(path):
                          "outside_gemm", "eager_host_us", "compile_wrapper_us", "compiled_host_us",
                          "target_vs_eager", "target_vs_compile", "target_copy",
                          "target_compiled", "gflops", "peak_gflops", "roof_gflops",
-                         "roof_efficiency", "target_roof", "host_probe_gbps"):
+                         "roof_efficiency", "target_roof", "host_probe_gbps", "faults_per_call"):
                 setattr(r, name, float(getattr(r, name, "nan")))  # older CSVs lack some
             for name in ("threads", "bytes_moved", "saved_bytes", "peak_bytes"):
                 setattr(r, name, int(getattr(r, name)))

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
 OUT = os.path.join(BENCH, "out", "suite")
@@ -266,6 +268,106 @@ def test_quiet_host_times_a_job_again_while_the_host_is_busy(monkeypatch):
     assert report.host_lines(rows[:8])[0].endswith("every job's probes at or above 80%.")
     assert report.host_lines([common.Result("x", "float32", "1", "fwd", 1, "ours", 1.0, 1.0,
                                             1.0, 1.0)]) == []
+
+
+def test_timed_counts_each_calls_fresh_pages():
+    """common.timed counts the minor page faults of every call the timer made (its block-size
+    calibration included): a call that maps and touches 256 fresh pages faults 256 times a
+    call, one that writes into memory it already has none."""
+    sys.path.insert(0, BENCH)
+    import mmap
+
+    import common
+
+    pages = 256
+
+    def fresh():
+        m = mmap.mmap(-1, pages * mmap.PAGESIZE)
+        m.madvise(mmap.MADV_NOHUGEPAGE)
+        for i in range(0, pages * mmap.PAGESIZE, mmap.PAGESIZE):
+            m[i] = 1
+        m.close()
+
+    kept = bytearray(pages * mmap.PAGESIZE)
+
+    def reuse():
+        for i in range(0, len(kept), mmap.PAGESIZE):
+            kept[i] = 1
+
+    us, faults = common.timed(fresh, 1, 0.05)
+    assert us > 0 and pages <= faults < 1.05 * pages, faults
+    assert common.timed(reuse, 1, 0.05)[1] < 1
+
+
+def test_fault_lines_name_the_rows_that_took_fresh_pages():
+    sys.path.insert(0, BENCH)
+    import common
+    import report
+
+    rows = [common.Result("Bias + ReLU", "float32", "4096x4096", "fwd", 1, p, 1.0, 1.0, 1.0,
+                          1.0, case_id="C3", faults_per_call=f)
+            for p, f in (("torch", 0.0), ("ours", 16384.0), ("ours compiled", 0.5))]
+    assert report.fault_lines(rows) == [
+        "Page faults: each timed call's minor page faults counted; 1 of 3 rows took fresh pages "
+        "on their calls (faults a call): C3 Bias + ReLU fwd float32 4096x4096, 1 thread, ours "
+        "(16,384).", ""]
+    rows[1].faults_per_call = 0.0
+    assert report.fault_lines(rows)[0].endswith(
+        "no row's calls took fresh pages (0 of 3 rows at 1 or more a call).")
+    assert report.fault_lines([common.Result("x", "float32", "1", "fwd", 1, "ours", 1.0, 1.0,
+                                             1.0, 1.0)]) == []
+
+
+def test_benchmark_allocator_env():
+    """The benchmarks re-execute on jemalloc with purging off where it is installed, else on
+    glibc with the tunables; once only, and not where the system's defaults are asked for."""
+    sys.path.insert(0, BENCH)
+    import common
+
+    env = common.benchmark_allocator_env({"LD_PRELOAD": "libx.so", "A": "1"}, "libjemalloc.so.2")
+    assert env == {"LD_PRELOAD": "libjemalloc.so.2:libx.so", "A": "1",
+                   "MALLOC_CONF": common.JEMALLOC_CONF, "TECPP_BENCH_ALLOCATOR": "jemalloc"}
+    env = common.benchmark_allocator_env({}, None)
+    assert env == {"GLIBC_TUNABLES": common.ALLOCATOR_TUNABLES,
+                   "TECPP_BENCH_ALLOCATOR": "glibc"}
+    assert common.benchmark_allocator_env(env, None) is None
+    assert common.benchmark_allocator_env({"TECPP_BENCH_SYSTEM_MALLOC": "1"}, "x.so") is None
+
+
+# a 64 MiB output freed with a small block allocated after it (as a call's other results are),
+# six times: the most pages any call after the first faulted in
+_REUSE = """
+import resource, torch
+faults = []
+for i in range(6):
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    out = torch.empty(16 << 20).fill_(1.0)
+    pin = torch.empty(256)
+    del out
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+print(max(faults[1:]))
+"""
+
+
+def test_benchmark_allocator_reuses_a_freed_output():
+    """On the benchmarks' allocator a freed 64 MiB output is handed back to the next call without
+    a page fault (glibc 2.36 with the tunables faults in all 16,384 pages again: its
+    posix_memalign, c10's allocator, does not reuse the block; docs/architecture.md)."""
+    sys.path.insert(0, BENCH)
+    import ctypes.util
+
+    import common
+
+    jemalloc = ctypes.util.find_library("jemalloc")
+    if not jemalloc:
+        pytest.skip(f"{common.JEMALLOC} is not installed (Debian: libjemalloc2)")
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("TECPP_BENCH_SYSTEM_MALLOC", "TECPP_BENCH_ALLOCATOR")}
+    env = common.benchmark_allocator_env(environ, jemalloc)
+    out = subprocess.run([sys.executable, "-c", _REUSE], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) < 16, out.stdout
 
 
 def test_outside_gemm_fraction_and_floor_line():
