@@ -27,9 +27,12 @@ COMMITTED_REPORT = os.path.join(HERE, "README.md")
 # bench/suite.py times a job again when the host's memory bandwidth (a copy timed before and
 # after the job) was below this fraction of the run's median at the job's thread count
 QUIET_HOST = 0.8
-# a row whose timed calls fault in this many fresh pages each (the median over rounds) or more
-# took new memory for its outputs instead of reusing freed memory (common.timed counts them)
+# a row whose timed calls fault in fresh pages (common.timed counts them; the median over
+# rounds) worth FRESH_SHARE of the bytes its case moves, or FRESH_PAGES pages for a case without
+# a byte count, took new memory for its outputs instead of reusing freed memory
 FRESH_PAGES = 1.0
+FRESH_SHARE = 0.01
+PAGE_BYTES = 4096
 
 
 def report_paths(stem: str, *, quick: bool, readme: str | None = None) -> list[str]:
@@ -584,23 +587,38 @@ def host_lines(results) -> list[str]:
     return [line + f"{ran} while the host's memory stayed busy: {names}.", ""]
 
 
+def fresh_share(r) -> float:
+    """The bytes of the pages a row's call faulted in, over the bytes its case moves (inf for
+    a row that faults without a byte count)."""
+    if r.bytes_moved:
+        return r.faults_per_call * PAGE_BYTES / r.bytes_moved
+    return float("inf") if r.faults_per_call >= FRESH_PAGES else 0.0
+
+
 def fault_lines(results) -> list[str]:
-    """The rows whose timed calls faulted in FRESH_PAGES or more fresh pages each (the allocator
-    gave them new memory instead of the memory freed by the call before: their times include
-    the faults). None for a run that did not count faults."""
+    """The rows whose timed calls took fresh pages (FRESH_SHARE of their bytes, or FRESH_PAGES
+    pages: the allocator gave them new memory instead of the memory freed by the call before,
+    and their times include the faults), and the most any row faulted. None for a run that did
+    not count faults."""
     counted = [r for r in results if r.faults_per_call == r.faults_per_call]
     if not counted:
         return []
-    line = "Page faults: each timed call's minor page faults counted; "
-    faulted = [r for r in counted if r.faults_per_call >= FRESH_PAGES]
-    if not faulted:
-        return [line + f"no row's calls took fresh pages (0 of {len(counted)} rows at "
-                       f"{FRESH_PAGES:g} or more a call).", ""]
-    names = "; ".join(f"{r.case_id} {r.case} {r.mode} {r.dtype} {r.shape}, "
-                      f"{threads_label(r.threads)}, {r.provider} ({r.faults_per_call:,.0f})"
-                      for r in faulted)
-    return [line + f"{len(faulted)} of {len(counted)} rows took fresh pages on their calls "
-                   f"(faults a call): {names}.", ""]
+
+    def name(r) -> str:
+        share = fresh_share(r)
+        of = f", {100 * share:.1f}% of its bytes" if share != float("inf") else ""
+        return (f"{r.case_id} {r.case} {r.mode} {r.dtype} {r.shape}, "
+                f"{threads_label(r.threads)}, {r.provider} ({r.faults_per_call:,.0f} a call{of})")
+    faulted = [r for r in counted if r.faults_per_call >= FRESH_PAGES
+               and fresh_share(r) >= FRESH_SHARE]
+    line = (f"Page faults: each timed call's minor page faults counted; {len(faulted)} of "
+            f"{len(counted)} rows took fresh pages worth {100 * FRESH_SHARE:g}% of the bytes "
+            f"they move a call (without a byte count, {FRESH_PAGES:g} page)")
+    line += ": " + "; ".join(map(name, faulted)) + "." if faulted else "."
+    most = max(counted, key=lambda r: r.faults_per_call)
+    if most.faults_per_call > 0 and most not in faulted:
+        line += f" The most: {name(most)}."
+    return [line, ""]
 
 
 def _machine_lines(results, env: str, folder: str, *, quick: bool, callgrind_rows,

@@ -300,20 +300,30 @@ def test_timed_counts_each_calls_fresh_pages():
 
 
 def test_fault_lines_name_the_rows_that_took_fresh_pages():
+    """A row whose calls fault in pages worth 1% of the bytes it moves (or 1 page, without a
+    byte count) is named; below that, the line states the most any row faulted."""
     sys.path.insert(0, BENCH)
     import common
     import report
 
+    mib = 2**20
     rows = [common.Result("Bias + ReLU", "float32", "4096x4096", "fwd", 1, p, 1.0, 1.0, 1.0,
-                          1.0, case_id="C3", faults_per_call=f)
-            for p, f in (("torch", 0.0), ("ours", 16384.0), ("ours compiled", 0.5))]
+                          1.0, bytes_moved=nbytes, case_id="C3", faults_per_call=f)
+            for p, f, nbytes in (("torch", 0.0, 128 * mib), ("ours", 16384.0, 128 * mib),
+                                 ("ours compiled", 300.0, 128 * mib),
+                                 ("torch.compile", 1.0, 0))]
+    head = ("Page faults: each timed call's minor page faults counted; {} of 4 rows took fresh "
+            "pages worth 1% of the bytes they move a call (without a byte count, 1 page)")
     assert report.fault_lines(rows) == [
-        "Page faults: each timed call's minor page faults counted; 1 of 3 rows took fresh pages "
-        "on their calls (faults a call): C3 Bias + ReLU fwd float32 4096x4096, 1 thread, ours "
-        "(16,384).", ""]
-    rows[1].faults_per_call = 0.0
-    assert report.fault_lines(rows)[0].endswith(
-        "no row's calls took fresh pages (0 of 3 rows at 1 or more a call).")
+        head.format(2) + ": C3 Bias + ReLU fwd float32 4096x4096, 1 thread, ours (16,384 a call, "
+        "50.0% of its bytes); C3 Bias + ReLU fwd float32 4096x4096, 1 thread, torch.compile "
+        "(1 a call).", ""]
+    rows[1].faults_per_call = rows[3].faults_per_call = 0.0
+    assert report.fault_lines(rows)[0] == (
+        head.format(0) + ". The most: C3 Bias + ReLU fwd float32 4096x4096, 1 thread, ours "
+        "compiled (300 a call, 0.9% of its bytes).")
+    rows[2].faults_per_call = 0.0
+    assert report.fault_lines(rows)[0] == head.format(0) + "."
     assert report.fault_lines([common.Result("x", "float32", "1", "fwd", 1, "ours", 1.0, 1.0,
                                              1.0, 1.0)]) == []
 
