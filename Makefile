@@ -37,7 +37,7 @@ demo-tp: build
 		--nproc-per-node 2 examples/train_tensor_parallel.py $(DEMO_TP_ARGS)
 
 # Benchmarks (never part of `make test`): the suite, bench/suite.py (matplotlib and Debian's
-# libjemalloc2, the benchmarks' allocator (bench/common.py): installed here where the machine
+# libjemalloc2, the benchmarks' allocator (bench/allocator.py): installed here where the machine
 # allows; without jemalloc the suite runs on glibc malloc and says so).
 # `make bench`: the quick run (under 5 minutes once the compile cache is warm), into bench/out/
 # only (suite.csv, suite.md, ratios.png). `make bench-report`: the full run, which also renders

@@ -34,6 +34,8 @@ import sys
 import tempfile
 import time
 
+import allocator  # torch-free, beside this file
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 T, H = 8, 256
@@ -354,8 +356,7 @@ def collect(number: int, *, include_compile: bool = False, only_steps: bool = Fa
         env["OMP_NUM_THREADS"] = "1"
         if extension:
             env[_EXT_ENV] = extension
-        env.setdefault("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=4294967296:"
-                                         "glibc.malloc.trim_threshold=4294967296")
+        env = allocator.worker_env(env)  # the suite's allocator, however this was started
         cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--collect-atstart=no",
                f"--callgrind-out-file={os.path.join(out_dir, 'callgrind.out')}",
                sys.executable, os.path.abspath(__file__), "--worker", out_dir,

@@ -496,7 +496,7 @@ _METHOD = (
     "torch.mm of the same shapes: \"ours / torch.mm\" is t(ours) / t(mm). `fwd` is a "
     "training forward (grad enabled), `bwd` a backward on a retained graph, `fwd+bwd` a "
     "whole step. The process keeps freed memory and reuses it (jemalloc with purging off "
-    "where it is installed, else glibc malloc with GLIBC_TUNABLES; bench/common.py, and the "
+    "where it is installed, else glibc malloc with GLIBC_TUNABLES; bench/allocator.py, and the "
     "Machine line names it): on these VMs a fresh 64 MiB allocation costs about 18 ms of page "
     "faults, for every provider alike, which would otherwise hide the kernels. Every timed "
     "call's page faults are counted, and a \"Page faults:\" line names the rows whose calls "

@@ -330,18 +330,26 @@ def test_fault_lines_name_the_rows_that_took_fresh_pages():
 
 def test_benchmark_allocator_env():
     """The benchmarks re-execute on jemalloc with purging off where it is installed, else on
-    glibc with the tunables; once only, and not where the system's defaults are asked for."""
+    glibc with the tunables; once only, and not where the system's defaults are asked for; the
+    callgrind worker starts on the same allocator whether or not its parent runs on it."""
     sys.path.insert(0, BENCH)
-    import common
+    import allocator
 
-    env = common.benchmark_allocator_env({"LD_PRELOAD": "libx.so", "A": "1"}, "libjemalloc.so.2")
-    assert env == {"LD_PRELOAD": "libjemalloc.so.2:libx.so", "A": "1",
-                   "MALLOC_CONF": common.JEMALLOC_CONF, "TECPP_BENCH_ALLOCATOR": "jemalloc"}
-    env = common.benchmark_allocator_env({}, None)
-    assert env == {"GLIBC_TUNABLES": common.ALLOCATOR_TUNABLES,
+    je = "libjemalloc.so.2"
+    env = allocator.benchmark_allocator_env({"LD_PRELOAD": f"libx.so:{je}", "A": "1"}, je)
+    assert env == {"LD_PRELOAD": f"{je}:libx.so", "A": "1",
+                   "MALLOC_CONF": allocator.JEMALLOC_CONF, "TECPP_BENCH_ALLOCATOR": "jemalloc"}
+    env = allocator.benchmark_allocator_env({}, None)
+    assert env == {"GLIBC_TUNABLES": allocator.ALLOCATOR_TUNABLES,
                    "TECPP_BENCH_ALLOCATOR": "glibc"}
-    assert common.benchmark_allocator_env(env, None) is None
-    assert common.benchmark_allocator_env({"TECPP_BENCH_SYSTEM_MALLOC": "1"}, "x.so") is None
+    assert allocator.benchmark_allocator_env(env, None) is None
+    assert allocator.benchmark_allocator_env({"TECPP_BENCH_SYSTEM_MALLOC": "1"}, je) is None
+    # a worker of an already re-executed parent still gets the allocator's settings
+    worker = allocator.worker_env({"TECPP_BENCH_ALLOCATOR": "glibc", "B": "2"})
+    assert worker["B"] == "2" and worker["TECPP_BENCH_ALLOCATOR"] in ("jemalloc", "glibc")
+    assert ("MALLOC_CONF" in worker) == (worker["TECPP_BENCH_ALLOCATOR"] == "jemalloc")
+    assert allocator.worker_env({"TECPP_BENCH_SYSTEM_MALLOC": "1"}) == {
+        "TECPP_BENCH_SYSTEM_MALLOC": "1"}
 
 
 # a 64 MiB output freed with a small block allocated after it (as a call's other results are),
@@ -366,14 +374,14 @@ def test_benchmark_allocator_reuses_a_freed_output():
     sys.path.insert(0, BENCH)
     import ctypes.util
 
-    import common
+    import allocator
 
     jemalloc = ctypes.util.find_library("jemalloc")
     if not jemalloc:
-        pytest.skip(f"{common.JEMALLOC} is not installed (Debian: libjemalloc2)")
+        pytest.skip(f"{allocator.JEMALLOC} is not installed (Debian: libjemalloc2)")
     environ = {k: v for k, v in os.environ.items()
                if k not in ("TECPP_BENCH_SYSTEM_MALLOC", "TECPP_BENCH_ALLOCATOR")}
-    env = common.benchmark_allocator_env(environ, jemalloc)
+    env = allocator.benchmark_allocator_env(environ, jemalloc)
     out = subprocess.run([sys.executable, "-c", _REUSE], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
