@@ -25,7 +25,8 @@ import torch
 import torch.utils.benchmark as tbench
 
 import report  # torch-free; its row classification is the one the log line uses
-from allocator import allocator_note, ensure_benchmark_allocator  # noqa: F401 (the runners')
+# the runners (suite.py, tp.py, ...) reach the allocator through this module
+from allocator import allocator_note, ensure_benchmark_allocator  # noqa: F401
 
 
 @dataclasses.dataclass
@@ -250,7 +251,7 @@ def run_case(case: str, dtype: torch.dtype, shape: str, mode: str, providers: li
     if eff and eff.roof_gflops:
         extra += (f", {eff.gflops:5.1f} GFLOP/s = {100 * eff.roof_efficiency:4.0f}% of the "
                   f"{'FLOP' if report.compute_bound(eff) else 'memory'} roof")
-    faulting = [r for r in results if r.faults_per_call >= report.FRESH_PAGES]
+    faulting = [r for r in results if report.took_fresh_pages(r)]
     if faulting:
         extra += " | page faults per call: " + ", ".join(
             f"{r.provider} {r.faults_per_call:.0f}" for r in faulting)

@@ -595,6 +595,12 @@ def fresh_share(r) -> float:
     return float("inf") if r.faults_per_call >= FRESH_PAGES else 0.0
 
 
+def took_fresh_pages(r) -> bool:
+    """Whether a row's calls faulted in fresh pages worth FRESH_SHARE of its bytes (FRESH_PAGES
+    pages without a byte count)."""
+    return r.faults_per_call >= FRESH_PAGES and fresh_share(r) >= FRESH_SHARE
+
+
 def fault_lines(results) -> list[str]:
     """The rows whose timed calls took fresh pages (FRESH_SHARE of their bytes, or FRESH_PAGES
     pages: the allocator gave them new memory instead of the memory freed by the call before,
@@ -609,14 +615,13 @@ def fault_lines(results) -> list[str]:
         of = f", {100 * share:.1f}% of its bytes" if share != float("inf") else ""
         return (f"{r.case_id} {r.case} {r.mode} {r.dtype} {r.shape}, "
                 f"{threads_label(r.threads)}, {r.provider} ({r.faults_per_call:,.0f} a call{of})")
-    faulted = [r for r in counted if r.faults_per_call >= FRESH_PAGES
-               and fresh_share(r) >= FRESH_SHARE]
+    faulted = [r for r in counted if took_fresh_pages(r)]
     line = (f"Page faults: each timed call's minor page faults counted; {len(faulted)} of "
             f"{len(counted)} rows took fresh pages worth {100 * FRESH_SHARE:g}% of the bytes "
             f"they move a call (without a byte count, {FRESH_PAGES:g} page)")
     line += ": " + "; ".join(map(name, faulted)) + "." if faulted else "."
     most = max(counted, key=lambda r: r.faults_per_call)
-    if most.faults_per_call > 0 and most not in faulted:
+    if most.faults_per_call > 0 and not took_fresh_pages(most):
         line += f" The most: {name(most)}."
     return [line, ""]
 
