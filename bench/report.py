@@ -613,13 +613,14 @@ def fault_lines(results) -> list[str]:
     def name(r) -> str:
         share = fresh_share(r)
         of = f", {100 * share:.1f}% of its bytes" if share != float("inf") else ""
-        return (f"{r.case_id} {r.case} {r.mode} {r.dtype} {r.shape}, "
-                f"{threads_label(r.threads)}, {r.provider} ({r.faults_per_call:,.0f} a call{of})")
+        return f"{_row_name(r)}, {r.provider} ({r.faults_per_call:,.0f} a call{of})"
     faulted = [r for r in counted if took_fresh_pages(r)]
     line = (f"Page faults: each timed call's minor page faults counted; {len(faulted)} of "
             f"{len(counted)} rows took fresh pages worth {100 * FRESH_SHARE:g}% of the bytes "
             f"they move a call (without a byte count, {FRESH_PAGES:g} page)")
-    line += ": " + "; ".join(map(name, faulted)) + "." if faulted else "."
+    if faulted:
+        line += ": " + "; ".join(map(name, faulted))
+    line += "."
     most = max(counted, key=lambda r: r.faults_per_call)
     if most.faults_per_call > 0 and not took_fresh_pages(most):
         line += f" The most: {name(most)}."
