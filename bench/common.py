@@ -79,10 +79,12 @@ class Result:
     target_roof: float = float("nan")  # used instead of target_copy where compute-bound
     target_compiled: float = float("nan")
     target_note: str = ""
-    # the host's state around the job (bench/suite.py): the lower of the copy probes timed just
-    # before and just after it (host_probe_gbps, GB/s; NaN: not probed), and how many times the
-    # job was timed (more than once: a probe showed the host's memory busy)
+    # the host's state during the job (bench/suite.py's QuietHost): the median of the copy
+    # probes timed before it, after each of its rounds and after it (host_probe_gbps, GB/s), the
+    # share of its threads' time the VM's host stole (host_steal), NaN where not measured; how
+    # many times the job was timed (more than once: the host was busy)
     host_probe_gbps: float = float("nan")
+    host_steal: float = float("nan")
     attempts: int = 1
     # minor page faults per timed call, the median over rounds (common.timed): a call that
     # faults takes fresh pages for its outputs instead of reusing freed ones (NaN: not counted)
@@ -146,17 +148,13 @@ def time_us(fn: Callable[[], object], threads: int, min_run_time: float) -> floa
     return timed(fn, threads, min_run_time)[0]
 
 
-def _copy_rate(src: torch.Tensor, dst: torch.Tensor, threads: int,
-               min_run_time: float) -> float:
-    """GB/s of dst.copy_(src), counting the bytes read and the bytes written."""
+def copy_gbps(nbytes: int, threads: int, min_run_time: float) -> float:
+    """Bandwidth of dst.copy_(src) moving nbytes in and nbytes out (GB/s, counting the bytes
+    read and the bytes written)."""
+    src = torch.randn(max(nbytes // 4, 1))
+    dst = torch.empty_like(src)
     t = time_us(lambda: dst.copy_(src), threads, min_run_time)
     return 2 * src.nbytes / (t * 1e-6) / 1e9
-
-
-def copy_gbps(nbytes: int, threads: int, min_run_time: float) -> float:
-    """Bandwidth of dst.copy_(src) moving nbytes in and nbytes out."""
-    src = torch.randn(max(nbytes // 4, 1))
-    return _copy_rate(src, torch.empty_like(src), threads, min_run_time)
 
 
 # A copy from memory (64 MiB each way, beyond the L3 of the development VMs): its bandwidth drops
@@ -172,11 +170,37 @@ def _probe_buffers() -> tuple[torch.Tensor, torch.Tensor]:
     return src, torch.empty_like(src)
 
 
+PROBE_COPIES = 5
+
+
 def probe_host(threads: int) -> float:
-    """The host's memory bandwidth now: the median of three short timings of a PROBE_BYTES
-    copy (one timing alone varies by up to 25% on a quiet VM)."""
+    """The host's memory bandwidth now: GB/s of the median of PROBE_COPIES timed PROBE_BYTES
+    copies after an untimed one (about 20 ms at 2 threads on the development VMs, short
+    enough to probe after every timing round)."""
     src, dst = _probe_buffers()
-    return statistics.median(_copy_rate(src, dst, threads, 0.1) for _ in range(3))
+    torch.set_num_threads(threads)
+    dst.copy_(src)
+    times = []
+    for _ in range(PROBE_COPIES):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return 2 * src.nbytes / statistics.median(times) / 1e9
+
+
+def host_times() -> tuple[float, float]:
+    """(wall seconds, CPU seconds stolen): time.perf_counter and the steal column of
+    /proc/stat summed over the CPUs, the time the VM's host ran other guests while this
+    machine's CPUs had work (NaN where the kernel does not report it). Stolen time adds to a
+    timing's wall time as if the code had run slower."""
+    wall = time.perf_counter()
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        steal = int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        steal = float("nan")
+    return wall, steal
 
 
 # The compute roof: an fp32 torch.mm of this size runs at the GEMM's rate (on the 2-core
@@ -205,10 +229,11 @@ def roofline(res: Result, flops: int, peaks: list[float]) -> None:
 def run_case(case: str, dtype: torch.dtype, shape: str, mode: str, providers: list[Provider],
              *, ours: str, rounds: int, threads: int, min_run_time: float,
              bytes_moved: int = 0, copy_bytes: int = 0, flops: int = 0,
-             log=print) -> list[Result]:
+             after_round: Optional[Callable[[], object]] = None, log=print) -> list[Result]:
     """Times the providers in `rounds` interleaved rounds; ratios are against `ours`. With
     copy_bytes, each round also times a copy; with flops as well, the GEMM's FLOP rate (the
-    roofline's two roofs)."""
+    roofline's two roofs). after_round, if given, is called after each round (QuietHost's
+    probe)."""
     torch.set_num_threads(threads)
     for p in providers:  # warm-up (and compile)
         p.fn()
@@ -226,6 +251,9 @@ def run_case(case: str, dtype: torch.dtype, shape: str, mode: str, providers: li
             copies.append(copy_gbps(copy_bytes, threads, min_run_time))
             if flops:
                 peaks.append(peak_gflops(threads, min_run_time))
+        if after_round is not None:
+            after_round()
+            torch.set_num_threads(threads)
     results = []
     for p in providers:
         ratios = [t / o for t, o in zip(times[p.name], times[ours])]

@@ -24,9 +24,11 @@ from operator import attrgetter
 PROVIDERS = ("torch", "torch.compile", "ours", "ours compiled")
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMMITTED_REPORT = os.path.join(HERE, "README.md")
-# bench/suite.py times a job again when the host's memory bandwidth (a copy timed before and
-# after the job) was below this fraction of the run's median at the job's thread count
+# bench/suite.py times a job again when the host's memory bandwidth (a copy timed before the
+# job, after each of its rounds and after it) was below QUIET_HOST of the run's median at the
+# job's thread count, or when the VM's host stole more than BUSY_STEAL of its threads' time
 QUIET_HOST = 0.8
+BUSY_STEAL = 0.05
 # a row whose timed calls fault in fresh pages (common.timed counts them; the median over
 # rounds) worth FRESH_SHARE of the bytes its case moves, or FRESH_PAGES pages for a case without
 # a byte count, took new memory for its outputs instead of reusing freed memory
@@ -500,13 +502,18 @@ _METHOD = (
     "Machine line names it): on these VMs a fresh 64 MiB allocation costs about 18 ms of page "
     "faults, for every provider alike, which would otherwise hide the kernels. Every timed "
     "call's page faults are counted, and a \"Page faults:\" line names the rows whose calls "
-    "took fresh pages all the same. Each job (a case at one dtype and "
-    "thread count) runs between two timings of a 64 MiB copy: where either falls below "
+    "took fresh pages all the same. Each job (a case at one dtype and thread count) is "
+    "watched for a busy host: a 64 MiB copy is timed before it, after each of its timing "
+    "rounds and after it, and the CPU time the VM's host stole from it is counted (the steal "
+    "column of /proc/stat). Where the median of its copies falls below "
     f"{100 * QUIET_HOST:.0f}% of the run's median at that thread count (other guests of the "
-    "VM's host streaming memory), the job is timed again once the copy recovers, and the "
-    "timing with the faster copy stands; a machine's \"Host:\" line states its run's probes "
-    "(a section without a Host or a Page faults line comes from a run made before the suite "
-    "probed the host or counted faults).")
+    "VM's host streaming memory) or more than "
+    f"{100 * BUSY_STEAL:.0f}% of the job's thread time was stolen, the job is timed again "
+    "once the copy recovers, and a timing on a quiet host stands, else the one with the "
+    "faster median copy; a machine's \"Host:\" line states its run's probes (a section "
+    "without a Host or a Page faults line comes from a run made before the suite probed the "
+    "host or counted faults; one whose Host line counts no stolen time, from a run that "
+    "probed only before and after each job).")
 
 
 def _body(results, callgrind_rows) -> list[str]:
@@ -560,10 +567,10 @@ def _body(results, callgrind_rows) -> list[str]:
 
 
 def host_lines(results) -> list[str]:
-    """The run's host probes (bench/suite.py's QuietHost), per thread count: their median and
-    range over the jobs, the jobs timed again, and the jobs whose probe stayed below
-    QUIET_HOST of the median (their rows ran while the host's memory was busy). None for a run
-    without probes."""
+    """The run's host probes (bench/suite.py's QuietHost), per thread count: the median and
+    range of the jobs' probe levels, the stolen CPU time, the jobs timed again, and the jobs
+    whose host stayed busy (a probe level below QUIET_HOST of the median, or more than
+    BUSY_STEAL of their time stolen). None for a run without probes."""
     jobs = {(r.threads, r.case_id, r.case, r.shape, r.dtype): r for r in results
             if r.host_probe_gbps == r.host_probe_gbps}
     if not jobs:
@@ -573,18 +580,46 @@ def host_lines(results) -> list[str]:
         probes.setdefault(r.threads, []).append(r.host_probe_gbps)
     median = {t: statistics.median(v) for t, v in probes.items()}
     retimed = sum(r.attempts > 1 for r in jobs.values())
-    low = [r for r in jobs.values() if r.host_probe_gbps < QUIET_HOST * median[r.threads]]
+    steals = [r.host_steal for r in jobs.values() if r.host_steal == r.host_steal]
     levels = ", ".join(f"{threads_label(t)} {median[t]:.1f} GB/s ({min(v):.1f}-{max(v):.1f})"
                        for t, v in sorted(probes.items(), reverse=True))
-    line = (f"Host: a 64 MiB copy timed before and after each job, the lower of the two over "
-            f"the jobs: {levels}; {retimed} of {len(jobs)} jobs timed again after a probe "
-            f"below {100 * QUIET_HOST:.0f}% of the median; ")
-    if not low:
-        return [line + f"every job's probes at or above {100 * QUIET_HOST:.0f}%.", ""]
-    names = "; ".join(f"{r.case_id} {r.case} {r.dtype} {r.shape}, {threads_label(r.threads)} "
-                      f"({100 * r.host_probe_gbps / median[r.threads]:.0f}%)" for r in low)
-    ran = "1 job ran" if len(low) == 1 else f"{len(low)} jobs ran"
-    return [line + f"{ran} while the host's memory stayed busy: {names}.", ""]
+    if steals:
+        worst = max((r for r in jobs.values() if r.host_steal == r.host_steal),
+                    key=attrgetter("host_steal"))
+        line = (f"Host: a 64 MiB copy timed before each job, after each of its rounds and "
+                f"after it, the median per job: {levels}; CPU time stolen by the VM's host, "
+                f"median {100 * statistics.median(steals):.1f}% of a job's thread time, at "
+                f"most {100 * worst.host_steal:.1f}% ({_job_name(worst)}); ")
+    else:
+        line = (f"Host: a 64 MiB copy timed before and after each job, the lower of the two "
+                f"over the jobs: {levels}; ")
+    if steals:
+        line += (f"{retimed} of {len(jobs)} jobs timed again after their median probe fell "
+                 f"below {100 * QUIET_HOST:.0f}% of the run's or more than "
+                 f"{100 * BUSY_STEAL:.0f}% was stolen; ")
+    else:
+        line += (f"{retimed} of {len(jobs)} jobs timed again after a probe below "
+                 f"{100 * QUIET_HOST:.0f}% of the median; ")
+    busy = []
+    for r in jobs.values():
+        why = []
+        if r.host_probe_gbps < QUIET_HOST * median[r.threads]:
+            why.append(f"{100 * r.host_probe_gbps / median[r.threads]:.0f}%")
+        if r.host_steal > BUSY_STEAL:
+            why.append(f"{100 * r.host_steal:.0f}% stolen")
+        if why:
+            busy.append(f"{_job_name(r)} ({', '.join(why)})")
+    if not busy:
+        ok = (f"every job's probes at or above {100 * QUIET_HOST:.0f}%"
+              + (f" and at most {100 * BUSY_STEAL:.0f}% stolen." if steals else "."))
+        return [line + ok, ""]
+    ran = "1 job ran" if len(busy) == 1 else f"{len(busy)} jobs ran"
+    what = "host" if steals else "host's memory"
+    return [line + f"{ran} while the {what} stayed busy: {'; '.join(busy)}.", ""]
+
+
+def _job_name(r) -> str:
+    return f"{r.case_id} {r.case} {r.dtype} {r.shape}, {threads_label(r.threads)}"
 
 
 def fresh_share(r) -> float:
@@ -788,7 +823,8 @@ def _load_csv(path):
                          "outside_gemm", "eager_host_us", "compile_wrapper_us", "compiled_host_us",
                          "target_vs_eager", "target_vs_compile", "target_copy",
                          "target_compiled", "gflops", "peak_gflops", "roof_gflops",
-                         "roof_efficiency", "target_roof", "host_probe_gbps", "faults_per_call"):
+                         "roof_efficiency", "target_roof", "host_probe_gbps", "host_steal",
+                         "faults_per_call"):
                 setattr(r, name, float(getattr(r, name, "nan")))  # older CSVs lack some
             for name in ("threads", "bytes_moved", "saved_bytes", "peak_bytes"):
                 setattr(r, name, int(getattr(r, name)))

@@ -13,8 +13,9 @@ ratios are taken within a round and reported as the median (min-max) over rounds
 cases also time a tensor copy of the same byte count and an fp32 GEMM in every round (the
 roofline's memory and FLOP roofs); GEMM-bound cases time a bare torch.mm of the same shapes.
 The MLP block reports saved-activation bytes and the peak memory allocated during a step.
-Each job (a case at one dtype and thread count) runs between two probes of the host's memory
-bandwidth and is timed again if one shows the host in a dip (QuietHost).
+Each job (a case at one dtype and thread count) is timed again if the host was busy while it
+ran: the median of its probes of the host's memory bandwidth (before it, after each round,
+after it) in a dip, or CPU time stolen by the VM's host (QuietHost).
 
     python bench/suite.py --quick      # 2 threads, fp32 + bf16, short rounds (< 5 min warm)
     python bench/suite.py              # full: + DRAM-size and odd shapes, + the 1-thread table
@@ -506,7 +507,8 @@ def _steps(case: Case, dtype) -> dict[str, Step]:
 
 
 def run_case_dtype(case: Case, dtype, threads: int, rounds: int, min_run_time: float,
-                   log) -> list[common.Result]:
+                   log, after_round: Optional[Callable[[], object]] = None
+                   ) -> list[common.Result]:
     torch._dynamo.reset()
     torch.manual_seed(0)
     # a backward-only timing repeats the backward on a retained graph, which AOTAutograd's
@@ -537,7 +539,8 @@ def run_case_dtype(case: Case, dtype, threads: int, rounds: int, min_run_time: f
         res = common.run_case(f"{case.id} {case.name}", dtype, case.shape, mode,
                               providers + extra, ours="ours", rounds=rounds, threads=threads,
                               min_run_time=min_run_time, bytes_moved=nbytes,
-                              copy_bytes=nbytes // 2, flops=case.flops(mode), log=log)
+                              copy_bytes=nbytes // 2, flops=case.flops(mode),
+                              after_round=after_round, log=log)
         if case.memory and mode == "fwd+bwd":
             for r in res:
                 if r.provider in steps:
@@ -590,15 +593,22 @@ def _compile_floor(results: list, steps: dict, small: dict, log) -> None:
 
 
 class QuietHost:
-    """Times each job between two probes of the host's memory bandwidth (common.probe_host at
-    the job's thread count). The development machines are VMs whose host's memory other guests
-    share: on the AMD EPYC VM the probe at 2 threads swings between 28 and 60 GB/s within a
-    minute, and its typical level moves between hours. A job whose lower probe is below QUIET
-    of the median probe so far at its thread count ran in a dip: it is timed again, once a
-    probe is back above that (probing every WAIT_S seconds, for at most PATIENCE_S), up to
-    ATTEMPTS timings in all, and the timing with the higher probe stands."""
+    """Watches the host while each job is timed, and times a job again that ran while it was
+    busy. The development machines are VMs whose host other guests share: on the AMD EPYC VM a
+    64 MiB copy at 2 threads swings between 28 and 60 GB/s within a minute, its typical level
+    moves between hours: it flips between about 30 and 50 GB/s every few seconds, so the copies
+    just before and after a job can miss the level its rounds ran at. A job's memory probes
+    (common.probe_host at its thread count) come before it, after each of its timing rounds
+    and after it, and the CPU time the VM's host stole from it is counted
+    (common.host_times). A job whose median probe is below QUIET of the median probe so far at
+    its thread count (most of its rounds ran in a dip; one dipped round moves a median over
+    rounds no more than the probes' median), or whose threads lost more than STEAL of their
+    time, ran while the host was busy: it is timed again, once a probe is back above QUIET
+    (probing every WAIT_S seconds, for at most PATIENCE_S), up to ATTEMPTS timings in all; a
+    timing that ran on a quiet host stands, else the one with the higher median probe."""
 
     QUIET = report.QUIET_HOST
+    STEAL = report.BUSY_STEAL
     ATTEMPTS = 2
     WAIT_S = 10.0
     PATIENCE_S = 120.0
@@ -614,7 +624,7 @@ class QuietHost:
 
     def _probe(self, threads: int, record: bool = True) -> float:
         """A probe; recorded into the median unless taken while waiting out a dip (those come
-        more often than one per job and would pull the median into the dip)."""
+        more often than a job's and would pull the median into the dip)."""
         gbps = common.probe_host(threads)
         if record:
             self.probes[threads].append(gbps)
@@ -632,21 +642,39 @@ class QuietHost:
             gbps = self._probe(threads, record=False)
         return gbps
 
-    def run(self, threads: int, job: Callable[[], list]) -> list:
+    def _attempt(self, threads: int, job: Callable[[Callable[[], None]], list],
+                 before: float) -> tuple[list, float, float]:
+        """One timing of the job: its results, the median of its probes (before included), and
+        the share of its threads' wall time stolen."""
+        probes = [before]
+        wall, steal = common.host_times()
+        results = job(lambda: probes.append(self._probe(threads)))
+        wall1, steal1 = common.host_times()
+        probes.append(self._probe(threads))
+        return (results, statistics.median(probes),
+                (steal1 - steal) / max((wall1 - wall) * threads, 1e-9))
+
+    def run(self, threads: int, job: Callable[[Callable[[], None]], list]) -> list:
+        """job(after_round) times the job, calling after_round after each timing round."""
         before = self._wait(threads)
-        kept, kept_probe = [], -1.0
+        kept, kept_key = [], None
         for attempt in range(1, self.ATTEMPTS + 1):
-            results = job()
-            probe = min(before, self._probe(threads))
-            if probe > kept_probe:
-                kept, kept_probe = results, probe
-            if self.quiet(threads, probe) or attempt == self.ATTEMPTS:
+            results, probe, steal = self._attempt(threads, job, before)
+            busy = []
+            if not self.quiet(threads, probe):
+                busy.append(f"probe {probe:.1f} GB/s against the run's median "
+                            f"{self.reference(threads):.1f}")
+            if steal > self.STEAL:  # False for NaN
+                busy.append(f"{100 * steal:.0f}% of its threads' time stolen by the VM's host")
+            key = (not busy, probe)
+            if kept_key is None or key > kept_key:
+                kept, kept_key, kept_probe, kept_steal = results, key, probe, steal
+            if not busy or attempt == self.ATTEMPTS:
                 break
-            self.log(f"  host busy: probe {probe:.1f} GB/s against the run's median "
-                     f"{self.reference(threads):.1f}; timing the job again once it recovers")
+            self.log(f"  host busy: {'; '.join(busy)}; timing the job again once it recovers")
             before = self._wait(threads)
         for r in kept:
-            r.host_probe_gbps, r.attempts = kept_probe, attempt
+            r.host_probe_gbps, r.host_steal, r.attempts = kept_probe, kept_steal, attempt
         return kept
 
 
@@ -698,8 +726,9 @@ def main() -> None:
         elapsed = time.perf_counter() - t_start
         print(f"[{i}/{len(jobs)} {elapsed:5.0f}s] {case.id} {case.name} "
               f"{str(dtype).replace('torch.', '')} {case.shape} threads={t}", flush=True)
-        results += host.run(t, lambda: run_case_dtype(case, dtype, t, rounds, mrt,
-                                                      log=lambda s: print(s, flush=True)))
+        results += host.run(t, lambda after_round: run_case_dtype(
+            case, dtype, t, rounds, mrt, log=lambda s: print(s, flush=True),
+            after_round=after_round))
         common.write_csv(results, a.out + ".csv")  # after every job: a stopped run keeps them
     common.write_csv(results, a.out + ".csv")
     print(f"wrote {a.out}.csv ({time.perf_counter() - t_start:.0f} s)")

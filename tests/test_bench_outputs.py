@@ -222,10 +222,11 @@ def test_report_rendered_again_from_its_csvs_keeps_the_run(tmp_path):
 
 
 def test_quiet_host_times_a_job_again_while_the_host_is_busy(monkeypatch):
-    """A job whose host probe (before or after it) falls below 80% of the run's median at its
-    thread count is timed again once a probe recovers, and the timing with the higher probe
-    stands; a host that stays busy gives up after the wait, and the report names that job and
-    counts the re-timed ones."""
+    """A job is timed again, once a probe recovers, when the median of its host probes (before
+    it, after each of its rounds, after it) falls below 80% of the run's median at its thread
+    count, or when the VM's host stole more than 5% of its threads' time; a timing on a quiet
+    host stands, else the one with the higher median probe. A host that stays busy gives up
+    after the wait, and the report names that job and counts the re-timed ones."""
     monkeypatch.setenv("TECPP_BENCH_SYSTEM_MALLOC", "1")  # importing suite: no re-exec
     sys.path.insert(0, BENCH)
     import common
@@ -233,41 +234,95 @@ def test_quiet_host_times_a_job_again_while_the_host_is_busy(monkeypatch):
     import suite
 
     probes = iter([30.0, 31.0, 30.0,  # the start: median 30
-                   30.0, 20.0, 22.0, 30.0, 29.0,  # job 1: busy after, waits, quiet again
-                   30.0, 31.0,  # job 2: quiet
-                   30.0] + [20.0] * 200)  # job 3: busy after every timing, and while waiting
+                   # job 1: the probe before it quiet, its rounds and the one after it in a
+                   # dip; then the wait's probe, and a quiet second timing
+                   30.0, 20.0, 20.0, 20.0, 30.0, 30.0, 28.0, 29.0,
+                   30.0, 31.0, 30.0, 30.0, 30.0, 30.0, 30.0, 30.0,  # job 2: quiet probes
+                   30.0] + [20.0] * 200)  # job 3: busy in every round, and while waiting
     monkeypatch.setattr(common, "probe_host", lambda threads: next(probes))
+    # (wall s, stolen CPU s) at the start and end of each timing: job 2's first timing lost
+    # 2 s of its 2 threads' 20 s (10%), its second 0.2 s (1%)
+    clock = iter([(0, 0.0), (10, 0.0), (20, 0.0), (30, 0.0), (40, 0.0), (50, 2.0),
+                  (60, 2.0), (70, 2.2), (80, 2.2), (90, 2.2), (100, 2.2), (110, 2.2)])
+    monkeypatch.setattr(common, "host_times", lambda: next(clock))
     monkeypatch.setattr(suite.time, "sleep", lambda s: None)
-    host = suite.QuietHost([2], log=lambda s: None)
+    logged = []
+    host = suite.QuietHost([2], log=logged.append)
     assert host.reference(2) == 30.0
     timed = []
 
     def job(case_id):
-        def run():
+        def run(after_round):
             timed.append(case_id)
+            for _ in range(2):
+                after_round()
             return [common.Result("LayerNorm", "bfloat16", "16384x1024", "fwd", 2, p,
                                   float(len(timed)), 1.0, 1.0, 1.0, case_id=case_id)
                     for p in report.PROVIDERS]
         return run
 
     rows = host.run(2, job("C1")) + host.run(2, job("C2")) + host.run(2, job("C3"))
-    assert timed == ["C1", "C1", "C2", "C3", "C3"]
+    assert timed == ["C1", "C1", "C2", "C2", "C3", "C3"]
+    assert [s for s in logged if "host busy" in s] == [
+        "  host busy: probe 20.0 GB/s against the run's median 30.0; timing the job again "
+        "once it recovers",
+        "  host busy: 10% of its threads' time stolen by the VM's host; timing the job again "
+        "once it recovers",
+        "  host busy: probe 20.0 GB/s against the run's median 30.0; timing the job again "
+        "once it recovers"]
     by = {r.case_id: r for r in rows if r.provider == "ours"}
-    # C1's second timing (probe 29) stands; C3's first (20), the second no better
-    assert (by["C1"].attempts, by["C1"].host_probe_gbps, by["C1"].median_us) == (2, 29.0, 2.0)
-    assert (by["C2"].attempts, by["C2"].host_probe_gbps) == (1, 30.0)
-    assert (by["C3"].attempts, by["C3"].host_probe_gbps, by["C3"].median_us) == (2, 20.0, 4.0)
+    # C1's and C2's second timings stand; C3's first (20), the second no better
+    assert (by["C1"].attempts, by["C1"].host_probe_gbps, by["C1"].median_us) == (2, 29.5, 2.0)
+    assert (by["C2"].attempts, by["C2"].host_probe_gbps, by["C2"].median_us) == (2, 30.0, 4.0)
+    assert by["C2"].host_steal == pytest.approx(0.01)
+    assert (by["C1"].host_steal, by["C3"].host_steal) == (0.0, 0.0)
+    assert (by["C3"].attempts, by["C3"].host_probe_gbps, by["C3"].median_us) == (2, 20.0, 5.0)
     # the probes repeated while waiting out a dip (C3's twelve 20s) stay out of the median
     assert host.reference(2) == 30.0
     lines = report.host_lines(rows)
-    assert lines[0] == ("Host: a 64 MiB copy timed before and after each job, the lower of the "
-                        "two over the jobs: 2 threads 29.0 GB/s (20.0-30.0); 2 of 3 jobs timed "
-                        "again after a probe below 80% of the median; 1 job ran while the "
-                        "host's memory stayed busy: C3 LayerNorm bfloat16 16384x1024, 2 threads "
-                        "(69%).")
-    assert report.host_lines(rows[:8])[0].endswith("every job's probes at or above 80%.")
+    assert lines[0] == ("Host: a 64 MiB copy timed before each job, after each of its rounds "
+                        "and after it, the median per job: 2 threads 29.5 GB/s (20.0-30.0); "
+                        "CPU time stolen by the VM's host, median 0.0% of a job's thread time, "
+                        "at most 1.0% (C2 LayerNorm bfloat16 16384x1024, 2 threads); 3 of 3 "
+                        "jobs timed again after their median probe fell below 80% of the run's "
+                        "or more than 5% was stolen; 1 job ran while the host stayed busy: C3 "
+                        "LayerNorm bfloat16 16384x1024, 2 threads (68%).")
+    assert report.host_lines(rows[:8])[0].endswith(
+        "every job's probes at or above 80% and at most 5% stolen.")
+    for r in rows[:4]:  # a job whose kept timing lost 12%
+        r.host_steal = 0.12
+    assert report.host_lines(rows)[0].endswith(
+        "2 jobs ran while the host stayed busy: C1 LayerNorm bfloat16 16384x1024, 2 threads "
+        "(12% stolen); C3 LayerNorm bfloat16 16384x1024, 2 threads (68%).")
+    # a run that probed only around its jobs (an older CSV: no stolen time)
+    for r in rows:
+        r.host_steal = float("nan")
+    assert report.host_lines(rows)[0] == (
+        "Host: a 64 MiB copy timed before and after each job, the lower of the two over the "
+        "jobs: 2 threads 29.5 GB/s (20.0-30.0); 3 of 3 jobs timed again after a probe below "
+        "80% of the median; 1 job ran while the host's memory stayed busy: C3 LayerNorm "
+        "bfloat16 16384x1024, 2 threads (68%).")
     assert report.host_lines([common.Result("x", "float32", "1", "fwd", 1, "ours", 1.0, 1.0,
                                             1.0, 1.0)]) == []
+
+
+def test_run_case_probes_after_each_round_and_host_times_reads_steal(monkeypatch):
+    """common.run_case calls its after_round hook once per timing round; host_times reads the
+    wall clock and /proc/stat's stolen CPU time, both non-decreasing."""
+    monkeypatch.setenv("TECPP_BENCH_SYSTEM_MALLOC", "1")
+    sys.path.insert(0, BENCH)
+    import common
+
+    calls = []
+    common.run_case("x", __import__("torch").float32, "1", "fwd",
+                    [common.Provider("ours", lambda: None)], ours="ours", rounds=3, threads=1,
+                    min_run_time=1e-3, after_round=lambda: calls.append(1), log=lambda s: None)
+    assert len(calls) == 3
+    (w0, s0), (w1, s1) = common.host_times(), common.host_times()
+    assert w1 >= w0
+    if os.path.exists("/proc/stat"):
+        assert 0.0 <= s0 <= s1
+    assert common.probe_host(1) > 0
 
 
 def test_timed_counts_each_calls_fresh_pages():
