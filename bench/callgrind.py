@@ -398,7 +398,8 @@ def collect(number: int, *, include_compile: bool = False, only_steps: bool = Fa
         first.setdefault(r["case"], r["instructions_per_call"])
     for r in rows:
         ref = plain.get(r["case"], first[r["case"]])
-        r["ratio_vs_plain"] = round(r["instructions_per_call"] / ref, 3) if ref > 0 else float("nan")
+        r["ratio_vs_plain"] = (round(r["instructions_per_call"] / ref, 3) if ref > 0
+                               else float("nan"))
     return rows
 
 
