@@ -6,6 +6,7 @@
 
 #include "common/stub_registry.h"
 #include "kernels/cpu/lookup_count.h"
+#include "kernels/cpu/stream_threshold.h"
 
 namespace {
 
@@ -48,6 +49,16 @@ PyObject* set_activation_lookup_use(PyObject*, PyObject* arg) {
   return PyLong_FromLong(te_cpp::cpu::set_activation_lookup_use(static_cast<int>(use)));
 }
 
+PyObject* stream_store_min_bytes(PyObject*, PyObject*) {
+  return PyLong_FromLongLong(te_cpp::cpu::stream_store_min_bytes());
+}
+
+PyObject* set_stream_store_min_bytes(PyObject*, PyObject* arg) {
+  const long long bytes = PyLong_AsLongLong(arg);
+  if (bytes == -1 && PyErr_Occurred()) return nullptr;
+  return PyLong_FromLongLong(te_cpp::cpu::set_stream_store_min_bytes(bytes));
+}
+
 // [(stub name, has a CPU kernel, has a CUDA kernel)] for every backend stub of the front ends.
 PyObject* kernel_stubs(PyObject*, PyObject*) {
   const auto& stubs = te_cpp::registered_stubs();
@@ -77,6 +88,12 @@ PyMethodDef kMethods[] = {
     {"set_activation_lookup_use", set_activation_lookup_use, METH_O,
      "Sets those flags for the process (negative: the CPU's choice); returns the value set "
      "before (negative where it was the CPU's choice)."},
+    {"stream_store_min_bytes", stream_store_min_bytes, METH_NOARGS,
+     "Outputs of at least this many bytes are written by the CPU kernels with non-temporal "
+     "stores (default: the last-level cache's size)."},
+    {"set_stream_store_min_bytes", set_stream_store_min_bytes, METH_O,
+     "Sets that threshold for the process (negative: the default); returns the value set "
+     "before (-1 where it was the default)."},
     {"kernel_stubs", kernel_stubs, METH_NOARGS,
      "[(stub, has_cpu, has_cuda)] for every backend stub."},
     {nullptr, nullptr, 0, nullptr},

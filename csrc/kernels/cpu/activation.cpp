@@ -8,6 +8,7 @@
 #include "kernels/cpu/act_lookup.h"
 #include "kernels/cpu/activation_math.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/cpu/stream.h"
 #include "kernels/cpu/vec.h"
 #include "ops/activation.h"
 
@@ -62,14 +63,16 @@ void fwd_kernel(const ActFwdArgs& a) {
     T* yp = static_cast<T*>(a.y);
     if constexpr (!is_gated(K)) {
       const int64_t total = a.rows * a.features;
+      const bool stream = cpu::stream_stores<T>(total);
       cpu::with_act<K, T, cpu::ActUse::kValue>(cfg, total, [&](const auto& act) {
         at::parallel_for(0, total, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
           const auto local_act = act;
           const T* x0 = xp + i0;
           T* y0 = yp + i0;
           for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
-            store_acc<T>(y0 + i, local_act.f(x0 + i, k), k);
+            cpu::store_out<T>(y0 + i, local_act.f(x0 + i, k), k, stream);
           });
+          cpu::stream_fence(stream);
         });
       });
     } else {
@@ -77,6 +80,7 @@ void fwd_kernel(const ActFwdArgs& a) {
       const cpu::Gated<K, A> gated(cfg);
       const int64_t rows = a.rows, n = a.features;
       const GatedGeometry g(n, cfg.interleave);
+      const bool stream = cpu::stream_stores<T>(rows * (n / 2));
       cpu::with_act<K, T, cpu::ActUse::kValue>(cfg, rows * n / 2, [&](const auto& act) {
         at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
           const auto local_act = act;
@@ -90,12 +94,14 @@ void fwd_kernel(const ActFwdArgs& a) {
               for_chunks<W>(lg.len, [&](int64_t i, int64_t k) {
                 prefetch_ahead(xa + i);
                 prefetch_ahead(xb + i);
-                prefetch_ahead_for_write(yr + i);
+                if (!stream) prefetch_ahead_for_write(yr + i);
                 const AccVec<T> vb = load_acc<T>(xb + i, k);
-                store_acc<T>(yr + i, local_act.f(xa + i, k) * local_gated.lin.f(vb), k);
+                cpu::store_out<T>(yr + i, local_act.f(xa + i, k) * local_gated.lin.f(vb), k,
+                                  stream);
               });
             }
           }
+          cpu::stream_fence(stream);
         });
       });
     }
@@ -115,6 +121,7 @@ void bwd_kernel(const ActBwdArgs& a) {
     T* dxp = static_cast<T*>(a.dx);
     if constexpr (!is_gated(K)) {
       const int64_t total = a.rows * a.features;
+      const bool stream = cpu::stream_stores<T>(total);
       cpu::with_act<K, T, cpu::ActUse::kGrad>(cfg, total, [&](const auto& act) {
         at::parallel_for(0, total, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
           const auto local_act = act;
@@ -124,14 +131,16 @@ void bwd_kernel(const ActBwdArgs& a) {
           for_chunks<W>(i1 - i0, [&](int64_t i, int64_t k) {
             Vec f, gx;
             local_act.grad(x0 + i, k, load_acc<T>(dy0 + i, k), f, gx);
-            store_acc<T>(dx0 + i, gx, k);
+            cpu::store_out<T>(dx0 + i, gx, k, stream);
           });
+          cpu::stream_fence(stream);
         });
       });
     } else {
       const cpu::Gated<K, A> gated(cfg);
       const int64_t rows = a.rows, n = a.features;
       const GatedGeometry g(n, cfg.interleave);
+      const bool stream = cpu::stream_stores<T>(rows * n);
       cpu::with_act<K, T, cpu::ActUse::kGradValue>(cfg, rows * n / 2, [&](const auto& act) {
         at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
           const auto local_act = act;
@@ -148,19 +157,22 @@ void bwd_kernel(const ActBwdArgs& a) {
                 prefetch_ahead(xa0 + i);
                 prefetch_ahead(xb0 + i);
                 prefetch_ahead(dyr + i);
-                prefetch_ahead_for_write(dxa0 + i);
-                prefetch_ahead_for_write(dxb0 + i);
+                if (!stream) {
+                  prefetch_ahead_for_write(dxa0 + i);
+                  prefetch_ahead_for_write(dxb0 + i);
+                }
                 const T* xa = xa0 + i;
                 Vec fa, fb, da, db;
                 local_gated.grad_with(
                     load_acc<T>(xb0 + i, k), load_acc<T>(dyr + i, k),
                     [&](const Vec& ga, Vec& f, Vec& d) { local_act.grad(xa, k, ga, f, d); },
                     fa, fb, da, db);
-                store_acc<T>(dxa0 + i, da, k);
-                store_acc<T>(dxb0 + i, db, k);
+                cpu::store_out<T>(dxa0 + i, da, k, stream);
+                cpu::store_out<T>(dxb0 + i, db, k, stream);
               });
             }
           }
+          cpu::stream_fence(stream);
         });
       });
     }
@@ -177,6 +189,7 @@ void bias_act_kernel(const BiasActArgs& a) {
     const T* xp = static_cast<const T*>(a.x);
     const T* bp = static_cast<const T*>(a.bias);
     T* yp = static_cast<T*>(a.y);
+    const bool stream = cpu::stream_stores<T>(rows * n);
     cpu::with_act<K, T, cpu::ActUse::kValue>(a.cfg, rows * n, [&](const auto& act) {
       at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
         const auto local_act = act;
@@ -185,10 +198,12 @@ void bias_act_kernel(const BiasActArgs& a) {
           const T* xr = xp + r * n;
           T* yr = yp + r * n;
           for_chunks<W>(n, [&](int64_t i, int64_t k) {
-            store_acc<T>(yr + i,
-                         local_act.f_rounded(load_acc<T>(xr + i, k) + load_acc<T>(b + i, k)), k);
+            cpu::store_out<T>(
+                yr + i, local_act.f_rounded(load_acc<T>(xr + i, k) + load_acc<T>(b + i, k)), k,
+                stream);
           });
         }
+        cpu::stream_fence(stream);
       });
     });
   });
@@ -206,6 +221,7 @@ void dbias_dact_kernel(const DbiasDactArgs& a) {
     const T* bp = static_cast<const T*>(a.bias);
     const T* dyp = static_cast<const T*>(a.dy);
     T* dxp = static_cast<T*>(a.dx);
+    const bool stream = cpu::stream_stores<T>(rows * n);
     cpu::with_act<K, T, cpu::ActUse::kGrad>(a.cfg, rows * n, [&](const auto& act) {
       auto run = [&](auto with_bias) {
         constexpr bool kBias = decltype(with_bias)::value;
@@ -228,12 +244,12 @@ void dbias_dact_kernel(const DbiasDactArgs& a) {
             } else {
               row_act.grad(xr + i, k, dy, f, d);
             }
-            store_acc<T>(dxr + i, d, k);
+            cpu::store_out<T>(dxr + i, d, k, stream);
             (Vec::loadu(acc + i, k) + d).store(acc + i, k);
           });
         };
         TE_DISPATCH_FLOAT(a.bias_dtype, "dbias_dact", [&] {
-          const std::vector<A> sums = cpu::blocked_column_sums<A>(rows, n, row_fn);
+          const std::vector<A> sums = cpu::blocked_column_sums<A>(rows, n, row_fn, stream);
           scalar_t* dbp = static_cast<scalar_t*>(a.dbias);
           for (int64_t f = 0; f < n; ++f) dbp[f] = static_cast<scalar_t>(sums[f]);
         });

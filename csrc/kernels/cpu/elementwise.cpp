@@ -1,5 +1,6 @@
 // CPU backend of the elementwise family: bias add, column sums (dbias), constant scale, adds.
 #include "kernels/cpu/reduce.h"
+#include "kernels/cpu/stream.h"
 #include "kernels/cpu/vec.h"
 #include "ops/elementwise.h"
 
@@ -10,23 +11,29 @@ namespace {
 template <typename T, typename F>
 void binary_map(const T* a, const T* b, T* out, int64_t n, const F& f) {
   constexpr int64_t W = AccVec<T>::size();
+  const bool stream = cpu::stream_stores<T>(n);
   at::parallel_for(0, n, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
     int64_t i = i0;
-    for (; i + W <= i1; i += W) store_acc<T>(out + i, f(load_acc<T>(a + i), load_acc<T>(b + i)));
+    for (; i + W <= i1; i += W) {
+      cpu::store_out<T>(out + i, f(load_acc<T>(a + i), load_acc<T>(b + i)), W, stream);
+    }
     if (i < i1) {
       const int64_t k = i1 - i;
       store_acc<T>(out + i, f(load_acc<T>(a + i, k), load_acc<T>(b + i, k)), k);
     }
+    cpu::stream_fence(stream);
   });
 }
 
 template <typename T, typename F>
 void unary_map(const T* a, T* out, int64_t n, const F& f) {
   constexpr int64_t W = AccVec<T>::size();
+  const bool stream = cpu::stream_stores<T>(n);
   at::parallel_for(0, n, kParallelGrainElems, [&](int64_t i0, int64_t i1) {
     int64_t i = i0;
-    for (; i + W <= i1; i += W) store_acc<T>(out + i, f(load_acc<T>(a + i)));
+    for (; i + W <= i1; i += W) cpu::store_out<T>(out + i, f(load_acc<T>(a + i)), W, stream);
     if (i < i1) store_acc<T>(out + i, f(load_acc<T>(a + i, i1 - i)), i1 - i);
+    cpu::stream_fence(stream);
   });
 }
 
@@ -38,19 +45,21 @@ void bias_add_cpu(const BiasAddArgs& a) {
     const T* bp = static_cast<const T*>(a.bias);
     T* yp = static_cast<T*>(a.y);
     const int64_t features = a.features;
+    const bool stream = cpu::stream_stores<T>(a.rows * features);
     at::parallel_for(0, a.rows, row_grain(features), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const T* xr = xp + r * features;
         T* yr = yp + r * features;
         int64_t f = 0;
         for (; f + W <= features; f += W) {
-          store_acc<T>(yr + f, load_acc<T>(xr + f) + load_acc<T>(bp + f));
+          cpu::store_out<T>(yr + f, load_acc<T>(xr + f) + load_acc<T>(bp + f), W, stream);
         }
         if (f < features) {
           const int64_t k = features - f;
           store_acc<T>(yr + f, load_acc<T>(xr + f, k) + load_acc<T>(bp + f, k), k);
         }
       }
+      cpu::stream_fence(stream);
     });
   });
 }

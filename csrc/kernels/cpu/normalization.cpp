@@ -8,6 +8,7 @@
 
 #include "common/norm_math.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/cpu/stream.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/cpu/vec_math.h"
 #include "ops/normalization.h"
@@ -126,6 +127,7 @@ void norm_fwd_kernel(const NormFwdArgs& a) {
   A* meanp = kCentered ? static_cast<A*>(a.mean) : nullptr;
   A* rstdp = static_cast<A*>(a.rstd);
   const A epsa = static_cast<A>(a.eps);
+  const bool stream = cpu::stream_stores<T>(rows * n);
   at::parallel_for(0, rows, row_grain(n), [=](int64_t r0, int64_t r1) {
     const A* __restrict g = gamma;
     const A* __restrict be = beta;
@@ -151,9 +153,11 @@ void norm_fwd_kernel(const NormFwdArgs& a) {
       for_chunks<W>(n, [&](int64_t i, int64_t k) {
         const V xh = math::norm_xhat<kCentered>(load_acc<T>(xr + i, k), muv, rsv);
         const V bv = kCentered ? V::loadu(be + i, k) : V(A(0));  // RMSNorm: no beta
-        store_acc<T>(yr + i, math::norm_out<kCentered>(xh, V::loadu(g + i, k), bv), k);
+        cpu::store_out<T>(yr + i, math::norm_out<kCentered>(xh, V::loadu(g + i, k), bv), k,
+                          stream);
       });
     }
+    cpu::stream_fence(stream);
   });
 }
 
@@ -179,6 +183,7 @@ void norm_bwd_kernel(const NormBwdArgs& a) {
   const A* meanp = kCentered ? static_cast<const A*>(a.mean) : nullptr;
   const A* rstdp = static_cast<const A*>(a.rstd);
   T* dxp = static_cast<T*>(a.dx);
+  const bool stream = cpu::stream_stores<T>(rows * n);
   // acc[0, n): dgamma partials; for LayerNorm acc[n, 2n): dbeta partials.
   auto row_fn = [=](int64_t r, A* __restrict acc) {
     const T* __restrict xr = xp + r * n;
@@ -217,14 +222,15 @@ void norm_bwd_kernel(const NormBwdArgs& a) {
     for_chunks<W>(n, [&](int64_t i, int64_t k) {
       const V xh = math::norm_xhat<kCentered>(load_acc<T>(xr + i, k), muv, rsv);
       const V gd = load_acc<T>(dyr + i, k) * V::loadu(g + i, k);
-      store_acc<T>(dxr + i,
-                   der != nullptr
-                       ? math::norm_dx_add(gd, xh, c1, c2, scale, load_acc<T>(der + i, k))
-                       : math::norm_dx(gd, xh, c1, c2, scale),
-                   k);
+      cpu::store_out<T>(dxr + i,
+                        der != nullptr
+                            ? math::norm_dx_add(gd, xh, c1, c2, scale, load_acc<T>(der + i, k))
+                            : math::norm_dx(gd, xh, c1, c2, scale),
+                        k, stream);
     });
   };
-  const std::vector<A> sums = cpu::blocked_column_sums<A>(rows, kCentered ? 2 * n : n, row_fn);
+  const std::vector<A> sums =
+      cpu::blocked_column_sums<A>(rows, kCentered ? 2 * n : n, row_fn, stream);
   T* dwp = static_cast<T*>(a.dweight);
   T* dbp = kCentered ? static_cast<T*>(a.dbias) : nullptr;
   for (int64_t i = 0; i < n; ++i) {

@@ -6,14 +6,17 @@
 
 #include <vector>
 
+#include "kernels/cpu/stream.h"
 #include "kernels/cpu/vec.h"
 
 namespace te_cpp::cpu {
 
 // row_fn(r, acc) must add row r's contribution into acc[0 .. width). Returns the column sums
-// over all rows, in the accumulation type A. Rows may also write other outputs in row_fn.
+// over all rows, in the accumulation type A. Rows may also write other outputs in row_fn, with
+// non-temporal stores where `stream` is set (each thread fences once, after its rows).
 template <typename A, typename RowFn>
-std::vector<A> blocked_column_sums(int64_t rows, int64_t width, const RowFn& row_fn) {
+std::vector<A> blocked_column_sums(int64_t rows, int64_t width, const RowFn& row_fn,
+                                   bool stream = false) {
   using V = at::vec::Vectorized<A>;
   const int64_t nblocks = (rows + kReduceRowBlock - 1) / kReduceRowBlock;
   std::vector<A> partial(static_cast<size_t>(std::max<int64_t>(nblocks, 1) * width), A(0));
@@ -23,6 +26,7 @@ std::vector<A> blocked_column_sums(int64_t rows, int64_t width, const RowFn& row
       const int64_t r_end = std::min(rows, (b + 1) * kReduceRowBlock);
       for (int64_t r = b * kReduceRowBlock; r < r_end; ++r) row_fn(r, acc);
     }
+    stream_fence(stream);
   });
   if (nblocks <= 1) {
     partial.resize(static_cast<size_t>(width));

@@ -1,0 +1,45 @@
+// The streaming-store threshold (kernels/cpu/stream.h).
+#include "kernels/cpu/stream_threshold.h"
+
+#include <algorithm>
+#include <atomic>
+#include <fstream>
+#include <string>
+
+namespace te_cpp::cpu {
+namespace {
+
+// The largest cache that cpu0's sysfs entries list (index0, index1, ...: "32768K"), or 32 MiB.
+int64_t last_level_cache_bytes() {
+  int64_t best = 0;
+  for (int i = 0; i < 8; ++i) {
+    std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
+    std::string s;
+    if (!(f >> s) || s.empty()) break;
+    int64_t scale = 1;
+    if (s.back() == 'K') scale = int64_t(1) << 10;
+    if (s.back() == 'M') scale = int64_t(1) << 20;
+    try {
+      best = std::max<int64_t>(best, std::stoll(s) * scale);
+    } catch (...) {
+      break;
+    }
+  }
+  return best > 0 ? best : int64_t(32) << 20;
+}
+
+std::atomic<int64_t> threshold{-1};
+
+}  // namespace
+
+int64_t stream_store_min_bytes() {
+  static const int64_t kDefault = last_level_cache_bytes();
+  const int64_t t = threshold.load(std::memory_order_relaxed);
+  return t < 0 ? kDefault : t;
+}
+
+int64_t set_stream_store_min_bytes(int64_t bytes) {
+  return threshold.exchange(bytes < 0 ? -1 : bytes);
+}
+
+}  // namespace te_cpp::cpu
