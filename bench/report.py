@@ -24,9 +24,10 @@ from operator import attrgetter
 PROVIDERS = ("torch", "torch.compile", "ours", "ours compiled")
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMMITTED_REPORT = os.path.join(HERE, "README.md")
-# bench/suite.py times a job again when the host's memory bandwidth (a copy timed before the
-# job, after each of its rounds and after it) was below QUIET_HOST of the run's median at the
-# job's thread count, or when the VM's host stole more than BUSY_STEAL of its threads' time
+# bench/suite.py times a job again when the host's memory bandwidth (the median of the copies
+# timed before the job, after each of its rounds and after it) was below QUIET_HOST of the run's
+# median at the job's thread count, or when the VM's host stole more than BUSY_STEAL of its
+# threads' time
 QUIET_HOST = 0.8
 BUSY_STEAL = 0.05
 # a row whose timed calls fault in fresh pages (common.timed counts them; the median over
@@ -583,23 +584,23 @@ def host_lines(results) -> list[str]:
     steals = [r.host_steal for r in jobs.values() if r.host_steal == r.host_steal]
     levels = ", ".join(f"{threads_label(t)} {median[t]:.1f} GB/s ({min(v):.1f}-{max(v):.1f})"
                        for t, v in sorted(probes.items(), reverse=True))
-    if steals:
+    if steals:  # probes after every round, and the stolen time
         worst = max((r for r in jobs.values() if r.host_steal == r.host_steal),
                     key=attrgetter("host_steal"))
         line = (f"Host: a 64 MiB copy timed before each job, after each of its rounds and "
                 f"after it, the median per job: {levels}; CPU time stolen by the VM's host, "
                 f"median {100 * statistics.median(steals):.1f}% of a job's thread time, at "
-                f"most {100 * worst.host_steal:.1f}% ({_job_name(worst)}); ")
-    else:
+                f"most {100 * worst.host_steal:.1f}% ({_job_name(worst)}); {retimed} of "
+                f"{len(jobs)} jobs timed again after their median probe fell below "
+                f"{100 * QUIET_HOST:.0f}% of the run's or more than {100 * BUSY_STEAL:.0f}% "
+                f"was stolen; ")
+        ok = (f"every job's median probe at or above {100 * QUIET_HOST:.0f}% and at most "
+              f"{100 * BUSY_STEAL:.0f}% stolen.")
+    else:  # a run that probed only around its jobs
         line = (f"Host: a 64 MiB copy timed before and after each job, the lower of the two "
-                f"over the jobs: {levels}; ")
-    if steals:
-        line += (f"{retimed} of {len(jobs)} jobs timed again after their median probe fell "
-                 f"below {100 * QUIET_HOST:.0f}% of the run's or more than "
-                 f"{100 * BUSY_STEAL:.0f}% was stolen; ")
-    else:
-        line += (f"{retimed} of {len(jobs)} jobs timed again after a probe below "
-                 f"{100 * QUIET_HOST:.0f}% of the median; ")
+                f"over the jobs: {levels}; {retimed} of {len(jobs)} jobs timed again after a "
+                f"probe below {100 * QUIET_HOST:.0f}% of the median; ")
+        ok = f"every job's probes at or above {100 * QUIET_HOST:.0f}%."
     busy = []
     for r in jobs.values():
         why = []
@@ -610,8 +611,6 @@ def host_lines(results) -> list[str]:
         if why:
             busy.append(f"{_job_name(r)} ({', '.join(why)})")
     if not busy:
-        ok = (f"every job's probes at or above {100 * QUIET_HOST:.0f}%"
-              + (f" and at most {100 * BUSY_STEAL:.0f}% stolen." if steals else "."))
         return [line + ok, ""]
     ran = "1 job ran" if len(busy) == 1 else f"{len(busy)} jobs ran"
     what = "host" if steals else "host's memory"

@@ -595,17 +595,17 @@ def _compile_floor(results: list, steps: dict, small: dict, log) -> None:
 class QuietHost:
     """Watches the host while each job is timed, and times a job again that ran while it was
     busy. The development machines are VMs whose host other guests share: on the AMD EPYC VM a
-    64 MiB copy at 2 threads swings between 28 and 60 GB/s within a minute, its typical level
-    moves between hours: it flips between about 30 and 50 GB/s every few seconds, so the copies
-    just before and after a job can miss the level its rounds ran at. A job's memory probes
-    (common.probe_host at its thread count) come before it, after each of its timing rounds
-    and after it, and the CPU time the VM's host stole from it is counted
-    (common.host_times). A job whose median probe is below QUIET of the median probe so far at
-    its thread count (most of its rounds ran in a dip; one dipped round moves a median over
-    rounds no more than the probes' median), or whose threads lost more than STEAL of their
-    time, ran while the host was busy: it is timed again, once a probe is back above QUIET
-    (probing every WAIT_S seconds, for at most PATIENCE_S), up to ATTEMPTS timings in all; a
-    timing that ran on a quiet host stands, else the one with the higher median probe."""
+    64 MiB copy at 2 threads flips between about 30 and 50 GB/s every few seconds, and its
+    typical level moves between hours, so copies just before and after a job can miss the level
+    its rounds ran at. A job's memory probes (common.probe_host at its thread count) come
+    before it, after each of its timing rounds and after it, and the CPU time the VM's host
+    stole from it is counted (common.host_times). A job whose median probe is below QUIET of
+    the median probe so far at its thread count (most of its rounds ran in a dip: one dipped
+    round moves neither that median nor the timings, which are medians over rounds), or whose
+    threads lost more than STEAL of their time, ran while the host was busy: it is timed again,
+    once a probe is back above QUIET (probing every WAIT_S seconds, for at most PATIENCE_S), up
+    to ATTEMPTS timings in all; a timing that ran on a quiet host stands, else the one with the
+    higher median probe."""
 
     QUIET = report.QUIET_HOST
     STEAL = report.BUSY_STEAL
@@ -662,7 +662,7 @@ class QuietHost:
             results, probe, steal = self._attempt(threads, job, before)
             busy = []
             if not self.quiet(threads, probe):
-                busy.append(f"probe {probe:.1f} GB/s against the run's median "
+                busy.append(f"median probe {probe:.1f} GB/s against the run's "
                             f"{self.reference(threads):.1f}")
             if steal > self.STEAL:  # False for NaN
                 busy.append(f"{100 * steal:.0f}% of its threads' time stolen by the VM's host")

@@ -264,11 +264,11 @@ def test_quiet_host_times_a_job_again_while_the_host_is_busy(monkeypatch):
     rows = host.run(2, job("C1")) + host.run(2, job("C2")) + host.run(2, job("C3"))
     assert timed == ["C1", "C1", "C2", "C2", "C3", "C3"]
     assert [s for s in logged if "host busy" in s] == [
-        "  host busy: probe 20.0 GB/s against the run's median 30.0; timing the job again "
+        "  host busy: median probe 20.0 GB/s against the run's 30.0; timing the job again "
         "once it recovers",
         "  host busy: 10% of its threads' time stolen by the VM's host; timing the job again "
         "once it recovers",
-        "  host busy: probe 20.0 GB/s against the run's median 30.0; timing the job again "
+        "  host busy: median probe 20.0 GB/s against the run's 30.0; timing the job again "
         "once it recovers"]
     by = {r.case_id: r for r in rows if r.provider == "ours"}
     # C1's and C2's second timings stand; C3's first (20), the second no better
@@ -288,7 +288,7 @@ def test_quiet_host_times_a_job_again_while_the_host_is_busy(monkeypatch):
                         "or more than 5% was stolen; 1 job ran while the host stayed busy: C3 "
                         "LayerNorm bfloat16 16384x1024, 2 threads (68%).")
     assert report.host_lines(rows[:8])[0].endswith(
-        "every job's probes at or above 80% and at most 5% stolen.")
+        "every job's median probe at or above 80% and at most 5% stolen.")
     for r in rows[:4]:  # a job whose kept timing lost 12%
         r.host_steal = 0.12
     assert report.host_lines(rows)[0].endswith(
