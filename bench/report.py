@@ -581,15 +581,15 @@ def host_lines(results) -> list[str]:
         probes.setdefault(r.threads, []).append(r.host_probe_gbps)
     median = {t: statistics.median(v) for t, v in probes.items()}
     retimed = sum(r.attempts > 1 for r in jobs.values())
-    steals = [r.host_steal for r in jobs.values() if r.host_steal == r.host_steal]
+    stolen = [r for r in jobs.values() if r.host_steal == r.host_steal]
     levels = ", ".join(f"{threads_label(t)} {median[t]:.1f} GB/s ({min(v):.1f}-{max(v):.1f})"
                        for t, v in sorted(probes.items(), reverse=True))
-    if steals:  # probes after every round, and the stolen time
-        worst = max((r for r in jobs.values() if r.host_steal == r.host_steal),
-                    key=attrgetter("host_steal"))
+    if stolen:  # probes after every round, and the stolen time
+        worst = max(stolen, key=attrgetter("host_steal"))
         line = (f"Host: a 64 MiB copy timed before each job, after each of its rounds and "
                 f"after it, the median per job: {levels}; CPU time stolen by the VM's host, "
-                f"median {100 * statistics.median(steals):.1f}% of a job's thread time, at "
+                f"median {100 * statistics.median(r.host_steal for r in stolen):.1f}% of a "
+                f"job's thread time, at "
                 f"most {100 * worst.host_steal:.1f}% ({_job_name(worst)}); {retimed} of "
                 f"{len(jobs)} jobs timed again after their median probe fell below "
                 f"{100 * QUIET_HOST:.0f}% of the run's or more than {100 * BUSY_STEAL:.0f}% "
@@ -613,7 +613,7 @@ def host_lines(results) -> list[str]:
     if not busy:
         return [line + ok, ""]
     ran = "1 job ran" if len(busy) == 1 else f"{len(busy)} jobs ran"
-    what = "host" if steals else "host's memory"
+    what = "host" if stolen else "host's memory"
     return [line + f"{ran} while the {what} stayed busy: {'; '.join(busy)}.", ""]
 
 
