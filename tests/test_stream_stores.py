@@ -75,6 +75,17 @@ def _aligned_models(dtype):
     }
 
 
+def _random_step(seq, rows, n, dtype):
+    """seq's parameters set to random values, a random (rows, n) input and output gradients,
+    and seq's outputs and gradients with plain stores."""
+    with torch.no_grad():
+        for p in seq.parameters():
+            p.copy_(torch.randn_like(p))
+    x = torch.randn(rows, n, dtype=dtype, requires_grad=True)
+    grads = random_grads_like(_as_list(seq(x)))
+    return x, grads, _run(seq, x, [], grads, NEVER)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 @pytest.mark.parametrize("n", [1024, 1000])
 def test_aligned_rows_give_the_same_bits_streamed(n, dtype, restore_threshold):
@@ -83,12 +94,7 @@ def test_aligned_rows_give_the_same_bits_streamed(n, dtype, restore_threshold):
     for name, make in _aligned_models(dtype).items():
         torch.manual_seed(0)
         seq = make(n)
-        with torch.no_grad():
-            for p in seq.parameters():
-                p.copy_(torch.randn_like(p))
-        x = torch.randn(67, n, dtype=dtype, requires_grad=True)
-        grads = random_grads_like(_as_list(seq(x)))
-        plain = _run(seq, x, [], grads, NEVER)
+        x, grads, plain = _random_step(seq, 67, n, dtype)
         _assert_same_bits(_run(seq, x, [], grads, 0), plain, f"{name} {n}")
 
 
@@ -118,12 +124,7 @@ def test_a_realistic_step_streams_alike_eager_and_compiled(dtype, restore_thresh
     n = 2048
     seq = te.ops.Sequential(te.ops.LayerNorm(n, dtype=dtype), te.ops.Bias(n, dtype=dtype),
                             te.ops.GELU())
-    with torch.no_grad():
-        for p in seq.parameters():
-            p.copy_(torch.randn_like(p))
-    x = torch.randn(4096, n, dtype=dtype, requires_grad=True)
-    grads = random_grads_like(_as_list(seq(x)))
-    plain = _run(seq, x, [], grads, NEVER)
+    x, grads, plain = _random_step(seq, 4096, n, dtype)
     streamed = _run(seq, x, [], grads, 32 << 20)
     _assert_same_bits(streamed, plain, "eager")
     compiled = torch.compile(seq, fullgraph=True)
