@@ -469,6 +469,50 @@ def test_outside_gemm_fraction_and_floor_line():
                      "step, plain eager 3.1% (<= 2%: **missed**)"]
 
 
+def test_step_spread_lines():
+    """The floor of "MLP block: ours compiled >= ours eager": each missed row with the range of
+    its rounds (ours eager / ours compiled per round: the inverse of ours compiled's ratios to
+    ours), flagged where every round is below 1, and torch.compile's wrapper (the most any
+    memory-bound row of the run measured) as a share of the missed steps."""
+    sys.path.insert(0, BENCH)
+    import types
+
+    import report
+
+    def row(case_id, mode, shape, provider, ratio, lo, hi, median_us, wrapper=float("nan")):
+        return types.SimpleNamespace(case="MLP block", case_id=case_id, mode=mode,
+                                     dtype="float32", shape=shape, threads=2,
+                                     provider=provider, ratio_vs_ours=ratio, ratio_min=lo,
+                                     ratio_max=hi, median_us=median_us,
+                                     compile_wrapper_us=wrapper)
+
+    results = [
+        # missed, its rounds on both sides of 1: 1 / 1.25 = 0.80 to 1 / 0.8 = 1.25
+        row("C8", "fwd+bwd", "8x8x8", "ours", 1.0, 1.0, 1.0, 400_000.0),
+        row("C8", "fwd+bwd", "8x8x8", "ours compiled", 1.02, 0.8, 1.25, 408_000.0),
+        # missed in every round
+        row("C8", "fwd+bwd", "16x8x8", "ours", 1.0, 1.0, 1.0, 800_000.0),
+        row("C8", "fwd+bwd", "16x8x8", "ours compiled", 1.04, 1.02, 1.05, 832_000.0),
+        # met: no line
+        row("C8", "fwd+bwd", "32x8x8", "ours", 1.0, 1.0, 1.0, 800_000.0),
+        row("C8", "fwd+bwd", "32x8x8", "ours compiled", 0.98, 0.9, 1.1, 784_000.0),
+        # the forward alone is not this target's; the memory-bound row gives the wrapper
+        row("C8", "fwd", "8x8x8", "ours compiled", 1.5, 1.4, 1.6, 1.0),
+        row("C1", "fwd", "8x8", "ours", 1.0, 1.0, 1.0, 500.0, wrapper=200.0),
+        row("C1", "fwd", "16x8", "ours", 1.0, 1.0, 1.0, 500.0, wrapper=400.0),
+    ]
+    assert report.step_spread_lines(results) == [
+        "* C8 MLP block fwd+bwd float32 8x8x8, 2 threads: 0.98x, its rounds 0.80-1.25x",
+        "* C8 MLP block fwd+bwd float32 16x8x8, 2 threads: 0.96x, its rounds 0.95-0.98x "
+        "(every round below 1.00x)",
+        "* on 1 of the 2 missed rows the rounds run on both sides of 1.00x: the median's "
+        "shortfall is within the run's round-to-round spread",
+        "* torch.compile's wrapper, at most 400 µs on this run's memory-bound rows, is at most "
+        "0.10% of these steps (400-800 ms)",
+    ]
+    assert report.step_spread_lines(results[4:]) == []
+
+
 def test_host_profile_and_compile_floor_lines():
     """Target 1's floor: host_profile finds torch.compile's wrapper events around a compiled
     call and none around an eager one; cold_call_us times each call after the sweep, in turns;
