@@ -558,33 +558,26 @@ def _body(results, callgrind_rows) -> list[str]:
     out = ["## Verdicts (issue 18's targets)", "", "Each target over every row of this run it "
            "covers (both thread counts); the tables below have the rows.", ""]
     out += verdict_lines(results) + [""]
-    compile_floor = compile_floor_lines(results)
-    if compile_floor:
-        out += ["The floor of \"ours compiled >= ours eager\" (memory-bound cases; host costs "
-                "with the caches as the row's call leaves them, without a profiler; "
-                "`bench/compile_floor.py` splits them into torch.compile's events):", ""]
-        out += compile_floor + [""]
-    host_floor = host_floor_lines(callgrind_rows)
-    if host_floor:
-        out += ["The small steps' floor (C9; `bench/callgrind.py` at 8x256 fp32, one thread, "
-                "instructions per call; the table at the end):", ""] + host_floor + [""]
-    kernel_floor = kernel_floor_lines(results)
-    if kernel_floor:
-        out += ["The floor of the bf16 / fp16 kernels' targets (60% of copy, or 70% of the FLOP "
-                "roof; each missed row against its twin, the same kernel at another row count "
-                "whose copy is 1.5x faster or slower: one size in the L3, the other from "
-                "memory):", ""]
-        out += kernel_floor + [""]
-    floors = floor_lines(results)
-    if floors:
-        out += ["The MLP block's floor: time outside the GEMMs (aten::mm / addmm self time under "
-                "torch.profiler, over the step's wall time):", ""] + floors + [""]
-    spread = step_spread_lines(results)
-    if spread:
-        out += ["The floor of \"MLP block (C8) forward+backward: ours compiled >= ours eager\" "
-                "(each missed row's median and the range of its rounds; a compiled step runs "
-                "the eager step's kernels behind torch.compile's wrapper):", ""]
-        out += spread + [""]
+    # each target's floor: its heading and lines, left out where the run has none
+    floors = (
+        ("The floor of \"ours compiled >= ours eager\" (memory-bound cases; host costs with the "
+         "caches as the row's call leaves them, without a profiler; `bench/compile_floor.py` "
+         "splits them into torch.compile's events):", compile_floor_lines(results)),
+        ("The small steps' floor (C9; `bench/callgrind.py` at 8x256 fp32, one thread, "
+         "instructions per call; the table at the end):", host_floor_lines(callgrind_rows)),
+        ("The floor of the bf16 / fp16 kernels' targets (60% of copy, or 70% of the FLOP roof; "
+         "each missed row against its twin, the same kernel at another row count whose copy is "
+         "1.5x faster or slower: one size in the L3, the other from memory):",
+         kernel_floor_lines(results)),
+        ("The MLP block's floor: time outside the GEMMs (aten::mm / addmm self time under "
+         "torch.profiler, over the step's wall time):", floor_lines(results)),
+        ("The floor of \"MLP block (C8) forward+backward: ours compiled >= ours eager\" (each "
+         "missed row's median and the range of its rounds; a compiled step runs the eager "
+         "step's kernels behind torch.compile's wrapper):", step_spread_lines(results)),
+    )
+    for heading, lines in floors:
+        if lines:
+            out += [heading, ""] + lines + [""]
     for th in sorted({r.threads for r in results}, reverse=True):
         sub = [r for r in results if r.threads == th]
         out += [f"## {threads_label(th)}", ""] + summary_table(sub) + [""]
