@@ -641,3 +641,45 @@ def test_committed_report_is_assembled_from_its_sections():
         assert f.read() == report.assemble(BENCH)
     for slug in os.listdir(os.path.join(BENCH, report.MACHINES)):
         assert os.path.exists(os.path.join(BENCH, report.MACHINES, slug, "ratios.png"))
+
+
+# bench/kernel_ab.py at 64 rows, one round of one call per setting, in a subprocess (importing
+# bench/suite.py re-executes the process unless TECPP_BENCH_SYSTEM_MALLOC is set); then the
+# settings the run leaves behind, which must be the process defaults again
+_KERNEL_AB = """
+import json, sys
+sys.path.insert(0, "bench")
+import kernel_ab
+from transformer_engine_cpp import _C
+default = (_C.stream_store_min_bytes(), _C.activation_lookup_use())
+rows = kernel_ab.run(sys.argv[1], sys.argv[2:], 1, 1, 1, True, log=lambda line: None)
+print(json.dumps({"rows": rows, "default": default,
+                  "after": (_C.stream_store_min_bytes(), _C.activation_lookup_use())}))
+"""
+
+
+@pytest.mark.parametrize("switch,dtypes,kernels", [
+    ("stream", ["float32", "float64"], 6), ("lookup", ["bfloat16", "float16"], 2)])
+def test_kernel_ab_times_each_kernel_both_ways_and_restores_the_setting(switch, dtypes, kernels):
+    """Each of the switch's kernels, forward and backward, per dtype: a time with the setting
+    off and on and their ratio; the process's setting is its default afterwards."""
+    env = dict(os.environ, TECPP_BENCH_SYSTEM_MALLOC="1")
+    out = subprocess.run([sys.executable, "-c", _KERNEL_AB, switch, *dtypes], cwd=ROOT, env=env,
+                         capture_output=True, text=True, check=True).stdout
+    res = json.loads(out.strip().splitlines()[-1])
+    rows = res["rows"]
+    assert len(rows) == kernels * 2 * len(dtypes)
+    assert {(r["dtype"], r["mode"]) for r in rows} == {(d, m) for d in dtypes
+                                                      for m in ("fwd", "bwd")}
+    assert all(r["off_us"] > 0 and r["on_us"] > 0 and r["lo"] <= r["speedup"] <= r["hi"]
+               and r["shape"].startswith("64x") for r in rows)
+    assert res["after"] == res["default"]
+
+
+def test_kernel_ab_refuses_a_dtype_its_switch_does_not_concern():
+    env = dict(os.environ, TECPP_BENCH_SYSTEM_MALLOC="1")
+    p = subprocess.run([sys.executable, os.path.join(BENCH, "kernel_ab.py"), "--switch",
+                        "stream", "--dtypes", "bfloat16", "--quick"], cwd=ROOT, env=env,
+                       capture_output=True, text=True)
+    assert p.returncode != 0
+    assert "--switch stream concerns float32, float64 outputs, not bfloat16" in p.stderr
