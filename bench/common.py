@@ -173,19 +173,25 @@ def _probe_buffers() -> tuple[torch.Tensor, torch.Tensor]:
 PROBE_COPIES = 5
 
 
+def median_call_s(fn: Callable[[], object], calls: int) -> float:
+    """The median time of ``calls`` calls of fn, in seconds, after an untimed one: a fixed,
+    short count where blocked_autorange would calibrate (the host probe, A/B rounds)."""
+    fn()
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def probe_host(threads: int) -> float:
     """The host's memory bandwidth now: GB/s of the median of PROBE_COPIES timed PROBE_BYTES
     copies after an untimed one (about 20 ms at 2 threads on the development VMs, short
     enough to probe after every timing round)."""
     src, dst = _probe_buffers()
     torch.set_num_threads(threads)
-    dst.copy_(src)
-    times = []
-    for _ in range(PROBE_COPIES):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t0)
-    return 2 * src.nbytes / statistics.median(times) / 1e9
+    return 2 * src.nbytes / median_call_s(lambda: dst.copy_(src), PROBE_COPIES) / 1e9
 
 
 def host_times() -> tuple[float, float]:

@@ -25,7 +25,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -69,16 +68,6 @@ KERNELS = {
 }
 
 
-def _median_us(fn, calls: int) -> float:
-    fn()
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
-
-
 def _calls(model, x, mode: str):
     """The timed call: a no_grad forward, or a backward of one forward on a retained graph."""
     if mode == "fwd":
@@ -90,6 +79,17 @@ def _calls(model, x, mode: str):
     y = model(x)
     dy = torch.randn_like(y)
     return lambda: torch.autograd.grad(y, [x], dy, retain_graph=True)
+
+
+def _alternate(fn, off, on, rounds: int, calls: int) -> tuple[list, list]:
+    """Per round, fn's median µs per call with the setting off, then on."""
+    offs, ons = [], []
+    for _ in range(rounds):
+        off()
+        offs.append(common.median_call_s(fn, calls) * 1e6)
+        on()
+        ons.append(common.median_call_s(fn, calls) * 1e6)
+    return offs, ons
 
 
 def run(switch: str, dtypes, threads: int, rounds: int, calls: int, quick: bool,
@@ -109,13 +109,7 @@ def run(switch: str, dtypes, threads: int, rounds: int, calls: int, quick: bool,
                 torch.manual_seed(0)
                 _, ours, (x,) = case.build(dtype)
                 for mode in modes:
-                    fn = _calls(ours, x, mode)
-                    offs, ons = [], []
-                    for _ in range(rounds):
-                        off()
-                        offs.append(_median_us(fn, calls))
-                        on()
-                        ons.append(_median_us(fn, calls))
+                    offs, ons = _alternate(_calls(ours, x, mode), off, on, rounds, calls)
                     ratios = [a / b for a, b in zip(offs, ons)]
                     row = {"kernel": label, "shape": case.shape, "dtype": dtype_name,
                            "mode": mode, "off_us": statistics.median(offs),
