@@ -89,6 +89,10 @@ class Result:
     # minor page faults per timed call, the median over rounds (common.timed): a call that
     # faults takes fresh pages for its outputs instead of reusing freed ones (NaN: not counted)
     faults_per_call: float = float("nan")
+    # C8: the share of a step's time in ops other than the GEMMs (profiled; the rest of
+    # outside_gemm is host work), and the minimal bytes that work moves (-1: not measured)
+    outside_gemm_ops: float = float("nan")
+    outside_gemm_min_bytes: int = -1
 
 
 def environment() -> str:
@@ -353,11 +357,13 @@ def peak_allocated_bytes(step: Callable[[], object]) -> int:
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation")
 
 
-def outside_gemm_fraction(step: Callable[[], object], repeats: int = 3) -> float:
-    """The share of ``step()``'s host time spent outside the GEMMs: 1 - (self CPU time of the
-    ATen GEMM ops) / (the step's wall time), from torch.profiler over ``repeats`` steps (our
-    linear ops run their GEMMs through these ATen ops, so both models are counted alike);
-    NaN if the profiler cannot tell."""
+def outside_gemm_shares(step: Callable[[], object], repeats: int = 3) -> tuple[float, float]:
+    """The shares of ``step()``'s host time spent outside the GEMMs and, within that, in the
+    other ops: (1 - (self CPU time of the ATen GEMM ops) / (the step's wall time), the self CPU
+    time of every other ``te_cpp::`` and ``aten::`` op over the wall time), from torch.profiler
+    over ``repeats`` steps (our linear ops run their GEMMs through these ATen ops, so both
+    models are counted alike); what is outside the GEMMs and outside the ops is host work
+    (Python, the autograd engine). NaNs if the profiler cannot tell."""
     try:
         from torch.profiler import ProfilerActivity, profile
 
@@ -366,10 +372,15 @@ def outside_gemm_fraction(step: Callable[[], object], repeats: int = 3) -> float
             for _ in range(repeats):
                 step()
             wall = time.perf_counter() - t0
-        gemm = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in GEMM_OPS)
-        return max(0.0, 1.0 - gemm * 1e-6 / wall)
+        gemm = ops = 0.0
+        for e in prof.key_averages():
+            if e.key in GEMM_OPS:
+                gemm += e.self_cpu_time_total
+            elif e.key.startswith(KERNEL_EVENTS):
+                ops += e.self_cpu_time_total
+        return max(0.0, 1.0 - gemm * 1e-6 / wall), ops * 1e-6 / wall
     except Exception:
-        return float("nan")
+        return float("nan"), float("nan")
 
 
 # torch.compile's per-call wrapper, as torch.profiler names its events (torch 2.13): Dynamo's

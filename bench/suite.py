@@ -78,6 +78,8 @@ class Case:
     shape: str
     # minimal bytes moved per mode for one element size (0: not memory bound)
     min_bytes: Callable[[str, int], int] = lambda mode, esz: 0
+    # GEMM-bound cases: the minimal bytes the work outside the GEMMs moves per mode (0: none)
+    outside_gemm_bytes: Callable[[str, int], int] = lambda mode, esz: 0
     # minimal floating-point operations per mode (0: no FLOP roofline; see FLOPS below)
     flops: Callable[[str], int] = lambda mode: 0
     # GEMM shapes (M, K, N) per mode for the bare torch.mm roofline
@@ -254,8 +256,17 @@ def mlp_case(T, H, F, variant):
         fwd = [(T, H, fc1), (T, F, H)]
         bwd = [(T, fc1, H), (fc1, T, H), (T, H, F), (H, T, F)]
         return fwd if mode == "fwd" else fwd + bwd
+    def outside_gemm_bytes(mode, esz):
+        # each pass outside the GEMMs reads its inputs once and writes its outputs once; the
+        # biases and the residual add ride in the GEMMs (beta = 1). Forward: LayerNorm (x in,
+        # out), the activation (fc1's output in, fc2's input out). Backward: fc2's dbias (dy
+        # in), the activation's backward with fc1's dbias (dy and the saved fc1 output in, its
+        # grad out), LayerNorm's (dy and x in, dx out) and the residual's grad added to it.
+        fwd = 2 * T * H + T * (fc1 + F)
+        bwd = T * H + T * (F + 2 * fc1) + 3 * T * H + (T * H if variant != "plain" else 0)
+        return esz * (fwd if mode == "fwd" else fwd + bwd)
     return Case("C8", name, ("fwd", "fwd+bwd"), mlp_builder(T, H, F, variant), f"{T}x{H}x{F}",
-                gemms=gemms, memory=True,
+                gemms=gemms, memory=True, outside_gemm_bytes=outside_gemm_bytes,
                 targets={"fwd": Target(1.0, 0.95),
                          "fwd+bwd": Target(1.05, 1.0, compiled_vs_ours=1.0)})
 
@@ -547,8 +558,9 @@ def run_case_dtype(case: Case, dtype, threads: int, rounds: int, min_run_time: f
                     r.saved_bytes = common.saved_activation_bytes(steps[r.provider].fwd)
                     r.peak_bytes = common.peak_allocated_bytes(steps[r.provider].fwd_bwd)
                     if not r.provider.endswith("compiled") and r.provider != "torch.compile":
-                        r.outside_gemm = common.outside_gemm_fraction(
+                        r.outside_gemm, r.outside_gemm_ops = common.outside_gemm_shares(
                             steps[r.provider].fwd_bwd)
+                        r.outside_gemm_min_bytes = case.outside_gemm_bytes(mode, esz)
             mem = {r.provider: r for r in res if r.provider in steps}
             log("  memory: " + " | ".join(
                 f"{n} saved {mem[n].saved_bytes / 2**20:.1f} MiB peak "

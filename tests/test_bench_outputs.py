@@ -456,9 +456,12 @@ def test_outside_gemm_fraction_and_floor_line():
 
     a, b = torch.randn(256, 256), torch.randn(256, 256)
     big = torch.randn(4 * 2**20)
-    gemm_only = common.outside_gemm_fraction(lambda: [a @ b for _ in range(20)])
-    mostly_other = common.outside_gemm_fraction(lambda: (a @ b, [big.exp() for _ in range(5)]))
+    gemm_only, gemm_only_ops = common.outside_gemm_shares(lambda: [a @ b for _ in range(20)])
+    mostly_other, other_ops = common.outside_gemm_shares(
+        lambda: (a @ b, [big.exp() for _ in range(5)]))
     assert 0 <= gemm_only < mostly_other <= 1 and mostly_other > 0.5
+    # the exps are ops: most of the share outside the GEMMs; the GEMM-only step has next to none
+    assert gemm_only_ops < 0.05 and 0.5 * mostly_other < other_ops <= mostly_other
 
     def row(provider, frac):
         return types.SimpleNamespace(case="MLP block", case_id="C8", mode="fwd+bwd",
@@ -467,6 +470,48 @@ def test_outside_gemm_fraction_and_floor_line():
     lines = report.floor_lines([row("torch", 0.031), row("ours", 0.045)])
     assert lines == ["* C8 MLP block fwd+bwd float32 4x4x4: outside the GEMMs ours 4.5% of the "
                      "step, plain eager 3.1% (<= 2%: **missed**)"]
+    # with the ops' part, the minimal bytes and the job's copy rate: 30 MB at 10 GB/s is 3 ms,
+    # 3% of a 100 ms step, above 2%; 10 MB in a 100 ms step is 1%
+    ours, plain = row("ours", 0.045), row("torch", 0.031)
+    ours.outside_gemm_ops, plain.outside_gemm_ops = 0.04, 0.025
+    ours.outside_gemm_min_bytes, ours.host_probe_gbps, ours.median_us = 30_000_000, 10.0, 1e5
+    lines = report.floor_lines([plain, ours])
+    assert lines == ["* C8 MLP block fwd+bwd float32 4x4x4: outside the GEMMs ours 4.5% (ops "
+                     "4.0%) of the step, plain eager 3.1% (ops 2.5%) (<= 2%: **missed**); the "
+                     "least that work moves, "
+                     "29 MiB, takes 3.0% of the step at the job's copy rate (10.0 GB/s)",
+                     "* on 1 of these rows the minimal bytes alone take more than 2% of the "
+                     "step: the target is out of reach while that work runs in passes of its "
+                     "own beside the GEMMs"]
+    ours.outside_gemm_min_bytes = 10_000_000
+    assert report.floor_lines([plain, ours])[0].endswith(
+        "takes 1.0% of the step at the job's copy rate (10.0 GB/s)")
+    # the heading names the ops' part and the bytes only where the run recorded them
+    assert "in brackets" in report._split_note([plain, ours])
+    assert "the least that work moves" in report._split_note([plain, ours])
+    assert report._split_note([row("torch", 0.031), row("ours", 0.045)]) == ""
+
+
+def test_mlp_outside_gemm_bytes(monkeypatch):
+    """The C8 step's minimal bytes outside the GEMMs, counted by hand at T=4, H=2, F=8 in
+    elements. Forward: LayerNorm 4*2 in + out; GELU fc1's 4*8 out in, 4*8 out. Backward: fc2's
+    dbias reads dy (4*2); dGELU reads dy and the fc1 output, writes dx (3*4*8); LayerNorm reads
+    dy and x, writes dx (3*4*2); with the residual, its grad read (4*2). SwiGLU's fc1 output is
+    4*16: its forward reads it (64) and writes 32, its backward reads dy (32) and it (64),
+    writes 64."""
+    monkeypatch.setenv("TECPP_BENCH_SYSTEM_MALLOC", "1")  # importing suite: no re-exec
+    sys.path.insert(0, BENCH)
+    import suite
+
+    fwd = 16 + 64
+    plain_bwd = 8 + 96 + 24
+    assert suite.mlp_case(4, 2, 8, "plain").outside_gemm_bytes("fwd", 2) == 2 * fwd
+    assert suite.mlp_case(4, 2, 8, "plain").outside_gemm_bytes("fwd+bwd", 2) == 2 * (
+        fwd + plain_bwd)
+    assert suite.mlp_case(4, 2, 8, "residual").outside_gemm_bytes("fwd+bwd", 4) == 4 * (
+        fwd + plain_bwd + 8)
+    assert suite.mlp_case(4, 2, 8, "swiglu").outside_gemm_bytes("fwd+bwd", 2) == 2 * (
+        16 + 96 + 8 + 160 + 24 + 8)
 
 
 def test_step_spread_lines():
@@ -511,6 +556,42 @@ def test_step_spread_lines():
         "0.10% of these steps (400-800 ms)",
     ]
     assert report.step_spread_lines(results[4:]) == []
+
+
+def test_eager_floor_lines():
+    """The floor of "ours eager >= plain eager": each memory-bound row where plain eager is
+    faster, with the range of its rounds (plain's time over ours' per round) and both
+    providers' share of the copy's bandwidth; a met row, and a GEMM-bound one, get no line."""
+    sys.path.insert(0, BENCH)
+    import types
+
+    import report
+
+    def row(case_id, shape, provider, ratio, lo, hi, copy):
+        return types.SimpleNamespace(case="LayerNorm", case_id=case_id, mode="fwd",
+                                     dtype="float32", shape=shape, threads=1,
+                                     provider=provider, ratio_vs_ours=ratio, ratio_min=lo,
+                                     ratio_max=hi, copy_efficiency=copy)
+
+    results = [
+        row("C1", "8x8", "ours", 1.0, 1.0, 1.0, 0.65),  # missed in every round
+        row("C1", "8x8", "torch", 0.89, 0.85, 0.96, 0.73),
+        row("C1", "16x8", "ours", 1.0, 1.0, 1.0, 0.9),  # missed, rounds on both sides
+        row("C1", "16x8", "torch", 0.98, 0.9, 1.05, 0.91),
+        row("C1", "32x8", "ours", 1.0, 1.0, 1.0, 0.9),  # met
+        row("C1", "32x8", "torch", 1.2, 1.1, 1.3, 0.75),
+        row("C8", "8x8x8", "ours", 1.0, 1.0, 1.0, 0.0),  # not memory-bound
+        row("C8", "8x8x8", "torch", 0.9, 0.8, 1.0, 0.0),
+    ]
+    assert report.eager_floor_lines(results) == [
+        "* C1 LayerNorm fwd float32 8x8, 1 thread: 0.89x, its rounds 0.85-0.96x (every round "
+        "below 1.00x); ours at 65% of copy, plain eager at 73%",
+        "* C1 LayerNorm fwd float32 16x8, 1 thread: 0.98x, its rounds 0.90-1.05x; ours at 90% "
+        "of copy, plain eager at 91%",
+        "* on 1 of the 2 missed rows the rounds run on both sides of 1.00x: the median's "
+        "shortfall is within the run's round-to-round spread",
+    ]
+    assert report.eager_floor_lines(results[4:]) == []
 
 
 def test_host_profile_and_compile_floor_lines():
