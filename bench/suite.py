@@ -256,6 +256,7 @@ def mlp_case(T, H, F, variant):
         fwd = [(T, H, fc1), (T, F, H)]
         bwd = [(T, fc1, H), (fc1, T, H), (T, H, F), (H, T, F)]
         return fwd if mode == "fwd" else fwd + bwd
+
     def outside_gemm_bytes(mode, esz):
         # each pass outside the GEMMs reads its inputs once and writes its outputs once; the
         # biases and the residual add ride in the GEMMs (beta = 1). Forward: LayerNorm (x in,
