@@ -224,15 +224,16 @@ def floor_lines(results) -> list[str]:
     return lines
 
 
-def _rounds_lines(missed, detail=lambda r: "") -> list[str]:
+def _rounds_lines(missed, suffixes=None) -> list[str]:
     """Each missed row (achieved, lowest round, highest round, row) with the range of its
-    rounds, flagged where every round misses, and ``detail(row)`` after it; then how many have
-    rounds on both sides of 1.00x (a shortfall inside the run's round-to-round spread)."""
+    rounds, flagged where every round misses, and its entry of ``suffixes`` after it; then how
+    many have rounds on both sides of 1.00x (a shortfall inside the run's round-to-round
+    spread)."""
     lines = []
-    for achieved, lo, hi, r in missed:
+    for (achieved, lo, hi, r), suffix in zip(missed, suffixes or [""] * len(missed)):
         flag = " (every round below 1.00x)" if hi < 1.0 else ""
         lines.append(f"* {_row_name(r)}: {achieved:.2f}x, its rounds {lo:.2f}-{hi:.2f}x{flag}"
-                     f"{detail(r)}")
+                     f"{suffix}")
     spread = sum(hi >= 1.0 for _, _, hi, _ in missed)
     lines.append(f"* on {spread} of the {len(missed)} missed rows the rounds run on both sides of "
                  "1.00x: the median's shortfall is within the run's round-to-round spread")
@@ -243,23 +244,16 @@ def eager_floor_lines(results) -> list[str]:
     """The floor of "ours eager >= plain eager" on the memory-bound cases: each missed row with
     the range of its rounds (t(plain) / t(ours) per round) and both providers' bandwidth as a
     share of the copy's (what a kernel moving the row's bytes can reach)."""
-    missed, plain = [], {}
+    missed, shares = [], []
     for _, by in _group(results).items():
         r, t = by.get("ours"), by.get("torch")
-        if r is None or t is None or r.case_id not in _MEMORY_BOUND or _ratio(by, "ours",
-                                                                               "torch") >= 1.0:
+        if r is None or t is None or r.case_id not in _MEMORY_BOUND:
             continue
-        missed.append((t.ratio_vs_ours, t.ratio_min, t.ratio_max, r))
-        plain[id(r)] = t
-    if not missed:
-        return []
-
-    def copy_shares(r) -> str:
-        if not r.copy_efficiency:
-            return ""
-        return (f"; ours at {r.copy_efficiency:.0%} of copy, plain eager at "
-                f"{plain[id(r)].copy_efficiency:.0%}")
-    return _rounds_lines(missed, copy_shares)
+        if _ratio(by, "ours", "torch") < 1.0:
+            missed.append((t.ratio_vs_ours, t.ratio_min, t.ratio_max, r))
+            shares.append(f"; ours at {r.copy_efficiency:.0%} of copy, plain eager at "
+                          f"{t.copy_efficiency:.0%}" if r.copy_efficiency else "")
+    return _rounds_lines(missed, shares) if missed else []
 
 
 def step_spread_lines(results) -> list[str]:
