@@ -927,8 +927,8 @@ def _load_csv(path):
                 setattr(r, name, float(getattr(r, name, "nan")))  # older CSVs lack some
             for name in ("threads", "bytes_moved", "saved_bytes", "peak_bytes"):
                 setattr(r, name, int(getattr(r, name)))
-            r.outside_gemm_min_bytes = int(getattr(r, "outside_gemm_min_bytes", -1))
-            r.attempts = int(getattr(r, "attempts", 1))
+            for name, default in (("attempts", 1), ("outside_gemm_min_bytes", -1)):
+                setattr(r, name, int(getattr(r, name, default)))  # older CSVs lack these
             rows.append(r)
     return rows, env
 
