@@ -90,7 +90,7 @@ PyMethodDef kMethods[] = {
      "before (negative where it was the CPU's choice)."},
     {"stream_store_min_bytes", stream_store_min_bytes, METH_NOARGS,
      "Outputs of at least this many bytes are written by the CPU kernels with non-temporal "
-     "stores (default: the last-level cache's size)."},
+     "stores (default: the last-level cache's size, at most 32 MiB)."},
     {"set_stream_store_min_bytes", set_stream_store_min_bytes, METH_O,
      "Sets that threshold for the process (negative: the default); returns the value set "
      "before (-1 where it was the default)."},

@@ -9,7 +9,13 @@
 namespace te_cpp::cpu {
 namespace {
 
-// The largest cache that cpu0's sysfs entries list (index0, index1, ...: "32768K"), or 32 MiB.
+// What one process keeps resident in the last-level cache at most. sysfs lists the whole
+// cache, which on a large server part is shared by all of its cores: 480 MiB on an Intel Xeon
+// VM whose 2 cores see a copy fall to memory's bandwidth between 64 and 128 MiB moved.
+constexpr int64_t kMaxResidentBytes = int64_t(32) << 20;
+
+// The largest cache that cpu0's sysfs entries list (index0, index1, ...: "32768K"), at most
+// kMaxResidentBytes; kMaxResidentBytes where none can be read.
 int64_t last_level_cache_bytes() {
   int64_t best = 0;
   for (int i = 0; i < 8; ++i) {
@@ -25,7 +31,7 @@ int64_t last_level_cache_bytes() {
       break;
     }
   }
-  return best > 0 ? best : int64_t(32) << 20;
+  return best > 0 ? std::min(best, kMaxResidentBytes) : kMaxResidentBytes;
 }
 
 std::atomic<int64_t> threshold{-1};

@@ -7,7 +7,8 @@
 namespace te_cpp::cpu {
 
 // Outputs of at least this many bytes are written with non-temporal stores: by default the
-// size of the CPU's last-level cache (sysfs; 32 MiB where it cannot be read).
+// size of the CPU's last-level cache (sysfs), at most 32 MiB (and 32 MiB where it cannot be
+// read).
 int64_t stream_store_min_bytes();
 // Sets the threshold for the process (negative: the default again); returns the value set
 // before (-1 where it was the default), so that a caller can restore it.
