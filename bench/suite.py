@@ -89,6 +89,8 @@ class Case:
     grad: bool = True  # False: forward only, no autograd (kernels without a backward)
     # the same case at 8 rows (memory-bound cases): target 1's floor times its calls
     small: Optional[Callable[[], "Case"]] = None
+    # only these dtypes of the run's (None: all of them)
+    dtypes: Optional[tuple[torch.dtype, ...]] = None
 
 
 # FLOP counts of the roofline, per element, of each formula in the accumulation type (fp32
@@ -421,6 +423,11 @@ def all_cases(full: bool, quick: bool) -> list[Case]:
         # with its twin (report.kernel_floor_lines)
         cases += [bias_act_case(1024, F, "gelu"), dact_dbias_case(1024, F), swiglu_case(512, F),
                   quantize_case(16384, H, "fp8"), quantize_case(16384, H, "mxfp8")]
+        # and from memory where the L3 holds the sizes above (a copy of 64 MiB runs from the
+        # cache on the Intel Xeon VM): 256 MiB and more in 16-bit, for target 3 only
+        cases += [dataclasses.replace(c, dtypes=(torch.bfloat16, torch.float16)) for c in
+                  (layernorm_case(65536, H), rmsnorm_case(65536, H),
+                   bias_act_case(16384, F, "gelu"), dact_dbias_case(16384, F))]
     return cases
 
 
@@ -728,6 +735,7 @@ def main() -> None:
     env = common.environment()
     print(env, flush=True)
     jobs = [(t, c, d) for t in threads for c in cases for d in dtypes
+            if c.dtypes is None or d in c.dtypes
             # the full run's 1-thread table leaves out the GEMM-bound cases (C6-C8: at T=4096
             # they alone would take about 40 minutes); --threads 1 --cases C8 runs them
             if not (t == 1 and len(threads) > 1 and c.gemms("fwd+bwd") + c.gemms("fwd")
