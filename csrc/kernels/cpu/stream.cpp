@@ -9,14 +9,14 @@
 namespace te_cpp::cpu {
 namespace {
 
-// What one process keeps resident in the last-level cache at most. sysfs lists the whole
-// cache, which on a large server part is shared by all of its cores: 480 MiB on an Intel Xeon
-// VM whose 2 cores see a copy fall to memory's bandwidth between 64 and 128 MiB moved.
+// The most of the last-level cache the threshold counts on one process keeping. sysfs lists
+// the whole cache, which on a large server part all of its cores share: 480 MiB on an Intel
+// Xeon VM whose 2 cores see a copy fall to memory's bandwidth between 64 and 128 MiB moved.
 constexpr int64_t kMaxResidentBytes = int64_t(32) << 20;
 
-// The largest cache that cpu0's sysfs entries list (index0, index1, ...: "32768K"), at most
-// kMaxResidentBytes; kMaxResidentBytes where none can be read.
-int64_t last_level_cache_bytes() {
+// The default threshold: the largest cache that cpu0's sysfs entries list (index0, index1,
+// ...: "32768K"), at most kMaxResidentBytes; kMaxResidentBytes where none can be read.
+int64_t default_threshold_bytes() {
   int64_t best = 0;
   for (int i = 0; i < 8; ++i) {
     std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
@@ -39,7 +39,7 @@ std::atomic<int64_t> threshold{-1};
 }  // namespace
 
 int64_t stream_store_min_bytes() {
-  static const int64_t kDefault = last_level_cache_bytes();
+  static const int64_t kDefault = default_threshold_bytes();
   const int64_t t = threshold.load(std::memory_order_relaxed);
   return t < 0 ? kDefault : t;
 }
