@@ -9,8 +9,9 @@ Whole suite runs on the shared development VMs differ from one another by more t
 setting moves a row (docs/architecture.md, Benchmarks); switching it between calls of one
 process, on the same model and inputs, is what tells it. The kernels are the suite's own
 models (bench/suite.py's case builders, ours only): for the streaming stores, the sizes whose
-outputs reach the last-level cache plus LayerNorm at 4096x1024 (16 MiB in fp32, streamed only
-where the cache is smaller) as a control; for the tables, the exp-based activations.
+outputs reach the default threshold (the last-level cache, at most 32 MiB) plus LayerNorm at
+4096x1024 (16 MiB in fp32, streamed only where the cache is smaller) as a control; for the
+tables, the exp-based activations.
 
 Method: per kernel, mode (a no_grad forward, or a backward on a retained graph) and round,
 `calls` timed calls with the setting off, then `calls` with it on, each run after one untimed
