@@ -796,13 +796,19 @@ MACHINES = "machines"
 
 
 def machine_name(env: str) -> str:
-    """The CPU model of common.environment's line (its third field) without trademarks, ISA
-    flags and the words Processor / CPU: 'AMD EPYC', 'Intel Xeon'."""
+    """The CPU model of common.environment's line (its third field) without trademarks and the
+    words Processor / CPU: 'AMD EPYC', 'Intel Xeon'; with ' (AVX2)' or ' (no AVX2)' where its
+    ISA flags lack avx512f, since te_cpp's and ATen's kernels are then other builds (a model's
+    VMs differ: some hypervisors hide AVX-512)."""
     fields = env.split(", ")
-    cpu = (fields[2] if len(fields) > 2 else env).split(" (")[0]
+    cpu, _, flags = (fields[2] if len(fields) > 2 else env).partition(" (")
     cpu = re.sub(r"\((R|TM)\)", "", cpu, flags=re.IGNORECASE)
     words = [w for w in cpu.split() if w.lower() not in ("processor", "cpu")]
-    return " ".join(words) or "unknown CPU"
+    name = " ".join(words) or "unknown CPU"
+    have = flags.rstrip(")").split()
+    if flags and "avx512f" not in have:
+        name += " (AVX2)" if "avx2" in have else " (no AVX2)"
+    return name
 
 
 def machine_slug(name: str) -> str:
