@@ -130,3 +130,22 @@ def test_special_values_where_the_cpu_puts_them(width, device):
         assert torch.equal(torch.isnan(value), torch.isnan(ref)), f"{name}: NaN placement"
         assert torch.equal(torch.isinf(value), torch.isinf(ref)), f"{name}: inf placement"
         assert torch.equal(value[torch.isinf(ref)], ref[torch.isinf(ref)]), f"{name}: inf sign"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("width", [13, 300, 1001])
+def test_cpu_norm_ops_are_bitwise_equal_wherever_the_rows_start(width, dtype):
+    """The same rows at storage offsets 0-17 elements (each row starting anywhere within a vector
+    and a cache line): the same bits. A row's sums are chunked by its width alone, never by where
+    it starts, so a tensor and its copy normalise alike."""
+    x, dy, de, w, b = _inputs(width, dtype, "cpu", seed=2)
+    want = _run_all(x, dy, de, w, b, False)
+    for offset in range(18):
+        moved = []
+        for t in (x, dy, de):
+            buf = torch.empty(offset + t.numel(), dtype=dtype)
+            buf[offset:].copy_(t.flatten())
+            moved.append(buf[offset:].view(t.shape))
+        got = _run_all(*moved, w, b, False)
+        for name, value in want.items():
+            assert torch.equal(got[name], value), f"{name}: differs at offset {offset}"
