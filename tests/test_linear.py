@@ -437,6 +437,75 @@ def test_linear_ops_called_directly_on_tensors_that_require_grad():
                                **FP32)
 
 
+# ---- 16-bit GEMMs on CPUs without a fast 16-bit GEMM -------------------------------------------
+
+_GEMM_FP32 = "TECPP_GEMM_16BIT_IN_FP32"
+
+
+def _linear_gemms(dtype, alpha=-0.5):
+    """linear_fwd (without and with bias), linear_dgrad and linear_wgrad (alpha), each with
+    what its GEMM computes in fp32: {name: (output, fp32 result before the one rounding)}."""
+    ops = torch.ops.te_cpp
+    g = torch.Generator().manual_seed(5)
+    x, w, b, dy = (torch.randn(*s, generator=g).to(dtype)
+                   for s in ((67, 512), (96, 512), (96,), (67, 96)))
+    f = lambda t: t.float()  # noqa: E731
+    zero = torch.zeros(())
+    return {
+        "fwd": (ops.linear_fwd(x, w), torch.mm(f(x), f(w).t())),
+        "fwd+bias": (ops.linear_fwd(x, w, b), torch.addmm(f(b), f(x), f(w).t())),
+        "dgrad": (ops.linear_dgrad(dy, w, alpha),
+                  torch.addmm(zero, f(dy), f(w), beta=0, alpha=alpha)),
+        "wgrad": (ops.linear_wgrad(dy, x, alpha),
+                  torch.addmm(zero, f(dy).t(), f(x), beta=0, alpha=alpha)),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_16bit_gemm_in_fp32_is_the_fp32_product_rounded_once(dtype, monkeypatch):
+    """TECPP_GEMM_16BIT_IN_FP32=1: the GEMM of 16-bit operands runs as ATen's fp32 GEMM of their
+    values (each product exact in fp32), rounded once to the dtype: the bits of that fp32
+    computation. =0: ATen's 16-bit GEMM as it is (also fp32 accumulation, its own order)."""
+    monkeypatch.setenv(_GEMM_FP32, "1")
+    for name, (got, want32) in _linear_gemms(dtype).items():
+        assert got.dtype == dtype
+        assert torch.equal(got, want32.to(dtype)), name
+    monkeypatch.setenv(_GEMM_FP32, "0")
+    ops = torch.ops.te_cpp
+    x, w = (torch.randn(67, 512).to(dtype), torch.randn(96, 512).to(dtype))
+    assert torch.equal(ops.linear_fwd(x, w), torch.mm(x, w.t()))
+    for name, (got, want32) in _linear_gemms(dtype).items():
+        torch.testing.assert_close(got.float(), want32, **tols(dtype), msg=name)
+
+
+def test_16bit_gemm_default_follows_the_cpu(monkeypatch):
+    """Unset, TECPP_GEMM_16BIT_IN_FP32 follows the CPU: ATen's 16-bit GEMM where oneDNN runs it
+    (bf16: AVX-512 BW/VL/DQ, AVX-NE-CONVERT or AMX; fp16: AVX512-FP16, AVX-NE-CONVERT or AMX-FP16),
+    else the fp32 GEMM, since ATen's fallback is a scalar loop (1.3 bf16 against 75 fp32 GFLOP/s on
+    a 1-thread AMD EPYC without AVX-512)."""
+    caps = getattr(torch.cpu, "get_capabilities", lambda: None)()
+    if caps is None:
+        pytest.skip("this torch does not report the CPU's capabilities")
+    native = {
+        torch.bfloat16: bool(caps.get("avx512_bw") and caps.get("avx512_vl")
+                             and caps.get("avx512_dq") or caps.get("avx_ne_convert")
+                             or caps.get("amx_bf16")),
+        torch.float16: bool(caps.get("avx512_fp16") or caps.get("avx_ne_convert")
+                            or caps.get("amx_fp16")),
+    }
+    for dtype, fast in native.items():
+        got = {}
+        for setting in ("0", "1", None):
+            if setting is None:
+                monkeypatch.delenv(_GEMM_FP32, raising=False)
+            else:
+                monkeypatch.setenv(_GEMM_FP32, setting)
+            got[setting] = [out for out, _ in _linear_gemms(dtype).values()]
+        assert any(not torch.equal(a, b) for a, b in zip(got["0"], got["1"])), dtype
+        want = got["0" if fast else "1"]
+        assert all(torch.equal(a, b) for a, b in zip(got[None], want)), dtype
+
+
 # ---- linear_bwd and BackwardLinearBias -------------------------------------------------------
 
 

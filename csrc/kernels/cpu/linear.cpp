@@ -1,6 +1,7 @@
 // CPU backend of the linear family. Every GEMM is ATen's (at::mm_out / at::addmm_out: MKL or
 // oneDNN) on views of the front end's buffers; what is ours is the epilogue that follows it in
-// one pass over the output. The FP8 GEMM is emulated with fp32 accumulation and one rounding to
+// one pass over the output. A bf16 / fp16 GEMM on a CPU for which ATen has no fast 16-bit GEMM
+// runs as its fp32 GEMM of the same values, rounded once (gemm_16bit_in_fp32). The FP8 GEMM is emulated with fp32 accumulation and one rounding to
 // the output dtype, one of two ways (fp8_gemm_in_bf16): both operands dequantized to fp32 (our
 // fp8_dequantize op) and multiplied in fp32, or, where the CPU multiplies bfloat16 natively, the
 // raw FP8 values multiplied in bfloat16 and the sum scaled once, as cuBLASLt's FP8 GEMM does.
@@ -11,6 +12,7 @@
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/mm.h>
+#include <ATen/ops/zeros.h>
 
 #include "ops/activation.h"
 #include "ops/elementwise.h"
@@ -50,20 +52,58 @@ void bias_epilogue(T* z, const T* bias, int64_t rows, int64_t n) {
   });
 }
 
-// D = alpha op(A) op(B) + beta C with ATen's GEMM (beta 0: C is not read).
-void product(const Tensor& D, const Tensor& A, const Tensor& B, const GemmArgs& g) {
-  Tensor out = D;
-  if (g.beta == 0.0) {
-    if (g.alpha == 1.0) {
+bool cpu_has(const char* key) {
+  static const auto caps = at::cpu::get_cpu_capabilities();
+  const auto it = caps.find(key);
+  return it != caps.end() && it->second.isBool() && it->second.toBool();
+}
+
+// Whether a GEMM of this 16-bit dtype runs as the fp32 GEMM of its operands' values (each
+// product of two bf16 / fp16 values is exact in fp32), rounded once to the dtype: what ATen's
+// 16-bit GEMM computes too (fp32 accumulation, one rounding), in another summation order. By
+// default where ATen's 16-bit GEMM is not oneDNN's, which needs AVX-512 BW/VL/DQ, AVX-NE-CONVERT
+// or AMX for bf16 and AVX512-FP16, AVX-NE-CONVERT or AMX-FP16 for fp16: ATen's fallback is a
+// scalar loop, tens of times slower than its fp32 GEMM. TECPP_GEMM_16BIT_IN_FP32=1 / 0 (read at
+// every call) forces either.
+bool gemm_16bit_in_fp32(at::ScalarType dtype) {
+  if (dtype != at::kBFloat16 && dtype != at::kHalf) return false;
+  if (const char* force = std::getenv("TECPP_GEMM_16BIT_IN_FP32")) return force[0] == '1';
+  static const bool bf16_native =
+      (cpu_has("avx512_bw") && cpu_has("avx512_vl") && cpu_has("avx512_dq")) ||
+      cpu_has("avx_ne_convert") || cpu_has("amx_bf16");
+  static const bool fp16_native =
+      cpu_has("avx512_fp16") || cpu_has("avx_ne_convert") || cpu_has("amx_fp16");
+  return !(dtype == at::kBFloat16 ? bf16_native : fp16_native);
+}
+
+// out = beta C + alpha A B (beta 0: C is not read) with ATen's GEMM, or its fp32 GEMM rounded
+// once to out's dtype (gemm_16bit_in_fp32).
+void addmm_into(Tensor& out, const Tensor& C, const Tensor& A, const Tensor& B, double beta,
+                double alpha) {
+  if (!gemm_16bit_in_fp32(out.scalar_type())) {
+    if (beta == 0.0 && alpha == 1.0) {
       at::mm_out(out, A, B);
     } else {
-      at::addmm_out(out, D, A, B, 0.0, g.alpha);  // beta = 0: D is not read
+      at::addmm_out(out, C, A, B, beta, alpha);
     }
-  } else {
-    const Tensor C =
-        g.c == g.d && g.ldc == g.ldd ? D : matrix(g.dtype, g.c, g.m, g.n, false, g.ldc);
-    at::addmm_out(out, C, A, B, g.beta, g.alpha);
+    return;
   }
+  const Tensor a = A.to(at::kFloat), b = B.to(at::kFloat);
+  if (beta == 0.0 && alpha == 1.0) {
+    out.copy_(at::mm(a, b));
+  } else {
+    const Tensor c = beta == 0.0 ? at::zeros({}, a.options()) : C.to(at::kFloat);
+    out.copy_(at::addmm(c, a, b, beta, alpha));
+  }
+}
+
+// D = alpha op(A) op(B) + beta C (beta 0: C is not read).
+void product(const Tensor& D, const Tensor& A, const Tensor& B, const GemmArgs& g) {
+  Tensor out = D;
+  const Tensor C = g.beta == 0.0 || (g.c == g.d && g.ldc == g.ldd)
+                       ? D
+                       : matrix(g.dtype, g.c, g.m, g.n, false, g.ldc);
+  addmm_into(out, C, A, B, g.beta, g.alpha);
 }
 
 bool gemm_cpu(const GemmArgs& g) {
@@ -84,7 +124,7 @@ bool gemm_cpu(const GemmArgs& g) {
     case GemmEpilogue::kBias:
       if (g.beta == 0.0) {
         // addmm's C operand is the broadcast bias: the GEMM library fuses it into its output
-        at::addmm_out(D, vector(g.dtype, g.bias, g.n), A, B, 1.0, g.alpha);
+        addmm_into(D, vector(g.dtype, g.bias, g.n), A, B, 1.0, g.alpha);
         return true;
       }
       // the GEMM accumulates into C, then the bias pass over its rounded output
@@ -101,7 +141,7 @@ bool gemm_cpu(const GemmArgs& g) {
       TORCH_INTERNAL_ASSERT(g.beta == 0.0 && g.ldd == g.n, "gemm_cpu: kBiasAct needs beta 0");
       Tensor Z = matrix(g.dtype, g.aux, g.m, g.n, false, g.ldd);
       if (g.bias != nullptr) {
-        at::addmm_out(Z, vector(g.dtype, g.bias, g.n), A, B, 1.0, g.alpha);
+        addmm_into(Z, vector(g.dtype, g.bias, g.n), A, B, 1.0, g.alpha);
       } else {
         product(Z, A, B, g);
       }
@@ -121,14 +161,7 @@ bool gemm_cpu(const GemmArgs& g) {
 bool fp8_gemm_in_bf16(at::ScalarType out_dtype) {
   if (out_dtype != at::kBFloat16) return false;
   if (const char* force = std::getenv("TECPP_FP8_GEMM_BF16")) return force[0] == '1';
-  static const bool native = [] {
-    const auto caps = at::cpu::get_cpu_capabilities();
-    const auto has = [&](const char* key) {
-      const auto it = caps.find(key);
-      return it != caps.end() && it->second.isBool() && it->second.toBool();
-    };
-    return has("avx512_bf16") || has("amx_bf16");
-  }();
+  static const bool native = cpu_has("avx512_bf16") || cpu_has("amx_bf16");
   return native;
 }
 
