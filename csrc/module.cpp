@@ -5,6 +5,7 @@
 #include <Python.h>
 
 #include "common/stub_registry.h"
+#include "kernels/cpu/gemm_16bit.h"
 #include "kernels/cpu/lookup_count.h"
 #include "kernels/cpu/stream_threshold.h"
 
@@ -59,6 +60,10 @@ PyObject* set_stream_store_min_bytes(PyObject*, PyObject* arg) {
   return PyLong_FromLongLong(te_cpp::cpu::set_stream_store_min_bytes(bytes));
 }
 
+PyObject* gemm_16bit_in_fp32(PyObject*, PyObject*) {
+  return PyLong_FromLong(te_cpp::cpu::gemm_16bit_in_fp32_flags());
+}
+
 // [(stub name, has a CPU kernel, has a CUDA kernel)] for every backend stub of the front ends.
 PyObject* kernel_stubs(PyObject*, PyObject*) {
   const auto& stubs = te_cpp::registered_stubs();
@@ -94,6 +99,9 @@ PyMethodDef kMethods[] = {
     {"set_stream_store_min_bytes", set_stream_store_min_bytes, METH_O,
      "Sets that threshold for the process (negative: the default); returns the value set "
      "before (-1 where it was the default)."},
+    {"gemm_16bit_in_fp32", gemm_16bit_in_fp32, METH_NOARGS,
+     "Which 16-bit GEMMs the CPU backend runs as ATen's fp32 GEMM (ATen has no fast GEMM for "
+     "them on this CPU), as flags: 1 bf16, 2 fp16."},
     {"kernel_stubs", kernel_stubs, METH_NOARGS,
      "[(stub, has_cpu, has_cuda)] for every backend stub."},
     {nullptr, nullptr, 0, nullptr},

@@ -493,6 +493,12 @@ def test_16bit_gemm_default_follows_the_cpu(monkeypatch):
         torch.float16: bool(caps.get("avx512_fp16") or caps.get("avx_ne_convert")
                             or caps.get("amx_fp16")),
     }
+    from transformer_engine_cpp import _C
+    monkeypatch.delenv(_GEMM_FP32, raising=False)
+    assert _C.gemm_16bit_in_fp32() == ((0 if native[torch.bfloat16] else 1)
+                                       | (0 if native[torch.float16] else 2))
+    monkeypatch.setenv(_GEMM_FP32, "1")
+    assert _C.gemm_16bit_in_fp32() == 3
     for dtype, fast in native.items():
         got = {}
         for setting in ("0", "1", None):

@@ -16,11 +16,49 @@
 
 #include "ops/activation.h"
 #include "ops/elementwise.h"
+#include "kernels/cpu/gemm_16bit.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/cpu/vec.h"
 #include "ops/linear.h"
 
 namespace te_cpp {
+namespace {
+
+bool cpu_has(const char* key) {
+  static const auto caps = at::cpu::get_cpu_capabilities();
+  const auto it = caps.find(key);
+  return it != caps.end() && it->second.isBool() && it->second.toBool();
+}
+
+// Whether a GEMM of this 16-bit dtype runs as the fp32 GEMM of its operands' values (each
+// product of two bf16 / fp16 values is exact in fp32), rounded once to the dtype: what ATen's
+// 16-bit GEMM computes too (fp32 accumulation, one rounding), in another summation order. By
+// default where ATen's 16-bit GEMM is not oneDNN's, which needs AVX-512 BW/VL/DQ, AVX-NE-CONVERT
+// or AMX for bf16 and AVX512-FP16, AVX-NE-CONVERT or AMX-FP16 for fp16: ATen's fallback is a
+// scalar loop, tens of times slower than its fp32 GEMM. TECPP_GEMM_16BIT_IN_FP32=1 / 0 (read at
+// every call) forces either.
+bool gemm_16bit_in_fp32(at::ScalarType dtype) {
+  if (dtype != at::kBFloat16 && dtype != at::kHalf) return false;
+  if (const char* force = std::getenv("TECPP_GEMM_16BIT_IN_FP32")) return force[0] == '1';
+  static const bool bf16_native =
+      (cpu_has("avx512_bw") && cpu_has("avx512_vl") && cpu_has("avx512_dq")) ||
+      cpu_has("avx_ne_convert") || cpu_has("amx_bf16");
+  static const bool fp16_native =
+      cpu_has("avx512_fp16") || cpu_has("avx_ne_convert") || cpu_has("amx_fp16");
+  return !(dtype == at::kBFloat16 ? bf16_native : fp16_native);
+}
+
+}  // namespace
+
+namespace cpu {
+
+int gemm_16bit_in_fp32_flags() {
+  return (gemm_16bit_in_fp32(at::kBFloat16) ? kGemmBf16InFp32 : 0) |
+         (gemm_16bit_in_fp32(at::kHalf) ? kGemmFp16InFp32 : 0);
+}
+
+}  // namespace cpu
+
 namespace {
 
 using cpu::for_chunks;
@@ -50,30 +88,6 @@ void bias_epilogue(T* z, const T* bias, int64_t rows, int64_t n) {
       });
     }
   });
-}
-
-bool cpu_has(const char* key) {
-  static const auto caps = at::cpu::get_cpu_capabilities();
-  const auto it = caps.find(key);
-  return it != caps.end() && it->second.isBool() && it->second.toBool();
-}
-
-// Whether a GEMM of this 16-bit dtype runs as the fp32 GEMM of its operands' values (each
-// product of two bf16 / fp16 values is exact in fp32), rounded once to the dtype: what ATen's
-// 16-bit GEMM computes too (fp32 accumulation, one rounding), in another summation order. By
-// default where ATen's 16-bit GEMM is not oneDNN's, which needs AVX-512 BW/VL/DQ, AVX-NE-CONVERT
-// or AMX for bf16 and AVX512-FP16, AVX-NE-CONVERT or AMX-FP16 for fp16: ATen's fallback is a
-// scalar loop, tens of times slower than its fp32 GEMM. TECPP_GEMM_16BIT_IN_FP32=1 / 0 (read at
-// every call) forces either.
-bool gemm_16bit_in_fp32(at::ScalarType dtype) {
-  if (dtype != at::kBFloat16 && dtype != at::kHalf) return false;
-  if (const char* force = std::getenv("TECPP_GEMM_16BIT_IN_FP32")) return force[0] == '1';
-  static const bool bf16_native =
-      (cpu_has("avx512_bw") && cpu_has("avx512_vl") && cpu_has("avx512_dq")) ||
-      cpu_has("avx_ne_convert") || cpu_has("amx_bf16");
-  static const bool fp16_native =
-      cpu_has("avx512_fp16") || cpu_has("avx_ne_convert") || cpu_has("amx_fp16");
-  return !(dtype == at::kBFloat16 ? bf16_native : fp16_native);
 }
 
 // out = beta C + alpha A B (beta 0: C is not read) with ATen's GEMM, or its fp32 GEMM rounded
