@@ -120,7 +120,23 @@ def environment() -> str:
             f"{os.cpu_count()} cpus, ATen parallel backend "
             f"{_backend()}, "
             f"te_cpp kernels {C.cpu_capability()} (activation tables read in "
-            f"{_lookup_calls(C.activation_lookup_use())}), {allocator_note()}")
+            f"{_lookup_calls(C.activation_lookup_use())}{_gemms_in_fp32(C)}), "
+            f"{allocator_note()}")
+
+
+def gemm_dtypes_in_fp32() -> list[torch.dtype]:
+    """The 16-bit dtypes whose GEMMs te_cpp runs as ATen's fp32 GEMM on this CPU: ATen's own
+    GEMM in them is a scalar loop here (csrc/kernels/cpu/linear.cpp, gemm_16bit_in_fp32)."""
+    import transformer_engine_cpp._C as C
+
+    flags = C.gemm_16bit_in_fp32()
+    return [d for bit, d in ((1, torch.bfloat16), (2, torch.float16)) if flags & bit]
+
+
+def _gemms_in_fp32(C) -> str:
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+    dtypes = [names[d] for d in gemm_dtypes_in_fp32()]
+    return f"; {' and '.join(dtypes)} GEMMs as fp32 GEMMs" if dtypes else ""
 
 
 def _lookup_calls(flags: int) -> str:

@@ -574,7 +574,9 @@ _INTRO = (
     "memory-bound and host cases; the GEMM-bound cases C6-C8 at 1 thread take about 40 minutes "
     "more: `python bench/suite.py --threads 1 --cases C6 C7 C8`), or `make bench` (the quick "
     "run: 2 threads, 3 rounds, GEMM cases at T=1024; under 5 minutes once the compile cache is "
-    "warm), which renders its report into bench/out/suite.md only.")
+    "warm), which renders its report into bench/out/suite.md only. Neither runs the GEMM-bound "
+    "cases in a dtype whose GEMM ATen runs as a scalar loop on the CPU (bfloat16 without "
+    "AVX-512; the section says so), unless `--cases` names them.")
 
 _METHOD = (
     "Method. One process; four providers per case on identical inputs: plain-PyTorch eager "
@@ -760,6 +762,31 @@ def fault_lines(results) -> list[str]:
     return [line, ""]
 
 
+_GEMMS_IN_FP32 = re.compile(r"; ((?:bf16|fp16)(?: and fp16)?) GEMMs as fp32 GEMMs")
+
+
+def slow_gemm_lines(results, env: str) -> list[str]:
+    """Where te_cpp runs 16-bit GEMMs as fp32 GEMMs (the machine line says so: ATen's own GEMM
+    in that dtype is a scalar loop on this CPU), the GEMM-bound cases the run left out in it."""
+    m = _GEMMS_IN_FP32.search(env)
+    if not m:
+        return []
+    gemm_cases = sorted({r.case_id for r in results if r.provider == "torch.mm"},
+                        key=lambda c: int(c[1:]) if c[1:].isdigit() else 0)
+    names = {"bf16": "bfloat16", "fp16": "float16"}
+    lines = []
+    for short in m.group(1).split(" and "):
+        dtype = names[short]
+        if not gemm_cases or any(r.provider == "torch.mm" and r.dtype == dtype for r in results):
+            continue
+        lines += [f"Not run in {dtype}: the GEMM-bound cases ({', '.join(gemm_cases)}). ATen's "
+                  f"{dtype} GEMM on this CPU is a scalar loop, not oneDNN's (plain PyTorch's "
+                  "steps would take minutes each); te_cpp runs those GEMMs as fp32 GEMMs "
+                  "(docs/ops.md, Dtypes). `python bench/suite.py --cases "
+                  f"{' '.join(gemm_cases)} --dtypes {dtype}` times them.", ""]
+    return lines
+
+
 def _machine_lines(results, env: str, folder: str, *, quick: bool, callgrind_rows,
                    when: str | None = None) -> list[str]:
     """One run on one machine: when and where it ran (``when``: the run's time, for a report
@@ -769,7 +796,7 @@ def _machine_lines(results, env: str, folder: str, *, quick: bool, callgrind_row
     now = time.strftime('%Y-%m-%d %H:%M')
     stamp = now if when is None else f"{when} (rendered again from its CSVs {now})"
     out = [f"This run: `{cmd}`, {stamp}.  ", f"Machine: {env}", ""] + host_lines(results)
-    out += fault_lines(results)
+    out += fault_lines(results) + slow_gemm_lines(results, env)
     if plot(results, os.path.join(folder, "ratios.png")):
         out += ["![speedups](ratios.png)", ""]
     return out + _body(results, callgrind_rows)

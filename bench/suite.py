@@ -698,6 +698,23 @@ class QuietHost:
         return kept
 
 
+def is_gemm_bound(case: Case) -> bool:
+    return bool(case.gemms("fwd+bwd") or case.gemms("fwd") or case.gemms("bwd"))
+
+
+def job_list(threads: Sequence[int], cases: Sequence[Case], dtypes: Sequence[torch.dtype],
+             slow_gemm_dtypes: Sequence[torch.dtype] = ()) -> list:
+    """The run's jobs, (threads, case, dtype): every case at every dtype it takes, but for the
+    GEMM-bound ones at 1 thread beside other thread counts (at T=4096 they alone would take
+    about 40 minutes; --threads 1 --cases C8 runs them) and in slow_gemm_dtypes (dtypes whose
+    GEMM ATen runs as a scalar loop on this CPU: plain PyTorch's C8 step alone would take
+    minutes)."""
+    return [(t, c, d) for t in threads for c in cases for d in dtypes
+            if (c.dtypes is None or d in c.dtypes)
+            and not (is_gemm_bound(c) and ((t == 1 and len(threads) > 1)
+                                           or d in slow_gemm_dtypes))]
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group()
@@ -734,12 +751,12 @@ def main() -> None:
     torch._dynamo.config.cache_size_limit = 64
     env = common.environment()
     print(env, flush=True)
-    jobs = [(t, c, d) for t in threads for c in cases for d in dtypes
-            if c.dtypes is None or d in c.dtypes
-            # the full run's 1-thread table leaves out the GEMM-bound cases (C6-C8: at T=4096
-            # they alone would take about 40 minutes); --threads 1 --cases C8 runs them
-            if not (t == 1 and len(threads) > 1 and c.gemms("fwd+bwd") + c.gemms("fwd")
-                    + c.gemms("bwd"))]
+    slow_gemm_dtypes = [] if a.cases else [d for d in common.gemm_dtypes_in_fp32()
+                                            if d in dtypes]
+    if slow_gemm_dtypes:
+        print(f"GEMM-bound cases not run in {', '.join(map(str, slow_gemm_dtypes))}: ATen's "
+              "GEMM in that dtype is a scalar loop on this CPU (ours runs it in fp32)", flush=True)
+    jobs = job_list(threads, cases, dtypes, slow_gemm_dtypes)
     results: list[common.Result] = []
     t_start = time.perf_counter()
     host = QuietHost(sorted(set(threads)), log=lambda s: print(s, flush=True))

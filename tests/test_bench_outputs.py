@@ -781,3 +781,38 @@ def test_kernel_ab_refuses_a_dtype_its_switch_does_not_concern():
                        capture_output=True, text=True)
     assert p.returncode != 0
     assert "--switch stream concerns float32, float64 outputs, not bfloat16" in p.stderr
+
+
+def test_a_run_leaves_out_the_gemm_bound_cases_in_a_dtype_aten_multiplies_slowly(monkeypatch):
+    """Where te_cpp runs a 16-bit dtype's GEMMs in fp32 (ATen's own GEMM in it is a scalar loop
+    on the CPU), the run leaves the GEMM-bound cases out in that dtype, and the report says so;
+    the memory-bound cases run as ever. The 1-thread table leaves the GEMM-bound cases out
+    beside other thread counts."""
+    monkeypatch.setenv("TECPP_BENCH_SYSTEM_MALLOC", "1")  # importing suite: no re-exec
+    sys.path.insert(0, BENCH)
+    import common
+    import report
+    import suite
+    import torch
+
+    cases = suite.all_cases(full=True, quick=False)
+    ln, c8 = (next(c for c in cases if c.id == i and c.dtypes is None) for i in ("C1", "C8"))
+    assert not suite.is_gemm_bound(ln) and suite.is_gemm_bound(c8)
+    f32, bf16 = torch.float32, torch.bfloat16
+    jobs = suite.job_list([2, 1], [ln, c8], [f32, bf16], [bf16])
+    assert [(t, c.id, d) for t, c, d in jobs] == [
+        (2, "C1", f32), (2, "C1", bf16), (2, "C8", f32), (1, "C1", f32), (1, "C1", bf16)]
+    assert len(suite.job_list([1], [c8], [f32, bf16])) == 2
+    flags = ("torch 2.13.0+cpu, python 3.11.7, AMD EPYC (avx2), 2 cpus, ATen parallel backend "
+             "OpenMP, te_cpp kernels AVX2 (activation tables read in bf16 backwards{}), glibc")
+    env = flags.format("; bf16 and fp16 GEMMs as fp32 GEMMs")
+    mm = lambda dtype: common.Result("MLP block", dtype, "4096x1024x4096", "fwd", 2,  # noqa: E731
+                                     "torch.mm", 1.0, 1.0, 1.0, 1.0, case_id="C8")
+    lines = report.slow_gemm_lines([mm("float32")], env)
+    assert len(lines) == 4 and lines[0].startswith(
+        "Not run in bfloat16: the GEMM-bound cases (C8). ATen's bfloat16 GEMM on this CPU is a "
+        "scalar loop")
+    assert "`python bench/suite.py --cases C8 --dtypes float16` times them." in lines[2]
+    assert report.slow_gemm_lines([mm("float32"), mm("bfloat16"), mm("float16")], env) == []
+    assert report.slow_gemm_lines([mm("float32")], flags.format("")) == []
+    assert report.machine_name(env) == "AMD EPYC (AVX2)"
