@@ -434,6 +434,21 @@ def test_quantize_scaled_matches_reference(dtype, fmt):
     assert data.view(fmt).float().abs().max().item() == FP8_MAX[fmt]
 
 
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+def test_quantize_scaled_every_bf16_pattern_and_random_fp32_bits(fmt):
+    """The vectorised fp32 cast's bytes against the reference over every bf16 bit pattern as
+    fp32 (every binade, the FP8 rounding ties, denormals both of fp32 and of the format, inf and
+    NaN, either sign) and a million random fp32 bit patterns, in vector-sized runs and a tail."""
+    g = torch.Generator().manual_seed(9)
+    every = (torch.arange(65536, dtype=torch.int32) << 16).view(torch.float32)
+    wild = torch.randint(-2**31, 2**31, (1 << 20,), generator=g, dtype=torch.int64)
+    x = torch.cat([every, wild.to(torch.int32).view(torch.float32), every[:13]])
+    for s in [1.0, 2.0 ** -10, 3.0]:
+        scale = torch.tensor([s])
+        data, _, _ = te_ops.fp8_quantize_scaled(x, scale, fmt)
+        assert_fp8_bytes_equal(data, ref_cast(x, scale, fmt), fmt)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 def test_dequantize_dtypes(dtype):
     data = torch.arange(256, dtype=torch.uint8).reshape(16, 16)

@@ -7,7 +7,8 @@
 // NaN changes only its own code: the AVX512 path takes the maximum of the magnitude bit
 // patterns of the non-NaN lanes, the others at::vec's maximum of |x| with NaN lanes zeroed
 // (both only over a block whose plain maximum is NaN: the common case costs no extra pass).
-// The AVX512 casts are vectorised and give the same bytes as the scalar fp8::cast_to_fp8.
+// The AVX512 and AVX2 casts are vectorised and give the same bytes as the scalar
+// fp8::cast_to_fp8.
 #include <array>
 #include <type_traits>
 #include <vector>
@@ -219,6 +220,60 @@ inline void store_fp8_x4(uint8_t* out, __m512 v0, __m512 v1, __m512 v2, __m512 v
   _mm512_storeu_si512(reinterpret_cast<void*>(out),
                       _mm512_permutexvar_epi32(idx, _mm512_packus_epi16(p01, p23)));
 }
+#elif defined(CPU_CAPABILITY_AVX2)
+// The AVX512 fp8_codes on 8 lanes: the same steps, with a signed compare for the denormal
+// lanes (every magnitude, NaN included, is below 2^31) and a blend.
+template <c10::ScalarType F>
+inline __m256i fp8_codes(__m256 v) {
+  constexpr float kMax = fp8::max_norm(F);
+  constexpr uint32_t kDenormExp = F == fp8::kE4M3 ? 121u : 113u;
+  constexpr uint32_t kDenormMagic = F == fp8::kE4M3 ? 141u : 134u;
+  constexpr int kShift = F == fp8::kE4M3 ? 20 : 21;
+  constexpr uint32_t kBias = F == fp8::kE4M3 ? 7u : 15u;
+  const __m256i bits = _mm256_castps_si256(v);
+  // vminps returns its second operand when either is NaN: a NaN magnitude passes
+  const __m256i mag = _mm256_castps_si256(_mm256_min_ps(
+      _mm256_set1_ps(kMax),
+      _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFFFF)))));
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(mag, kShift), _mm256_set1_epi32(1));
+  const __m256i rnd = _mm256_add_epi32(
+      mag, _mm256_set1_epi32(
+               static_cast<int>(((kBias - 127u) << 23) + ((1u << (kShift - 1)) - 1u))));
+  __m256i r = _mm256_min_epu32(_mm256_srli_epi32(_mm256_add_epi32(rnd, odd), kShift),
+                               _mm256_set1_epi32(0x7F));
+  const __m256i den =
+      _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(kDenormExp << 23)), mag);
+  if (!_mm256_testz_si256(den, den)) {
+    const __m256i magic = _mm256_set1_epi32(static_cast<int>(kDenormMagic << 23));
+    const __m256i d = _mm256_sub_epi32(
+        _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(mag), _mm256_castsi256_ps(magic))),
+        magic);
+    r = _mm256_blendv_epi8(r, d, den);
+  }
+  return _mm256_or_si256(
+      r, _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80)));
+}
+
+// One vector of fp32 to FP8, stored as 8 bytes at out: the packs leave codes 0-3 in the low
+// lane's first dword and 4-7 in the high lane's.
+template <c10::ScalarType F>
+inline void store_fp8(uint8_t* out, __m256 v) {
+  const __m256i c = fp8_codes<F>(v);
+  const __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(c, c), c);
+  const __m256i q = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(q));
+}
+
+// Four vectors (32 consecutive elements) to FP8, 32 bytes at out: the packs leave, per 128-bit
+// lane k, elements 4k..4k+3 of v0, v1, v2, v3 in turn; one dword permutation orders them.
+template <c10::ScalarType F>
+inline void store_fp8_x4(uint8_t* out, __m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+  const __m256i p01 = _mm256_packus_epi32(fp8_codes<F>(v0), fp8_codes<F>(v1));
+  const __m256i p23 = _mm256_packus_epi32(fp8_codes<F>(v2), fp8_codes<F>(v3));
+  const __m256i idx = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm256_permutevar8x32_epi32(_mm256_packus_epi16(p01, p23), idx));
+}
 #endif
 
 // data[i] = cast_to_fp8(float(x[i]) * scale): one fp32 multiply, then the saturating RNE cast.
@@ -233,7 +288,7 @@ void cast_scaled(const T* x, uint8_t* out, int64_t n, float scale) {
     uint8_t* __restrict ol = out;
     alignas(64) float buf[W];
     int64_t i = i0;
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
     for (; i + 4 * W <= i1; i += 4 * W) {
       store_fp8_x4<F>(ol + i, load_acc<T>(xl + i) * s, load_acc<T>(xl + i + W) * s,
                       load_acc<T>(xl + i + 2 * W) * s, load_acc<T>(xl + i + 3 * W) * s);
@@ -502,6 +557,26 @@ void mxfp8_quantize_blocks(const T* x, uint8_t* data, uint8_t* scales, int64_t n
       sl[b] = e;
       store_fp8<F>(dl + b * B, v0 * rcp);
       store_fp8<F>(dl + b * B + W, v1 * rcp);
+    }
+#elif defined(CPU_CAPABILITY_AVX2)
+    using V = at::vec::Vectorized<float>;
+    static_assert(B == 4 * W, "the AVX2 path handles a block as four vectors");
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    for (int64_t b = b0; b < b1; ++b) {
+      const T* xb = x + b * B;
+      const V v0 = load_acc<T>(xb), v1 = load_acc<T>(xb + W), v2 = load_acc<T>(xb + 2 * W),
+              v3 = load_acc<T>(xb + 3 * W);
+      // vmaxps returns its second operand when either is NaN: with the running maximum
+      // second, a NaN element is skipped (std::fmax); the maximum is exact in any order
+      __m256 m = _mm256_setzero_ps();
+      for (const V& v : {v0, v1, v2, v3}) m = _mm256_max_ps(_mm256_and_ps(v, abs_mask), m);
+      __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+      h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+      h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+      const uint8_t e = fp8::mxfp8_block_exponent<F>(_mm_cvtss_f32(h));
+      const V rcp(fp8::e8m0_rcp(e));
+      scales[b] = e;
+      store_fp8_x4<F>(data + b * B, v0 * rcp, v1 * rcp, v2 * rcp, v3 * rcp);
     }
 #else
     for (int64_t b = b0; b < b1; ++b) {
