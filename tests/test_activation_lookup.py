@@ -6,8 +6,8 @@ computes.
 The two must agree bit for bit on every input value, for every activation (a table built from
 a formula that is not the kernel's, or read where the gradient is not what the table assumes,
 shows here), and the tables are built where the kernels say they are. Which calls read the
-tables is the CPU's choice (AMD CPUs read only bf16's backward tables); these tests make every
-call read them, so that they test the tables on every CPU."""
+tables is the CPU's choice (AMD CPUs with the AVX512 kernels read only bf16's backward
+tables); these tests make every call read them, so that they test the tables on every CPU."""
 
 from __future__ import annotations
 
@@ -207,10 +207,12 @@ def _cpu_vendor():
 
 @pytest.mark.skipif(not os.path.exists("/proc/cpuinfo"), reason="reads /proc/cpuinfo")
 def test_the_cpu_chooses_the_calls_that_read_tables():
-    """By default AMD CPUs read only bf16's backward tables, other CPUs every table; -1
-    returns to that choice, flags outside 0-15 are refused."""
+    """By default AMD CPUs running the AVX512 kernels (16-lane gathers) read only bf16's
+    backward tables, other CPUs and builds every table; -1 returns to that choice, flags
+    outside 0-15 are refused."""
     _C.set_activation_lookup_use(-1)
-    want = BF16_BACKWARD if _cpu_vendor() == "AuthenticAMD" else ALL
+    amd_avx512 = _cpu_vendor() == "AuthenticAMD" and _C.cpu_capability() == "AVX512"
+    want = BF16_BACKWARD if amd_avx512 else ALL
     assert _C.activation_lookup_use() == want
     assert _C.set_activation_lookup_use(0) == -1
     assert _C.activation_lookup_use() == 0

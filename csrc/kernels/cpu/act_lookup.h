@@ -88,12 +88,14 @@ constexpr int lookup_flag(bool forward) {
   }
 }
 
-// The CPU's choice: AMD CPUs, whose 16-lane gather costs more than the exp and reciprocal it
-// replaces, read only bf16's backward tables (fp16 inputs spread over more entries than L1
-// holds); other CPUs read every table (measured on Zen 4: docs/architecture.md).
+// The CPU's choice: AMD CPUs running the AVX512 kernels, whose 16-lane gather costs more than
+// the exp and reciprocal it replaces, read only bf16's backward tables (fp16 inputs spread over
+// more entries than L1 holds); other CPUs, and AMD CPUs with the AVX2 kernels (8-lane
+// gathers), read every table (measured on Zen 4 and on an AMD EPYC without AVX-512:
+// docs/architecture.md).
 inline int cpu_lookup_use() {
   static const int use = [] {
-#if defined(__x86_64__) || defined(__i386__)
+#if (defined(__x86_64__) || defined(__i386__)) && defined(CPU_CAPABILITY_AVX512)
     __builtin_cpu_init();
     if (__builtin_cpu_is("amd")) return kLookupBf16Backward;
 #endif
