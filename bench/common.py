@@ -120,7 +120,7 @@ def environment() -> str:
             f"{os.cpu_count()} cpus, ATen parallel backend "
             f"{_backend()}, "
             f"te_cpp kernels {C.cpu_capability()} (activation tables read in "
-            f"{_lookup_calls(C.activation_lookup_use())}{_gemms_in_fp32(C)}), "
+            f"{_lookup_calls(C.activation_lookup_use())}{_gemms_in_fp32()}), "
             f"{allocator_note()}")
 
 
@@ -133,7 +133,7 @@ def gemm_dtypes_in_fp32() -> list[torch.dtype]:
     return [d for bit, d in ((1, torch.bfloat16), (2, torch.float16)) if flags & bit]
 
 
-def _gemms_in_fp32(C) -> str:
+def _gemms_in_fp32() -> str:
     names = {torch.bfloat16: "bf16", torch.float16: "fp16"}
     dtypes = [names[d] for d in gemm_dtypes_in_fp32()]
     return f"; {' and '.join(dtypes)} GEMMs as fp32 GEMMs" if dtypes else ""

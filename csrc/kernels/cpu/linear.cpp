@@ -1,10 +1,11 @@
 // CPU backend of the linear family. Every GEMM is ATen's (at::mm_out / at::addmm_out: MKL or
 // oneDNN) on views of the front end's buffers; what is ours is the epilogue that follows it in
 // one pass over the output. A bf16 / fp16 GEMM on a CPU for which ATen has no fast 16-bit GEMM
-// runs as its fp32 GEMM of the same values, rounded once (gemm_16bit_in_fp32). The FP8 GEMM is emulated with fp32 accumulation and one rounding to
-// the output dtype, one of two ways (fp8_gemm_in_bf16): both operands dequantized to fp32 (our
-// fp8_dequantize op) and multiplied in fp32, or, where the CPU multiplies bfloat16 natively, the
-// raw FP8 values multiplied in bfloat16 and the sum scaled once, as cuBLASLt's FP8 GEMM does.
+// runs as its fp32 GEMM of the same values, rounded once (gemm_16bit_in_fp32). The FP8 GEMM is
+// emulated with fp32 accumulation and one rounding to the output dtype, one of two ways
+// (fp8_gemm_in_bf16): both operands dequantized to fp32 (our fp8_dequantize op) and multiplied
+// in fp32, or, where the CPU multiplies bfloat16 natively, the raw FP8 values multiplied in
+// bfloat16 and the sum scaled once, as cuBLASLt's FP8 GEMM does.
 #include <cstdlib>
 
 #include <ATen/core/dispatch/Dispatcher.h>
