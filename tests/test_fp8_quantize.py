@@ -617,6 +617,50 @@ def test_mxfp8_special_blocks(fmt):
     assert not torch.isnan(data[1].view(fmt).float()[torch.arange(32) != 3]).any()
 
 
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
+def test_mxfp8_special_blocks_at_every_position_of_a_group(dtype, fmt):
+    """The vector kernels take 16 (AVX512) or 8 (AVX2) consecutive blocks at once, their maxima
+    side by side in one register: each special block of test_mxfp8_special_blocks, and the
+    two blocks at float_to_e8m0's subnormal boundary (a scale of 0 or 1), at every position of
+    such a group among ordinary blocks of spread magnitudes, give the reference's bytes and
+    scales (and a tail of 5 blocks after the last whole group)."""
+    g = torch.Generator().manual_seed(23)
+    kinds = 8
+    # the two float32 neighbours of 2^-127 * fp8_max whose products are 0x00400000, 0x00400001
+    rcp = torch.tensor(1.0 / FP8_MAX[fmt], dtype=torch.float64).float()
+    near = torch.tensor(2.0 ** -127 * FP8_MAX[fmt]).view(torch.int32) + torch.arange(-8, 9)
+    near = near.to(torch.int32).view(torch.float32)
+    prod = (near * rcp).view(torch.int32)
+    edge = [near[prod == 0x400000][0].item(), near[prod == 0x400001][0].item()]
+    nblocks = kinds * 16 * 16 + 5
+    mags = torch.exp2(torch.randint(-20, 20, (nblocks, 1), generator=g).float())
+    x = torch.randn(nblocks, 32, generator=g) * mags
+    for k in range(kinds):
+        for pos in range(16):
+            b = (k * 16 + pos) * 16 + pos  # group k * 16 + pos, its block pos
+            if k == 0:
+                x[b] = 0.0
+            elif k == 1:
+                x[b, 7] = float("nan")
+            elif k == 2:
+                x[b, 30] = -float("inf")
+            elif k == 3:
+                x[b] = 1e-39
+            elif k == 4:
+                x[b] = FP8_MAX[fmt] * 2.0 ** -9
+            elif k == 5:
+                x[b, 1] = torch.finfo(torch.float32).max
+            else:  # amax * float(1 / fp8_max) exactly 2^-127 (scale 0), or just above (1)
+                x[b] = 0.0
+                x[b, 9] = edge[k - 6]
+    x = x.to(dtype)
+    data, scale = te_ops.mxfp8_quantize(x, fmt)
+    rdata, rscale = ref_mxfp8(x, fmt)
+    assert_bits_equal(scale, rscale)
+    assert_fp8_bytes_equal(data, rdata, fmt)
+
+
 def test_mxfp8_e4m3_known_value():
     x = torch.zeros(32)
     x[0] = 1.0  # amax/448 = 2^-8.8 -> rounded up to 2^-8: e = 119, data = 256 in E4M3
