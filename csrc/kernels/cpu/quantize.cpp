@@ -506,6 +506,82 @@ inline void mxfp8_16_blocks_bf16(const c10::BFloat16* __restrict x, uint8_t* __r
 }
 #endif
 
+#if defined(CPU_CAPABILITY_AVX2)
+// Lane j of the result: the maximum over the 8 lanes of m[j] (max_lanes_16 on 8 lanes: 7 merges
+// of two vectors). No lane may be NaN.
+inline __m256 max_lanes_8(const __m256 m[8]) {
+  __m256 a[4], c[2];
+  for (int k = 0; k < 4; ++k) {  // per 128-bit half: [A', B', A'', B'']
+    a[k] = _mm256_max_ps(_mm256_unpacklo_ps(m[2 * k], m[2 * k + 1]),
+                         _mm256_unpackhi_ps(m[2 * k], m[2 * k + 1]));
+  }
+  for (int k = 0; k < 2; ++k) {  // per half: [A, B, C, D] over the half's 4 elements
+    const __m256d x = _mm256_castps_pd(a[2 * k]), y = _mm256_castps_pd(a[2 * k + 1]);
+    c[k] = _mm256_max_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)),
+                         _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
+  }
+  return _mm256_max_ps(_mm256_permute2f128_ps(c[0], c[1], 0x20),
+                       _mm256_permute2f128_ps(c[0], c[1], 0x31));
+}
+
+// mx_exponents on 8 lanes (8 block maxima, never NaN): the exponents in the 32-bit lanes,
+// the multipliers in rcp. Every compared value is below 2^31, so signed compares serve.
+inline __m256i mx_exponents(__m256 amax, float max_norm_rcp, __m256& rcp) {
+  const __m256i bits = _mm256_castps_si256(_mm256_mul_ps(amax, _mm256_set1_ps(max_norm_rcp)));
+  const __m256i exp = _mm256_srli_epi32(bits, 23);
+  const __m256i mant = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFF));
+  const __m256i zero = _mm256_setzero_si256();
+  // no rounding up: an exact power of two, the top exponent, or a subnormal <= 2^-127
+  const __m256i keep = _mm256_or_si256(
+      _mm256_or_si256(_mm256_cmpeq_epi32(mant, zero),
+                      _mm256_cmpeq_epi32(exp, _mm256_set1_epi32(0xFE))),
+      _mm256_andnot_si256(_mm256_cmpgt_epi32(mant, _mm256_set1_epi32(0x400000)),
+                          _mm256_cmpeq_epi32(exp, zero)));
+  __m256i e = _mm256_add_epi32(exp, _mm256_andnot_si256(keep, _mm256_set1_epi32(1)));
+  e = _mm256_blendv_epi8(e, _mm256_set1_epi32(0xFE),
+                         _mm256_cmpeq_epi32(exp, _mm256_set1_epi32(0xFF)));  // inf
+  rcp = _mm256_blendv_ps(
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(254), e), 23)),
+      _mm256_set1_ps(1.0f), _mm256_castsi256_ps(_mm256_cmpeq_epi32(e, zero)));
+  return e;
+}
+
+// 8 consecutive MXFP8 blocks (8 x 32 elements), mxfp8_16_blocks on 8 lanes: the block maxima
+// side by side in one vector, the exponents and multipliers lane by lane, then each block's
+// data cast with its lane's multiplier (its four vectors loaded again, from L1).
+template <typename T, c10::ScalarType F>
+inline void mxfp8_8_blocks(const T* __restrict x, uint8_t* __restrict data,
+                           uint8_t* __restrict scales) {
+  constexpr int64_t W = 8;
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 m[8];
+  for (int j = 0; j < 8; ++j) {
+    // vmaxps returns its second operand when either is NaN: with the running maximum second,
+    // a NaN element is skipped (std::fmax)
+    __m256 acc = _mm256_setzero_ps();
+    for (int q = 0; q < 4; ++q) {
+      acc = _mm256_max_ps(_mm256_and_ps(load_acc<T>(x + (4 * j + q) * W), abs_mask), acc);
+    }
+    m[j] = acc;
+  }
+  __m256 rcp;
+  const __m256i e = mx_exponents(max_lanes_8(m), fp8::max_norm_rcp<F>(), rcp);
+  // the 8 exponents (0..254) as bytes: two packs leave e0-3 in the low half's first dword and
+  // e4-7 in the high half's
+  const __m256i p = _mm256_packus_epi16(_mm256_packs_epi32(e, e), e);
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(scales),
+                   _mm_unpacklo_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
+  for (int j = 0; j < 8; ++j) {
+    const __m256 s = _mm256_permutevar8x32_ps(rcp, _mm256_set1_epi32(j));
+    const T* xj = x + 4 * j * W;
+    store_fp8_x4<F>(data + 4 * j * W, _mm256_mul_ps(load_acc<T>(xj), s),
+                    _mm256_mul_ps(load_acc<T>(xj + W), s),
+                    _mm256_mul_ps(load_acc<T>(xj + 2 * W), s),
+                    _mm256_mul_ps(load_acc<T>(xj + 3 * W), s));
+  }
+}
+#endif
+
 // One MXFP8 block of 32 elements, scalar (fp8::mxfp8_block_exponent and cast_to_fp8).
 template <typename T, c10::ScalarType F>
 inline void mxfp8_block(const T* xb, uint8_t* db, uint8_t* sb) {
@@ -562,7 +638,9 @@ void mxfp8_quantize_blocks(const T* x, uint8_t* data, uint8_t* scales, int64_t n
     using V = at::vec::Vectorized<float>;
     static_assert(B == 4 * W, "the AVX2 path handles a block as four vectors");
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-    for (int64_t b = b0; b < b1; ++b) {
+    int64_t b = b0;
+    for (; b + 8 <= b1; b += 8) mxfp8_8_blocks<T, F>(x + b * B, data + b * B, scales + b);
+    for (; b < b1; ++b) {
       const T* xb = x + b * B;
       const V v0 = load_acc<T>(xb), v1 = load_acc<T>(xb + W), v2 = load_acc<T>(xb + 2 * W),
               v3 = load_acc<T>(xb + 3 * W);
