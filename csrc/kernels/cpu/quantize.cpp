@@ -580,6 +580,90 @@ inline void mxfp8_8_blocks(const T* __restrict x, uint8_t* __restrict data,
                     _mm256_mul_ps(load_acc<T>(xj + 3 * W), s));
   }
 }
+
+// 8 consecutive MXFP8 blocks of bf16 on 16-bit lanes: mxfp8_16_blocks_bf16 on AVX2, a block as
+// two vectors of 16 (the same bytes; mxfp8_8_blocks takes the group, or the block, it leaves).
+// Every 16-bit value compared is a magnitude or a code, below 2^15, so signed compares serve.
+template <c10::ScalarType F>
+inline void mxfp8_8_blocks_bf16(const c10::BFloat16* __restrict x, uint8_t* __restrict data,
+                                uint8_t* __restrict scales) {
+  constexpr int64_t B = 32;
+  constexpr int kDrop = F == fp8::kE4M3 ? 4 : 5;
+  constexpr int kBias = F == fp8::kE4M3 ? 7 : 15;
+  constexpr int16_t kMaxCode = F == fp8::kE4M3 ? 0x7E : 0x7B;
+  auto load = [&](int64_t i) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
+  };
+  __m256 m[8];
+  for (int j = 0; j < 8; ++j) {
+    // the even elements' magnitudes as fp32 (shifted up), the odd ones' (masked); NaN skipped
+    // as in mxfp8_8_blocks
+    __m256 acc = _mm256_setzero_ps();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = load(j * B + 16 * h);
+      const __m256 even = _mm256_castsi256_ps(
+          _mm256_and_si256(_mm256_slli_epi32(v, 16), _mm256_set1_epi32(0x7FFFFFFF)));
+      const __m256 odd =
+          _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(0x7FFF0000)));
+      acc = _mm256_max_ps(odd, _mm256_max_ps(even, acc));
+    }
+    m[j] = acc;
+  }
+  __m256 rcp;
+  const __m256i e = mx_exponents(max_lanes_8(m), fp8::max_norm_rcp<F>(), rcp);
+  // every e in [kBias, 253] (mxfp8_16_blocks_bf16), else the fp32 path for the group
+  const __m256i out_of_range =
+      _mm256_or_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(kBias), e),
+                      _mm256_cmpgt_epi32(e, _mm256_set1_epi32(253)));
+  if (!_mm256_testz_si256(out_of_range, out_of_range)) {
+    mxfp8_8_blocks<c10::BFloat16, F>(x, data, scales);
+    return;
+  }
+  alignas(32) int32_t es[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(es), e);
+  for (int j = 0; j < 8; ++j) scales[j] = static_cast<uint8_t>(es[j]);
+  const __m256i mag_mask = _mm256_set1_epi16(0x7FFF);
+  const __m256i round_half = _mm256_set1_epi16((1 << (kDrop - 1)) - 1);
+  const __m256i one = _mm256_set1_epi16(1);
+  const __m256i zero = _mm256_setzero_si256();
+  for (int j = 0; j < 8; ++j) {
+    const int ej = es[j];
+    const __m256i v0 = load(j * B), v1 = load(j * B + 16);
+    const __m256i mag0 = _mm256_and_si256(v0, mag_mask), mag1 = _mm256_and_si256(v1, mag_mask);
+    // an element other than zero below FP8's normal range after scaling: the fp32 path
+    const __m256i normal = _mm256_set1_epi16(static_cast<int16_t>((ej - kBias + 1) << 7));
+    const __m256i low = _mm256_or_si256(
+        _mm256_andnot_si256(_mm256_cmpeq_epi16(mag0, zero), _mm256_cmpgt_epi16(normal, mag0)),
+        _mm256_andnot_si256(_mm256_cmpeq_epi16(mag1, zero), _mm256_cmpgt_epi16(normal, mag1)));
+    if (!_mm256_testz_si256(low, low)) {
+      const __m256 s = _mm256_set1_ps(fp8::e8m0_rcp(static_cast<uint8_t>(ej)));
+      const c10::BFloat16* xj = x + j * B;
+      store_fp8_x4<F>(data + j * B, _mm256_mul_ps(load_acc<c10::BFloat16>(xj), s),
+                      _mm256_mul_ps(load_acc<c10::BFloat16>(xj + 8), s),
+                      _mm256_mul_ps(load_acc<c10::BFloat16>(xj + 16), s),
+                      _mm256_mul_ps(load_acc<c10::BFloat16>(xj + 24), s));
+      continue;
+    }
+    const __m256i offset = _mm256_set1_epi16(static_cast<int16_t>((kBias - ej) << (7 - kDrop)));
+    auto codes = [&](__m256i v, __m256i mag) {
+      // mxfp8_16_blocks_bf16's steps; the sum may pass 0x7FFF, which the logical shift takes
+      // as unsigned
+      const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(mag, kDrop), one);
+      __m256i c = _mm256_srli_epi16(_mm256_add_epi16(_mm256_add_epi16(mag, round_half), odd),
+                                    kDrop);
+      c = _mm256_add_epi16(c, offset);
+      c = _mm256_min_epi16(_mm256_max_epi16(c, zero), _mm256_set1_epi16(kMaxCode));
+      c = _mm256_blendv_epi8(c, _mm256_set1_epi16(0x7F),
+                             _mm256_cmpgt_epi16(mag, _mm256_set1_epi16(0x7F80)));  // NaN
+      return _mm256_or_si256(
+          c, _mm256_and_si256(_mm256_srli_epi16(v, 8), _mm256_set1_epi16(0x80)));
+    };
+    // the pack leaves each half's elements 0-7 then the other's per 128-bit lane
+    const __m256i p = _mm256_packus_epi16(codes(v0, mag0), codes(v1, mag1));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(data + j * B),
+                        _mm256_permute4x64_epi64(p, 0xD8));
+  }
+}
 #endif
 
 // One MXFP8 block of 32 elements, scalar (fp8::mxfp8_block_exponent and cast_to_fp8).
@@ -639,7 +723,13 @@ void mxfp8_quantize_blocks(const T* x, uint8_t* data, uint8_t* scales, int64_t n
     static_assert(B == 4 * W, "the AVX2 path handles a block as four vectors");
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
     int64_t b = b0;
-    for (; b + 8 <= b1; b += 8) mxfp8_8_blocks<T, F>(x + b * B, data + b * B, scales + b);
+    for (; b + 8 <= b1; b += 8) {
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        mxfp8_8_blocks_bf16<F>(x + b * B, data + b * B, scales + b);
+      } else {
+        mxfp8_8_blocks<T, F>(x + b * B, data + b * B, scales + b);
+      }
+    }
     for (; b < b1; ++b) {
       const T* xb = x + b * B;
       const V v0 = load_acc<T>(xb), v1 = load_acc<T>(xb + W), v2 = load_acc<T>(xb + 2 * W),
