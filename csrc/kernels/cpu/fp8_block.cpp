@@ -1,6 +1,7 @@
 // CPU backend of Float8BlockScaling's quantize ops (the stubs of ops/fp8_block.h; the scalar
 // rules are common/fp8.h's, shared with CUDA). Each block's amax is an order-free maximum
-// (NaN skipped), so the result does not depend on the thread count.
+// (NaN skipped), so the result does not depend on the thread count; the amax and the cast run
+// on whole vectors (fp8_vec.h's amax_span_into and cast_span, the bytes of the scalar rules).
 #include <ATen/Parallel.h>
 
 #include <vector>
@@ -16,6 +17,7 @@ constexpr int64_t kB = fp8::kFp8BlockSize;
 
 template <typename T, c10::ScalarType F>
 void block_quantize(const Fp8BlockQuantizeArgs& a) {
+  using V = at::vec::Vectorized<float>;
   const T* x = static_cast<const T*>(a.x);
   const int64_t rows = a.rows, cols = a.cols, ncb = (cols + kB - 1) / kB;
   constexpr float fmax = fp8::max_norm(F);
@@ -30,12 +32,12 @@ void block_quantize(const Fp8BlockQuantizeArgs& a) {
         const T* xr = x + r * cols;
         uint8_t* dr = a.data + r * cols;
         for (int64_t b = 0; b < ncb; ++b) {
-          const int64_t c0 = b * kB, c1 = std::min(cols, c0 + kB);
-          float amax = 0.0f;
-          for (int64_t c = c0; c < c1; ++c) amax = fp8::block_amax_step(amax, float(xr[c]));
-          const float s = scale_of(amax);
+          const int64_t c0 = b * kB, len = std::min(cols, c0 + kB) - c0;
+          V acc(0.0f);
+          amax_span_into<T>(xr + c0, len, acc);
+          const float s = scale_of(max_lane(acc));
           a.scale_inv[r * ncb + b] = fp8::scale_inv(s);
-          for (int64_t c = c0; c < c1; ++c) dr[c] = fp8::cast_to_fp8<F>(float(xr[c]) * s);
+          cast_span<T, F>(xr + c0, dr + c0, len, s);
         }
       }
     });
@@ -44,25 +46,28 @@ void block_quantize(const Fp8BlockQuantizeArgs& a) {
   // 128x128 tiles: one band of up to 128 rows per task unit
   const int64_t nrb = (rows + kB - 1) / kB;
   at::parallel_for(0, nrb, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<float> amax(ncb), scale(ncb);
+    std::vector<V> amax(ncb);
+    std::vector<float> scale(ncb);
     for (int64_t rb = b0; rb < b1; ++rb) {
       const int64_t r0 = rb * kB, r1 = std::min(rows, r0 + kB);
-      std::fill(amax.begin(), amax.end(), 0.0f);
+      std::fill(amax.begin(), amax.end(), V(0.0f));
       for (int64_t r = r0; r < r1; ++r) {
         const T* xr = x + r * cols;
-        for (int64_t c = 0; c < cols; ++c) {
-          amax[c / kB] = fp8::block_amax_step(amax[c / kB], float(xr[c]));
+        for (int64_t b = 0; b < ncb; ++b) {
+          const int64_t c0 = b * kB;
+          amax_span_into<T>(xr + c0, std::min(cols, c0 + kB) - c0, amax[b]);
         }
       }
       for (int64_t b = 0; b < ncb; ++b) {
-        scale[b] = scale_of(amax[b]);
+        scale[b] = scale_of(max_lane(amax[b]));
         a.scale_inv[rb * ncb + b] = fp8::scale_inv(scale[b]);
       }
       for (int64_t r = r0; r < r1; ++r) {
         const T* xr = x + r * cols;
         uint8_t* dr = a.data + r * cols;
-        for (int64_t c = 0; c < cols; ++c) {
-          dr[c] = fp8::cast_to_fp8<F>(float(xr[c]) * scale[c / kB]);
+        for (int64_t b = 0; b < ncb; ++b) {
+          const int64_t c0 = b * kB;
+          cast_span<T, F>(xr + c0, dr + c0, std::min(cols, c0 + kB) - c0, scale[b]);
         }
       }
     }

@@ -1,5 +1,9 @@
-// FP8 dequantization on whole vectors: out[i] = T(fp8_to_float(data[i]) * s), the product in
-// fp32, with the same bytes as the scalar expression `static_cast<T>(table[data[i]] * s)`.
+// FP8 on whole vectors, with the bytes of common/fp8.h's scalar rules: the cast of fp32 values to
+// FP8 codes (fp8_codes, and cast_span over a span with one scale), the NaN-skipping amax of a
+// span (amax_span_into), and dequantization.
+//
+// Dequantization: out[i] = T(fp8_to_float(data[i]) * s), the product in fp32, with the same
+// bytes as the scalar expression `static_cast<T>(table[data[i]] * s)`.
 //
 // The FP8 bytes become fp32 through the fp16 conversion (F16C, on both the AVX512 and the AVX2
 // builds) instead of a 256-entry table gather: E5M2 is the upper byte of an fp16, and E4M3's
@@ -177,6 +181,170 @@ inline void dequantize_span(const uint8_t* __restrict d, T* __restrict o, int64_
 #endif
   const std::array<float, 256>& table = fp8_values<F>();
   for (; i < n; ++i) o[i] = static_cast<T>(table[d[i]] * s);
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+// One full vector of fp32 to FP8 codes, one per 32-bit lane: the same bytes as
+// fp8::cast_to_fp8 lane by lane (saturate to +-fp8_max, NaN stays NaN, then c10's
+// round-to-nearest-even conversion). Works on the magnitude bits: the saturation is a float
+// minimum that passes NaN through (vminps returns its second operand for NaN); for finite lanes
+// rounding cannot carry past the largest finite code (0x7E / 0x7B), while a NaN lane's
+// magnitude, above +inf, rounds to a code above 0x3B0, so an unsigned minimum with 0x7F makes
+// it NaN (0x7F | sign in both formats) and leaves every finite code as it is. The denormal
+// fix-up is skipped when no lane needs it (rare in real data; the mask is always computed).
+template <c10::ScalarType F>
+inline __m512i fp8_codes(__m512 v) {
+  constexpr float kMax = fp8::max_norm(F);
+  // E4M3: denormal below 2^-6 (exponent 121), 3 mantissa bits (shift 20), bias 7.
+  // E5M2: denormal below 2^-14 (exponent 113), 2 mantissa bits (shift 21), bias 15.
+  constexpr uint32_t kDenormExp = F == fp8::kE4M3 ? 121u : 113u;
+  constexpr uint32_t kDenormMagic = F == fp8::kE4M3 ? 141u : 134u;
+  constexpr int kShift = F == fp8::kE4M3 ? 20 : 21;
+  constexpr uint32_t kBias = F == fp8::kE4M3 ? 7u : 15u;
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i mag = _mm512_castps_si512(_mm512_min_ps(
+      _mm512_set1_ps(kMax),
+      _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)))));
+  // normal: (mag + ((bias - 127) << 23) + (2^(shift-1) - 1) + odd) >> shift
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(mag, kShift), _mm512_set1_epi32(1));
+  const __m512i rnd = _mm512_add_epi32(
+      mag, _mm512_set1_epi32(
+               static_cast<int>(((kBias - 127u) << 23) + ((1u << (kShift - 1)) - 1u))));
+  __m512i r = _mm512_min_epu32(_mm512_srli_epi32(_mm512_add_epi32(rnd, odd), kShift),
+                               _mm512_set1_epi32(0x7F));
+  const __mmask16 den =
+      _mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(static_cast<int>(kDenormExp << 23)));
+  if (den) {  // the float sum |v| + 2^(magic - 127) rounds at the right place
+    const __m512i magic = _mm512_set1_epi32(static_cast<int>(kDenormMagic << 23));
+    const __m512i d = _mm512_sub_epi32(
+        _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(mag), _mm512_castsi512_ps(magic))),
+        magic);
+    r = _mm512_mask_mov_epi32(r, den, d);
+  }
+  // r | ((bits >> 24) & 0x80): the sign bit into bit 7
+  return _mm512_ternarylogic_epi32(r, _mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80),
+                                   0xF8);
+}
+
+// One vector of fp32 to FP8, stored as 16 bytes at out.
+template <c10::ScalarType F>
+inline void store_fp8(uint8_t* out, __m512 v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(fp8_codes<F>(v)));
+}
+
+// Four vectors of fp32 (64 consecutive elements) to FP8, stored as 64 bytes at out: two
+// saturating packs (the codes are 0..255) leave, per 128-bit lane k, the elements 4k..4k+3 of
+// v0, v1, v2, v3 in turn; one dword permutation puts them in order.
+template <c10::ScalarType F>
+inline void store_fp8_x4(uint8_t* out, __m512 v0, __m512 v1, __m512 v2, __m512 v3) {
+  const __m512i p01 = _mm512_packus_epi32(fp8_codes<F>(v0), fp8_codes<F>(v1));
+  const __m512i p23 = _mm512_packus_epi32(fp8_codes<F>(v2), fp8_codes<F>(v3));
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_si512(reinterpret_cast<void*>(out),
+                      _mm512_permutexvar_epi32(idx, _mm512_packus_epi16(p01, p23)));
+}
+#elif defined(CPU_CAPABILITY_AVX2)
+// The AVX512 fp8_codes on 8 lanes: the same steps, with a signed compare for the denormal
+// lanes (every magnitude, NaN included, is below 2^31) and a blend.
+template <c10::ScalarType F>
+inline __m256i fp8_codes(__m256 v) {
+  constexpr float kMax = fp8::max_norm(F);
+  constexpr uint32_t kDenormExp = F == fp8::kE4M3 ? 121u : 113u;
+  constexpr uint32_t kDenormMagic = F == fp8::kE4M3 ? 141u : 134u;
+  constexpr int kShift = F == fp8::kE4M3 ? 20 : 21;
+  constexpr uint32_t kBias = F == fp8::kE4M3 ? 7u : 15u;
+  const __m256i bits = _mm256_castps_si256(v);
+  // vminps returns its second operand when either is NaN: a NaN magnitude passes
+  const __m256i mag = _mm256_castps_si256(_mm256_min_ps(
+      _mm256_set1_ps(kMax),
+      _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFFFF)))));
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(mag, kShift), _mm256_set1_epi32(1));
+  const __m256i rnd = _mm256_add_epi32(
+      mag, _mm256_set1_epi32(
+               static_cast<int>(((kBias - 127u) << 23) + ((1u << (kShift - 1)) - 1u))));
+  __m256i r = _mm256_min_epu32(_mm256_srli_epi32(_mm256_add_epi32(rnd, odd), kShift),
+                               _mm256_set1_epi32(0x7F));
+  const __m256i den =
+      _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(kDenormExp << 23)), mag);
+  if (!_mm256_testz_si256(den, den)) {
+    const __m256i magic = _mm256_set1_epi32(static_cast<int>(kDenormMagic << 23));
+    const __m256i d = _mm256_sub_epi32(
+        _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(mag), _mm256_castsi256_ps(magic))),
+        magic);
+    r = _mm256_blendv_epi8(r, d, den);
+  }
+  return _mm256_or_si256(
+      r, _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80)));
+}
+
+// One vector of fp32 to FP8, stored as 8 bytes at out: the packs leave codes 0-3 in the low
+// lane's first dword and 4-7 in the high lane's.
+template <c10::ScalarType F>
+inline void store_fp8(uint8_t* out, __m256 v) {
+  const __m256i c = fp8_codes<F>(v);
+  const __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(c, c), c);
+  const __m256i q = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(q));
+}
+
+// Four vectors (32 consecutive elements) to FP8, 32 bytes at out: the packs leave, per 128-bit
+// lane k, elements 4k..4k+3 of v0, v1, v2, v3 in turn; one dword permutation orders them.
+template <c10::ScalarType F>
+inline void store_fp8_x4(uint8_t* out, __m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+  const __m256i p01 = _mm256_packus_epi32(fp8_codes<F>(v0), fp8_codes<F>(v1));
+  const __m256i p23 = _mm256_packus_epi32(fp8_codes<F>(v2), fp8_codes<F>(v3));
+  const __m256i idx = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm256_permutevar8x32_epi32(_mm256_packus_epi16(p01, p23), idx));
+}
+#endif
+
+// out[i] = cast_to_fp8(float(x[i]) * scale) over one span, on whole vectors (fp8_codes) and the
+// scalar cast for the last partial vector.
+template <typename T, c10::ScalarType F>
+inline void cast_span(const T* x, uint8_t* out, int64_t n, float scale) {
+  using V = at::vec::Vectorized<float>;
+  constexpr int64_t W = V::size();
+  // locals, so the byte stores (which may alias anything) do not force reloads
+  const T* __restrict xl = x;
+  uint8_t* __restrict ol = out;
+  const V s(scale);
+  int64_t i = 0;
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  for (; i + 4 * W <= n; i += 4 * W) {
+    store_fp8_x4<F>(ol + i, load_acc<T>(xl + i) * s, load_acc<T>(xl + i + W) * s,
+                    load_acc<T>(xl + i + 2 * W) * s, load_acc<T>(xl + i + 3 * W) * s);
+  }
+  for (; i + W <= n; i += W) store_fp8<F>(ol + i, load_acc<T>(xl + i) * s);
+#endif
+  alignas(64) float buf[W];
+  for (; i < n; i += W) {
+    const int64_t k = std::min<int64_t>(W, n - i);
+    (load_acc<T>(xl + i, k) * s).store(buf);
+    for (int64_t j = 0; j < k; ++j) ol[i + j] = fp8::cast_to_fp8<F>(buf[j]);
+  }
+}
+
+// acc = the lane-wise maximum of acc and |x[i]| over one span, NaN elements skipped
+// (fp8::block_amax_step in any order: the maximum is exact and order-free). A partial last
+// vector loads zeros past n. acc holds no NaN.
+template <typename T>
+inline void amax_span_into(const T* x, int64_t n, at::vec::Vectorized<float>& acc) {
+  using V = at::vec::Vectorized<float>;
+  constexpr int64_t W = V::size();
+  // at::vec::maximum propagates NaN: the NaN lanes are zeroed first (v == v is false exactly
+  // for NaN, and its all-ones lanes keep |v| in the bitwise and)
+  auto mag = [](const V& v) { return v.abs() & (v == v); };
+  int64_t i = 0;
+  for (; i + W <= n; i += W) acc = at::vec::maximum(acc, mag(load_acc<T>(x + i)));
+  if (i < n) acc = at::vec::maximum(acc, mag(load_acc<T>(x + i, n - i)));
+}
+
+// The largest lane of a NaN-free vector.
+inline float max_lane(const at::vec::Vectorized<float>& v) {
+  using V = at::vec::Vectorized<float>;
+  return at::vec::vec_reduce_all<float>(
+      [](const V& a, const V& b) { return at::vec::maximum(a, b); }, v);
 }
 
 }  // namespace te_cpp
