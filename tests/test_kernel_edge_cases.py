@@ -218,6 +218,39 @@ def _check_nan_semantics(name, ours, want, where, nan_for_inf=False):
 UNARY = {cls.op_stem: reference_function(cls) for cls in activations.UNARY}
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("offset", [0, 3], ids=["whole", "tail"])
+def test_16bit_stores_round_to_nearest_even_as_torch(dtype, offset):
+    """The kernels compute in fp32 and round once on store, to nearest even as torch's cast:
+    constant_scale of every 16-bit pattern (and of all but the first 3, so that the last vector
+    is a partial one) by multipliers that put the exact products on, beside and away from the
+    rounding ties, bit for bit against torch's fp32 product cast to the dtype; NaN stays NaN.
+    Products below fp32's normal range are left out (vcvtneps2bf16 flushes them to zero)."""
+    x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)[offset:]
+    for s in (1 + 2**-8, 1 + 2**-9, 1 + 3 * 2**-10, 1 - 2**-9, 1 - 2**-12, 0.7, 3.0, 1.0):
+        got = torch.ops.te_cpp.constant_scale_fwd(x, s)
+        exact = x.float() * torch.tensor(s, dtype=torch.float32)
+        want = exact.to(dtype)
+        nan = torch.isnan(exact)
+        assert torch.isnan(got[nan]).all()
+        keep = ~nan & ((exact.abs() >= torch.finfo(torch.float32).tiny) | (exact == 0))
+        bad = (got.view(torch.int16) != want.view(torch.int16)) & keep
+        assert not bad.any(), (
+            f"scale {s}: {int(bad.sum())} values differ, e.g. {exact[bad][:4].tolist()} -> "
+            f"{got[bad][:4].tolist()}, torch {want[bad][:4].tolist()}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_16bit_stores_keep_nan_whatever_its_payload(dtype):
+    """An fp32 NaN whose low bits are set (here from fp32 router scales, carried through the
+    product) is stored as NaN: the bf16 rounding's carry must not turn it into zero or inf."""
+    payloads = [0x7FFFFFFF, 0x7F800001, 0x7FC00000, 0x7F8FFFFF, -1, 0xFFFF0001 - 2**32]
+    scales = torch.tensor(payloads * 7, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    x = torch.ones(scales.numel(), 2 * 19, dtype=dtype)
+    y = torch.ops.te_cpp.scaled_swiglu_fwd(x, scales)
+    assert y.dtype == dtype and torch.isnan(y).all()
+
+
 @pytest.mark.parametrize("stem", list(UNARY))
 def test_unary_activation_nan_semantics(stem):
     grid = list(itertools.product(SPECIAL, SPECIAL_DY))  # 114 elements: vector body and tail
