@@ -201,6 +201,11 @@ C10_ALWAYS_INLINE AccVec<T> lookup_rounded(const float* table, const AccVec<T>& 
   zr = widen_bits<T>(h);
   return gather16(table, _mm512_cvtepu16_epi32(h));
 #elif defined(CPU_CAPABILITY_AVX2)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {  // the rounded upper halves, in place
+    const __m256i r = bf16_rounded_lanes(z);
+    zr = _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(0xFFFF0000)));
+    return gather8(table, _mm256_srli_epi32(r, 16));
+  }
   const HalfBits h = half_bits<T>(z);
   zr = widen_bits<T>(h);
   return gather8(table, _mm256_cvtepu16_epi32(h));

@@ -26,8 +26,22 @@ using HalfBits = __m256i;  // the 16-bit patterns of one AccVec's lanes
 using HalfBits = __m128i;
 #endif
 
+#if defined(CPU_CAPABILITY_AVX2)
+// v rounded to bf16 in the upper 16 bits of each 32-bit lane (the lower bits are left over):
+// c10's round to nearest even, u + 0x7FFF + ((u >> 16) & 1), with NaN lanes all ones, so that
+// the upper half is at::vec::cvtfp32_bf16's 0xFFFF. No finite u overflows the sum.
+C10_ALWAYS_INLINE __m256i bf16_rounded_lanes(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd);
+  return _mm256_or_si256(r, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+#endif
+
 // v rounded to T (bf16 / fp16, round to nearest even), as 16-bit patterns. With AVX512_BF16,
-// bf16 takes one vcvtneps2bf16 (NaN stays NaN; fp32 denormals, below 1.2e-38, become zero).
+// bf16 takes one vcvtneps2bf16 (NaN stays NaN; fp32 denormals, below 1.2e-38, become zero); with
+// AVX2, the upper halves of bf16_rounded_lanes gathered by one byte shuffle and one permute (the
+// bits of at::vec::cvtfp32_bf16, which shifts, packs and permutes).
 template <typename T>
 C10_ALWAYS_INLINE HalfBits half_bits(const AccVec<T>& v) {
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
@@ -36,7 +50,16 @@ C10_ALWAYS_INLINE HalfBits half_bits(const AccVec<T>& v) {
   }
 #endif
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
+#if defined(CPU_CAPABILITY_AVX2)
+    // per 128-bit half: bytes 2-3, 6-7, 10-11, 14-15 to the low 8 bytes
+    const __m256i upper = _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1,
+                                           -1, -1, 2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1,
+                                           -1, -1, -1, -1);
+    const __m256i h = _mm256_shuffle_epi8(bf16_rounded_lanes(v), upper);
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(h, 0x08));
+#else
     return at::vec::cvtfp32_bf16(v);
+#endif
   } else {
     return at::vec::cvtfp32_fp16(v);
   }
@@ -161,6 +184,12 @@ inline AccVec<T> round_to(const AccVec<T>& v) {
   if constexpr (std::is_same_v<T, acc_t<T>>) {
     return v;
   } else {
+#if defined(CPU_CAPABILITY_AVX2)
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {  // the rounded upper halves, in place
+      return _mm256_castsi256_ps(
+          _mm256_and_si256(bf16_rounded_lanes(v), _mm256_set1_epi32(0xFFFF0000)));
+    }
+#endif
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
     return widen_bits<T>(half_bits<T>(v));
 #else
