@@ -4,12 +4,14 @@
 // The amax reduction runs over fixed blocks of kAmaxBlock elements (one private maximum per
 // block, then the block maxima), so the result depends only on the shape. NaN elements are
 // skipped (fp8::abs_bits_skip_nan: TransformerEngine's amax kernels reduce with fmaxf), so a
-// NaN changes only its own code: the AVX512 path takes the maximum of the magnitude bit
-// patterns of the non-NaN lanes, the others at::vec's maximum of |x| with NaN lanes zeroed
-// (both only over a block whose plain maximum is NaN: the common case costs no extra pass).
+// NaN changes only its own code: the AVX512 and AVX2 paths take the maximum of the magnitude
+// bit patterns of the non-NaN lanes, a build without either at::vec's maximum of |x| with NaN
+// lanes zeroed (both only over a block whose plain maximum is NaN: the common case costs no
+// extra pass).
 // The AVX512 and AVX2 casts are vectorised and give the same bytes as the scalar
 // fp8::cast_to_fp8.
 #include <array>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -87,7 +89,53 @@ uint32_t amax_key(const T* x, int64_t n, uint32_t inf_bits) {
     return m;
   }
 }
+#elif defined(CPU_CAPABILITY_AVX2)
+// amax_key on 256-bit vectors (16 bf16 / fp16 or 8 fp32 keys each). Every key is below 2^31
+// (below 2^15 for the 16-bit ones), so signed compares find the NaN keys; kSkipNan zeroes them
+// before the maximum.
+template <typename T, bool kSkipNan>
+uint32_t amax_key(const T* x, int64_t n, uint32_t inf_bits) {
+  constexpr bool k16 = sizeof(T) == 2;
+  constexpr int64_t L = k16 ? 16 : 8;  // elements per 256-bit vector
+  const __m256i absmask = k16 ? _mm256_set1_epi16(0x7FFF) : _mm256_set1_epi32(0x7FFFFFFF);
+  const __m256i inf = k16 ? _mm256_set1_epi16(static_cast<int16_t>(inf_bits))
+                          : _mm256_set1_epi32(static_cast<int>(inf_bits));
+  auto vmax = [&](__m256i a, __m256i k) {
+    if constexpr (kSkipNan) {
+      k = _mm256_andnot_si256(k16 ? _mm256_cmpgt_epi16(k, inf) : _mm256_cmpgt_epi32(k, inf), k);
+    }
+    return k16 ? _mm256_max_epu16(a, k) : _mm256_max_epu32(a, k);
+  };
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  auto ld = [&](const void* p) {
+    return _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), absmask);
+  };
+  for (; i + 4 * L <= n; i += 4 * L) {
+    a0 = vmax(a0, ld(x + i));
+    a1 = vmax(a1, ld(x + i + L));
+    a2 = vmax(a2, ld(x + i + 2 * L));
+    a3 = vmax(a3, ld(x + i + 3 * L));
+  }
+  for (; i + L <= n; i += L) a0 = vmax(a0, ld(x + i));
+  if (i < n) {  // the rest in a zeroed vector-sized buffer
+    alignas(32) T rest[L] = {};
+    std::memcpy(rest, x + i, static_cast<size_t>(n - i) * sizeof(T));
+    a0 = vmax(a0, ld(rest));
+  }
+  // the accumulators hold no NaN key with kSkipNan: a plain maximum merges them
+  const __m256i a = k16 ? _mm256_max_epu16(_mm256_max_epu16(a0, a1), _mm256_max_epu16(a2, a3))
+                        : _mm256_max_epu32(_mm256_max_epu32(a0, a1), _mm256_max_epu32(a2, a3));
+  using Key = std::conditional_t<k16, uint16_t, uint32_t>;
+  alignas(32) Key lanes[L];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), a);
+  uint32_t m = 0;
+  for (Key v : lanes) m = v > m ? v : m;
+  return m;
+}
+#endif
 
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 // max |x[i]| over n elements, NaN skipped: the plain maximum key first (the masked one costs a
 // compare per vector), and only when it is a NaN's, the NaN-skipping maximum over the elements
 // again. Both are exact, so the result is the NaN-skipping maximum either way.
@@ -114,7 +162,7 @@ float amax_of(const T* x, int64_t n) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t i0 = b * kAmaxBlock;
       const int64_t i1 = std::min(n, i0 + kAmaxBlock);
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
       partial[b] = amax_bits<T>(x + i0, i1 - i0);
 #else
       using V = at::vec::Vectorized<float>;
