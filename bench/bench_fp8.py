@@ -9,9 +9,10 @@ and the per-tensor quantize / dequantize kernels against a plain-torch emulation
                 fp32 and an fp32 mm; docs/quantization.md)
     torch bf16: plain PyTorch eager, for reference
 
-    quantize:   torch.ops.te_cpp.fp8_quantize (E4M3, per-tensor current scaling), mxfp8_quantize
-                and fp8_dequantize against plain torch (amax, scale, clamp, .to(float8_e4m3fn)),
-                eager and torch.compile (quantize)
+    quantize:   torch.ops.te_cpp.fp8_quantize (E4M3, per-tensor current scaling), mxfp8_quantize,
+                fp8_block_quantize (Float8BlockScaling, 1x128 and 128x128 blocks, power-of-two
+                scales) and fp8_dequantize against plain torch (amax, scale, clamp,
+                .to(float8_e4m3fn)), eager and torch.compile (quantize)
 
 Ratios are against "ours bf16" (block) and "ours" (kernels); >1 means that provider is slower.
 
@@ -35,7 +36,7 @@ import transformer_engine_cpp as te  # noqa: E402
 from common import Provider, check_close, environment, run_case, write_outputs  # noqa: E402
 from suite import mlp_builder  # noqa: E402
 from transformer_engine_cpp.testing.reference import (  # noqa: E402
-    fp8_quantize_current_scaling, mxfp8_quantize_reference)
+    fp8_block_quantize_reference, fp8_quantize_current_scaling, mxfp8_quantize_reference)
 
 E4M3 = torch.float8_e4m3fn  # the custom ops name the format by its torch dtype
 FP8_TOL = 0.10  # relative error (Frobenius norm) allowed between the FP8 and the bf16 block
@@ -126,6 +127,22 @@ def quantize_cases(args, results, T, H):
             Provider("torch.compile", lambda: compiled_mx(x)),
             Provider("ours", lambda: ops.mxfp8_quantize(x, E4M3)),
         ], ours="ours", bytes_moved=mbytes, copy_bytes=mbytes // 2, **args)
+        # Float8BlockScaling: one read (each block's amax pass and cast pass read it from
+        # cache), 1 byte/element + one fp32 scale per block written
+        for block_dim, blocks in ((1, "1x128"), (2, "128x128")):
+            b_data, b_scale = ops.fp8_block_quantize(x, E4M3, block_dim, True, 0.0)
+            t_bdata, t_bscale = fp8_block_quantize_reference(x, block_dim)
+            if not (torch.equal(b_data, t_bdata) and torch.equal(b_scale, t_bscale)):
+                raise SystemExit(f"fp8_block_quantize {blocks} ({dtype}) disagrees with the "
+                                 "torch emulation")
+            compiled_b = torch.compile(fp8_block_quantize_reference, fullgraph=True)
+            bbytes = n * (esz + 1) + 4 * b_scale.numel()
+            results += run_case(f"fp8_block_quantize {blocks}", dtype, f"{T}x{H}", "fwd", [
+                Provider("torch", lambda bd=block_dim: fp8_block_quantize_reference(x, bd)),
+                Provider("torch.compile", lambda bd=block_dim, f=compiled_b: f(x, bd)),
+                Provider("ours", lambda bd=block_dim: ops.fp8_block_quantize(x, E4M3, bd, True,
+                                                                             0.0)),
+            ], ours="ours", bytes_moved=bbytes, copy_bytes=bbytes // 2, **args)
         # dequantize: 1 byte/element read + esz bytes/element written
         dbytes = n * (1 + esz)
         results += run_case("fp8_dequantize", dtype, f"{T}x{H}", "fwd", [
@@ -150,6 +167,7 @@ def main() -> None:
     print(environment())
     print("GB/s: fp8_quantize counts two reads of the input (amax pass, cast pass) + 1 B/element "
           "written; mxfp8_quantize one read + 1 B/element + 1 B/32 elements written; "
+          "fp8_block_quantize one read + 1 B/element + 4 B/block written; "
           "dequantize 1 B/element read + the output")
     results = []
     quantize_cases(args, results, a.tokens, a.hidden)
@@ -157,7 +175,7 @@ def main() -> None:
         ps = block_providers(a.tokens, a.hidden, a.ffn, mode)
         results += run_case("MLP block (gelu)", torch.bfloat16, f"{a.tokens}x{a.hidden}x{a.ffn}",
                             mode, ps, ours="ours bf16", **args)
-    write_outputs(results, a.out, "FP8 (current scaling, E4M3) on CPU: MLP block and quantize")
+    write_outputs(results, a.out, "FP8 (E4M3) on CPU: MLP block (current scaling) and quantize")
     print(f"wrote {a.out}.csv and {a.out}.md")
 
 

@@ -21,7 +21,8 @@ from transformer_engine_cpp.quantization.fp8_block import (Float8BlockQuantizer,
                                                            Float8BlockwiseQTensor,
                                                            Float8BlockwiseQTensorStorage)
 from transformer_engine_cpp.quantization.tensor import as_storage
-from transformer_engine_cpp.testing.reference import te_prenorm_mlp
+from transformer_engine_cpp.testing.reference import (fp8_block_quantize_reference,
+                                                       te_prenorm_mlp)
 from harness import check_quantized_weights_compile_checkpoint_cast
 from tolerances import COMPILED_VS_EAGER, tols
 
@@ -189,6 +190,17 @@ def test_quantize_at_a_realistic_size(block_dim, dtype):
                 got = ops.fp8_block_dequantize(data, scale_inv, fmt, block_dim, out)
                 want = ref_block_dequantize(rd, rs, fmt, block_dim, out)
                 assert torch.equal(got, want), f"{what} dequantized to {out}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("block_dim", [1, 2])
+def test_the_benchmarks_plain_torch_provider_is_the_op(block_dim, dtype):
+    """bench/bench_fp8.py times testing.reference.fp8_block_quantize_reference as plain
+    PyTorch: the op's bytes and scales (E4M3, power-of-two scales) on the realistic input."""
+    x = _realistic(dtype)
+    data, scale_inv = ops.fp8_block_quantize(x, E4M3, block_dim, True, 0.0)
+    rd, rs = fp8_block_quantize_reference(x, block_dim)
+    assert torch.equal(scale_inv, rs) and torch.equal(data, rd)
 
 
 @pytest.mark.parametrize("out", [torch.float32, torch.bfloat16, torch.float16], ids=str)

@@ -274,6 +274,33 @@ def fp8_quantize_current_scaling(x: torch.Tensor):
     return data, (one / scale).reshape(1), amax.reshape(1)
 
 
+def fp8_block_quantize_reference(x: torch.Tensor, block_dim: int):
+    """Float8BlockScaling (E4M3, power-of-two scales, no epsilon) as te_cpp.fp8_block_quantize
+    computes it, for a 2-D x whose sizes are multiples of 128: per 1x128 (block_dim 1) or
+    128x128 (block_dim 2) block, the NaN-skipping amax, scale = fp8_max / amax in fp32 (1 for
+    an amax of 0 or inf; an infinite quotient becomes the input dtype's largest finite value,
+    fp32's for fp32) with its exponent bits only, data = x * scale saturated and cast.
+    Returns (data as uint8, scale_inv fp32 [M, K / 128] or [M / 128, K / 128])."""
+    M, K = x.shape
+    xf = x.float()
+    mag = torch.where(torch.isnan(xf), torch.zeros((), dtype=xf.dtype), xf.abs())
+    if block_dim == 1:
+        amax = mag.reshape(M, K // 128, 128).amax(dim=-1)
+    else:
+        amax = mag.reshape(M // 128, 128, K // 128, 128).amax(dim=(1, 3))
+    one = torch.ones_like(amax)
+    big = torch.finfo(x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.float32)
+    scale = (one * E4M3_MAX) / amax
+    scale = torch.where(torch.isinf(scale), one * big.max, scale)
+    scale = (scale.view(torch.int32) & -(1 << 23)).view(torch.float32)  # sign and exponent
+    scale = torch.where((amax == 0) | torch.isinf(amax), one, scale)
+    full = scale.repeat_interleave(128, dim=-1)
+    if block_dim == 2:
+        full = full.repeat_interleave(128, dim=0)
+    data = (xf * full).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+    return data, one / scale
+
+
 def mxfp8_quantize_reference(x: torch.Tensor):
     """MXFP8 (E4M3) as te_cpp.mxfp8_quantize computes it: per block of 32 along the last dim,
     the NaN-ignoring block amax, TransformerEngine's E8M0 exponent (rounded up), data = x *
