@@ -332,19 +332,39 @@ template <typename T>
 inline void amax_span_into(const T* x, int64_t n, at::vec::Vectorized<float>& acc) {
   using V = at::vec::Vectorized<float>;
   constexpr int64_t W = V::size();
-  // at::vec::maximum propagates NaN: the NaN lanes are zeroed first (v == v is false exactly
-  // for NaN, and its all-ones lanes keep |v| in the bitwise and)
-  auto mag = [](const V& v) { return v.abs() & (v == v); };
+  // max(|v|, acc), NaN lanes of v skipped: vmaxps returns its second operand when either is
+  // NaN; at::vec::maximum propagates NaN, so there the NaN lanes are zeroed first (v == v is
+  // false exactly for NaN, and its all-ones lanes keep |v| in the bitwise and)
+  auto step = [](const V& v, const V& m) -> V {
+#if defined(CPU_CAPABILITY_AVX512)
+    return _mm512_max_ps(_mm512_abs_ps(v), m);
+#elif defined(CPU_CAPABILITY_AVX2)
+    return _mm256_max_ps(_mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF))),
+                         m);
+#else
+    return at::vec::maximum(v.abs() & (v == v), m);
+#endif
+  };
   int64_t i = 0;
-  for (; i + W <= n; i += W) acc = at::vec::maximum(acc, mag(load_acc<T>(x + i)));
-  if (i < n) acc = at::vec::maximum(acc, mag(load_acc<T>(x + i, n - i)));
+  for (; i + W <= n; i += W) acc = step(load_acc<T>(x + i), acc);
+  if (i < n) acc = step(load_acc<T>(x + i, n - i), acc);
 }
 
 // The largest lane of a NaN-free vector.
 inline float max_lane(const at::vec::Vectorized<float>& v) {
-  using V = at::vec::Vectorized<float>;
-  return at::vec::vec_reduce_all<float>(
-      [](const V& a, const V& b) { return at::vec::maximum(a, b); }, v);
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_reduce_max_ps(v);
+#elif defined(CPU_CAPABILITY_AVX2)
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+#else
+  alignas(64) float lanes[at::vec::Vectorized<float>::size()];
+  v.store(lanes);
+  float m = 0.0f;
+  for (float l : lanes) m = l > m ? l : m;
+  return m;
+#endif
 }
 
 }  // namespace te_cpp
