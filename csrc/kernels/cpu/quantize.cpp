@@ -708,11 +708,51 @@ inline void mxfp8_tile(const T* __restrict x, int64_t ld, uint8_t* __restrict da
 }
 #endif
 
+#if defined(CPU_CAPABILITY_AVX2)
+// mxfp8_tile on 8 columns (one 256-bit vector per row): column j's block maximum is lane j of
+// the running maximum of a block's 32 rows, the rows then loaded again (from L1) and cast, each
+// row's 8 codes packed into the low 8 bytes of a 16-byte register, 16 rows transposed as bytes
+// into the 8 output rows' next 16 bytes.
+template <typename T, c10::ScalarType F, int kBlocks>
+inline void mxfp8_tile8(const T* __restrict x, int64_t ld, uint8_t* __restrict data,
+                        int64_t out_ld, uint8_t* __restrict scales, int64_t scale_ld) {
+  constexpr int64_t kAhead = 512 / sizeof(T);  // as mxfp8_tile
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 rcp[kBlocks];
+  for (int blk = 0; blk < kBlocks; ++blk) {
+    __m256 m = _mm256_setzero_ps();
+    for (int r = 32 * blk; r < 32 * blk + 32; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(x + r * ld + kAhead), _MM_HINT_T0);
+      // NaN skipped: vmaxps returns its second operand when either is NaN
+      m = _mm256_max_ps(_mm256_and_ps(load_acc<T>(x + r * ld), abs_mask), m);
+    }
+    alignas(32) int32_t e[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(e),
+                       mx_exponents(m, fp8::max_norm_rcp<F>(), rcp[blk]));
+    for (int j = 0; j < 8; ++j) scales[j * scale_ld + blk] = static_cast<uint8_t>(e[j]);
+  }
+  for (int q = 0; q < 2 * kBlocks; ++q) {  // 16 rows at a time
+    __m128i rows[16];
+    for (int r = 0; r < 16; ++r) {
+      const __m256i c =
+          fp8_codes<F>(_mm256_mul_ps(load_acc<T>(x + (q * 16 + r) * ld), rcp[q / 2]));
+      // codes 0-3 in the low half's first dword, 4-7 in the high half's
+      const __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(c, c), c);
+      rows[r] = _mm_unpacklo_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    }
+    cpu::transpose_block<uint8_t>(rows);
+    for (int j = 0; j < 8; ++j) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(data + j * out_ld + q * 16), rows[j]);
+    }
+  }
+}
+#endif
+
 // mxfp8_quantize_blocks of the transpose of the row-major [rows, cols] x (rows % 32 == 0)
 // without materialising it: out row c (rows elements) holds column c of x, quantized in blocks
 // of 32 rows, its scales at scales[c * rows / 32 ...]. One band of 32 rows per task unit, two
-// bands read together in tiles of 16 columns; the last cols % 16 columns (and every column
-// without AVX512) gather their 32 elements per block and take the scalar block.
+// bands read together in tiles of 16 columns (AVX512) or 8 (AVX2); the columns left over (every
+// column without either) gather their 32 elements per block and take the scalar block.
 template <typename T, c10::ScalarType F>
 void mxfp8_quantize_transposed(const T* x, int64_t rows, int64_t cols, uint8_t* data,
                                uint8_t* scales) {
@@ -732,6 +772,16 @@ void mxfp8_quantize_transposed(const T* x, int64_t rows, int64_t cols, uint8_t* 
           mxfp8_tile<T, F, 2>(xb + c, cols, dc, rows, sc, nbands);
         } else {
           mxfp8_tile<T, F, 1>(xb + c, cols, dc, rows, sc, nbands);
+        }
+      }
+#elif defined(CPU_CAPABILITY_AVX2)
+      for (; c + 8 <= cols; c += 8) {
+        uint8_t* dc = data + c * rows + band * B;
+        uint8_t* sc = scales + c * nbands + band;
+        if (nb == 2) {
+          mxfp8_tile8<T, F, 2>(xb + c, cols, dc, rows, sc, nbands);
+        } else {
+          mxfp8_tile8<T, F, 1>(xb + c, cols, dc, rows, sc, nbands);
         }
       }
 #endif
