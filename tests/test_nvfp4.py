@@ -143,6 +143,23 @@ def ref_dequantize(data, scale, amax, rht=False, dtype=F32):
     return out.to(dtype)
 
 
+@pytest.mark.parametrize("rht", [False, True], ids=["plain", "rht"])
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16, torch.float16], ids=str)
+def test_dequantize_every_byte_and_scale_at_extreme_amaxes(rht, dtype):
+    """Every data byte under every E4M3 scale byte (NaN ones included), with tensor amaxes that
+    make fp32-denormal products (and, under the inverse transform, denormal sums), ordinary
+    ones, and ones whose sums overflow: the emulation's values and signs."""
+    data = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(256, 2)  # 256 x 512 bytes
+    scale = torch.arange(256, dtype=torch.int32).to(torch.uint8)[:, None].repeat(1, 64)
+    for amax in (1e-36, 3e-31, 1.0, 2688.0, 1e30, 3e38):
+        a = torch.tensor([amax], dtype=F32)
+        out = ops.nvfp4_dequantize(data, scale, a, rht, dtype)
+        ref = ref_dequantize(data, scale, a, rht, dtype)
+        torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)
+        both = ~torch.isnan(ref)
+        assert torch.equal(torch.signbit(out[both]), torch.signbit(ref[both])), amax
+
+
 def bits_equal(a, b):
     if a.dtype.is_floating_point:
         a = a.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()])
