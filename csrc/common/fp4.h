@@ -117,14 +117,14 @@ C10_HOST_DEVICE inline float dequant_scale(uint8_t scale_e4m3, float amax) {
 // Bit i of kSignMask is set where s[i] = -1.
 constexpr uint32_t kSignMask = 0xD7E8u;  // s = + + + - + - - - - - - + - + - -
 
-C10_HOST_DEVICE inline bool h_negative(int i, int j) {
+C10_HOST_DEVICE constexpr bool h_negative(int i, int j) {
   uint32_t v = static_cast<uint32_t>(i & j);
   v ^= v >> 2;
   v ^= v >> 1;
   return (v & 1u) != 0u;
 }
 
-C10_HOST_DEVICE inline bool m_negative(int i, int j) {
+C10_HOST_DEVICE constexpr bool m_negative(int i, int j) {
   return h_negative(i, j) != (((kSignMask >> i) & 1u) != 0u);
 }
 

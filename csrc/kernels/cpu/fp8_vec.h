@@ -299,6 +299,46 @@ inline void store_fp8_x4(uint8_t* out, __m256 v0, __m256 v1, __m256 v2, __m256 v
 }
 #endif
 
+#if defined(CPU_CAPABILITY_AVX512)
+// Lane j of the result: the maximum over the 16 lanes of m[j] (a transpose-reduce: 15
+// merges of two vectors instead of 16 horizontal reductions). No lane may be NaN.
+inline __m512 max_lanes_16(__m512 m[16]) {
+  __m512 a[8], c[4], d[2];
+  for (int k = 0; k < 8; ++k) {  // per 128-bit chunk: [A', B', A'', B'']
+    a[k] = _mm512_max_ps(_mm512_unpacklo_ps(m[2 * k], m[2 * k + 1]),
+                         _mm512_unpackhi_ps(m[2 * k], m[2 * k + 1]));
+  }
+  for (int k = 0; k < 4; ++k) {  // per chunk: [A, B, C, D] over the chunk's 4 elements
+    const __m512d x = _mm512_castps_pd(a[2 * k]), y = _mm512_castps_pd(a[2 * k + 1]);
+    c[k] = _mm512_max_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  for (int k = 0; k < 2; ++k) {  // chunks [P0|P1, P2|P3, Q0|Q1, Q2|Q3]
+    d[k] = _mm512_max_ps(_mm512_shuffle_f32x4(c[2 * k], c[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(c[2 * k], c[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  return _mm512_max_ps(_mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+#elif defined(CPU_CAPABILITY_AVX2)
+// Lane j of the result: the maximum over the 8 lanes of m[j] (max_lanes_16 on 8 lanes: 7 merges
+// of two vectors). No lane may be NaN.
+inline __m256 max_lanes_8(const __m256 m[8]) {
+  __m256 a[4], c[2];
+  for (int k = 0; k < 4; ++k) {  // per 128-bit half: [A', B', A'', B'']
+    a[k] = _mm256_max_ps(_mm256_unpacklo_ps(m[2 * k], m[2 * k + 1]),
+                         _mm256_unpackhi_ps(m[2 * k], m[2 * k + 1]));
+  }
+  for (int k = 0; k < 2; ++k) {  // per half: [A, B, C, D] over the half's 4 elements
+    const __m256d x = _mm256_castps_pd(a[2 * k]), y = _mm256_castps_pd(a[2 * k + 1]);
+    c[k] = _mm256_max_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)),
+                         _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
+  }
+  return _mm256_max_ps(_mm256_permute2f128_ps(c[0], c[1], 0x20),
+                       _mm256_permute2f128_ps(c[0], c[1], 0x31));
+}
+#endif
+
 // out[i] = cast_to_fp8(float(x[i]) * scale) over one span, on whole vectors (fp8_codes) and the
 // scalar cast for the last partial vector.
 template <typename T, c10::ScalarType F>
