@@ -242,6 +242,19 @@ def test_mask_is_the_documented_philox_rule(seed, p):
     assert mask.tolist() == want
 
 
+@pytest.mark.parametrize("i", [2, 37, 200], ids=lambda i: f"element{i}")
+def test_a_draw_equal_to_the_threshold_keeps_its_element(i):
+    """keep iff draw >= threshold, at equality too: p = draw / 2^32 makes element i's draw the
+    threshold (element 200 of 203 is in the scalar tail, the others in whole vectors)."""
+    seed, n = 99991, 203
+    draw = _philox4x32_10(seed, i // 4)[i % 4]
+    p = draw / 2**32
+    mask = te_ops.dropout_fwd(torch.ones(n), torch.tensor(seed, dtype=torch.int64), p)[1]
+    assert mask[i].item() == 1
+    want = [int(_philox4x32_10(seed, j // 4)[j % 4] >= draw) for j in range(n)]
+    assert mask.tolist() == want
+
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
 
