@@ -423,6 +423,20 @@ def test_stochastic_rounding_bits_and_reproducible():
     assert not torch.equal(a, ops.nvfp4_quantize(x, False, False, seed + 1)[0])
 
 
+@pytest.mark.parametrize("rht", [False, True], ids=["plain", "rht"])
+@pytest.mark.parametrize("block_2d", [False, True], ids=["1d", "2d"])
+def test_stochastic_rounding_bits_over_rows_of_many_blocks(rht, block_2d):
+    """Rows of 17 blocks (272 elements: the draws of whole groups of counters and a tail, the
+    block scales of a group of a row's blocks and a last block) against the emulation's Philox
+    draws, with NaN, inf, signed zeros and values at and beyond the grid's ends."""
+    g = torch.Generator().manual_seed(41)
+    x = torch.randn(32, 272, generator=g) * torch.exp2(torch.randint(-3, 4, (32, 1),
+                                                                     generator=g).float())
+    x[3, :6] = torch.tensor([float("nan"), float("inf"), -0.0, 0.0, -float("inf"), 7.0])
+    x[5, 100:116] = 0.0
+    assert_op_matches(x, rht=rht, block_2d=block_2d, seed=20251207)
+
+
 def test_stochastic_rounding_at_a_realistic_size():
     """4096x1024 bf16 through the recipe's gradient quantizer (stochastic rounding, the random
     Hadamard transform on the columnwise copy): the same torch seed gives the same bytes, another
