@@ -3,9 +3,10 @@
 // for 2-D blocks): every value is a function of its block alone, and the amax is an integer
 // maximum of magnitude bit patterns, so the bytes do not depend on the thread count. With AVX-512
 // or AVX2 a block is one or two vectors (Block16): the transform, the amaxes, the E2M1 codes and
-// the decoding run lane by lane with the scalar rules' bytes, the two E4M3 scales of a block in
-// scalar code; stochastic rounding, and the blocks of a dequantization whose scale is outside
-// the range the vector stores round as the scalar casts do, take the scalar code.
+// the decoding run lane by lane with the scalar rules' bytes (stochastic rounding with each
+// row's draws from philox_vec.h), the E4M3 scales of 16 (AVX2: 8) blocks of a row lane by lane;
+// the blocks of a dequantization whose scale is outside the range the vector stores round as
+// the scalar casts do take the scalar code.
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -16,6 +17,7 @@
 
 #include "common/dropout_math.h"
 #include "kernels/cpu/fp8_vec.h"
+#include "kernels/cpu/philox_vec.h"
 #include "ops/nvfp4.h"
 #include "ops/quantize.h"
 
@@ -131,9 +133,32 @@ inline __m512i e2m1_codes(__m512 v) {
   return _mm512_mask_mov_epi32(m, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(7));
 }
 
-// The block's codes of b * e, two per byte (code 2k in the low nibble of byte k), at d.
-inline void store_codes(uint8_t* d, const Block16& b, float e) {
-  const __m512i c = e2m1_codes(_mm512_mul_ps(b.v, _mm512_set1_ps(e)));
+// fp4::e2m1_stochastic lane by lane with the draws r: |v| saturated at 6 lies between grid
+// neighbours fl * step and (fl + 1) * step (step 0.5, 1 or 2; q = |v| / step exact); it rounds
+// up where frac = q - fl > (r >> 8) * 2^-24. The magnitude, on the grid, is then coded as
+// e2m1_codes codes it, with v's sign (NaN: v itself, 7).
+inline __m512i e2m1_sr_codes(__m512 v, __m512i r) {
+  const __m512 a = _mm512_min_ps(_mm512_abs_ps(v), _mm512_set1_ps(fp4::kE2M1Max));  // NaN: 6
+  const __mmask16 lt2 = _mm512_cmp_ps_mask(a, _mm512_set1_ps(2.0f), _CMP_LT_OQ);
+  const __mmask16 lt4 = _mm512_cmp_ps_mask(a, _mm512_set1_ps(4.0f), _CMP_LT_OQ);
+  const __m512 step = _mm512_mask_mov_ps(
+      _mm512_mask_mov_ps(_mm512_set1_ps(2.0f), lt4, _mm512_set1_ps(1.0f)), lt2,
+      _mm512_set1_ps(0.5f));
+  const __m512 q = _mm512_div_ps(a, step);
+  const __m512 fl = _mm512_roundscale_ps(q, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(r, 8)),
+                                 _mm512_set1_ps(1.0f / 16777216.0f));
+  const __mmask16 up = _mm512_cmp_ps_mask(_mm512_sub_ps(q, fl), u, _CMP_GT_OQ);
+  const __m512 mag = _mm512_mul_ps(_mm512_mask_add_ps(fl, up, fl, _mm512_set1_ps(1.0f)), step);
+  const __m512 x = _mm512_or_ps(mag, _mm512_and_ps(v, _mm512_set1_ps(-0.0f)));
+  return e2m1_codes(_mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v));
+}
+
+// The block's codes of b * e, two per byte (code 2k in the low nibble of byte k), at d: rounded
+// to nearest even, or stochastically with the 16 draws at r.
+inline void store_codes(uint8_t* d, const Block16& b, float e, const uint32_t* r) {
+  const __m512 v = _mm512_mul_ps(b.v, _mm512_set1_ps(e));
+  const __m512i c = r == nullptr ? e2m1_codes(v) : e2m1_sr_codes(v, _mm512_loadu_si512(r));
   // per 64-bit pair: the odd lane's code (bits 32-35) moved to bits 4-7 of the even lane's
   const __m512i t = _mm512_or_si512(c, _mm512_srli_epi64(c, 28));
   _mm_storel_epi64(reinterpret_cast<__m128i*>(d), _mm512_cvtepi64_epi8(t));
@@ -254,11 +279,35 @@ inline __m128i pack_codes8(__m256i c) {
   return _mm_or_si128(_mm256_castsi256_si128(g), _mm256_extracti128_si256(g, 1));
 }
 
-inline void store_codes(uint8_t* d, const Block16& b, float e) {
+inline __m256i e2m1_sr_codes(__m256 v, __m256i r) {  // as the AVX-512 e2m1_sr_codes
+  const __m256 a = _mm256_min_ps(
+      _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF))),
+      _mm256_set1_ps(fp4::kE2M1Max));
+  const __m256 step = _mm256_blendv_ps(
+      _mm256_blendv_ps(_mm256_set1_ps(2.0f), _mm256_set1_ps(1.0f),
+                       _mm256_cmp_ps(a, _mm256_set1_ps(4.0f), _CMP_LT_OQ)),
+      _mm256_set1_ps(0.5f), _mm256_cmp_ps(a, _mm256_set1_ps(2.0f), _CMP_LT_OQ));
+  const __m256 q = _mm256_div_ps(a, step);
+  const __m256 fl = _mm256_round_ps(q, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(r, 8)),
+                                 _mm256_set1_ps(1.0f / 16777216.0f));
+  const __m256 up = _mm256_and_ps(_mm256_cmp_ps(_mm256_sub_ps(q, fl), u, _CMP_GT_OQ),
+                                  _mm256_set1_ps(1.0f));
+  const __m256 mag = _mm256_mul_ps(_mm256_add_ps(fl, up), step);
+  const __m256 x = _mm256_or_ps(mag, _mm256_and_ps(v, _mm256_set1_ps(-0.0f)));
+  return e2m1_codes(_mm256_blendv_ps(x, v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+
+inline void store_codes(uint8_t* d, const Block16& b, float e, const uint32_t* r) {
   const __m256 ev = _mm256_set1_ps(e);
-  const __m128i lo = pack_codes8(e2m1_codes(_mm256_mul_ps(b.lo, ev)));
-  const __m128i hi = pack_codes8(e2m1_codes(_mm256_mul_ps(b.hi, ev)));
-  _mm_storel_epi64(reinterpret_cast<__m128i*>(d), _mm_unpacklo_epi32(lo, hi));
+  auto codes = [&](__m256 v, int k) {
+    v = _mm256_mul_ps(v, ev);
+    if (r == nullptr) return pack_codes8(e2m1_codes(v));
+    return pack_codes8(
+        e2m1_sr_codes(v, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + k))));
+  };
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(d),
+                   _mm_unpacklo_epi32(codes(b.lo, 0), codes(b.hi, 8)));
 }
 
 inline Block16 decode16(const uint8_t* d, float s) {
@@ -310,7 +359,21 @@ inline Block16 load_block16(const T* p, bool rht_on) {
   return rht_on ? rht<false>(b) : b;
 }
 
-// quantize (below) with round to nearest even, on Block16s.
+// out[k] = the draw of element i0 + k, k < n (i0 a multiple of 4): groups of counters on
+// vectors (philox_vec.h), the rest from an engine positioned at its first element.
+inline void row_draws(uint64_t seed, int64_t i0, int64_t n, uint32_t* out) {
+  constexpr int64_t kDraws = 4 * cpu::kPhiloxLanes;
+  int64_t k = 0;
+  for (; k + kDraws <= n; k += kDraws) {
+    cpu::philox_draws(seed, static_cast<uint64_t>((i0 + k) / 4), out + k);
+  }
+  if (k < n) {
+    at::philox_engine rng = dropout::engine_at(seed, static_cast<uint64_t>(i0 + k));
+    for (; k < n; ++k) out[k] = rng();
+  }
+}
+
+// quantize (below) on Block16s.
 template <typename T>
 void quantize_vec(const Nvfp4QuantizeArgs& a) {
   const T* x = static_cast<const T*>(a.x);
@@ -334,10 +397,20 @@ void quantize_vec(const Nvfp4QuantizeArgs& a) {
   const float s_enc = fp4::global_encode_scale(amax);
   const int64_t h = a.block_2d ? B : 1;
   const int64_t groups = (R + h - 1) / h;
+  const bool sr = a.seed != nullptr;
+  const uint64_t seed = sr ? static_cast<uint64_t>(*a.seed) : 0u;
   at::parallel_for(0, groups, a.block_2d ? 1 : 16, [&](int64_t g0, int64_t g1) {
     Block16 v[B];
+    std::vector<uint32_t> draws(sr ? h * C : 0);  // the group's rows' draws, element by element
+    // the draws of block b of row r (r0 <= r < r0 + h), or nullptr: round to nearest even
+    auto block_draws = [&](int64_t r0, int64_t r, int64_t b) -> const uint32_t* {
+      return sr ? draws.data() + (r - r0) * C + b * B : nullptr;
+    };
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t r0 = g * h, r1 = std::min(R, r0 + h);
+      for (int64_t r = r0; sr && r < r1; ++r) {
+        row_draws(seed, r * C, C, draws.data() + (r - r0) * C);
+      }
       int64_t b = 0;
       if (h == 1) {  // 1-D blocks: kGroup of a row's blocks at a time, their scales lane by lane
         for (; b + kGroup <= nb; b += kGroup) {
@@ -352,7 +425,8 @@ void quantize_vec(const Nvfp4QuantizeArgs& a) {
           alignas(64) float ev[kGroup];
           std::memcpy(ev, &e, sizeof(ev));
           for (int j = 0; j < kGroup; ++j) {
-            store_codes(a.data + (r0 * C + (b + j) * B) / 2, v[j], ev[j]);
+            store_codes(a.data + (r0 * C + (b + j) * B) / 2, v[j], ev[j],
+                        block_draws(r0, r0, b + j));
           }
         }
       }
@@ -365,7 +439,7 @@ void quantize_vec(const Nvfp4QuantizeArgs& a) {
         const uint8_t scale = fp4::block_scale_e4m3(max_lane16(m), s_enc);
         const float e = fp4::block_encode_scale(scale, s_enc);
         for (int64_t r = r0; r < r1; ++r) {
-          store_codes(a.data + (r * C + b * B) / 2, v[r - r0], e);
+          store_codes(a.data + (r * C + b * B) / 2, v[r - r0], e, block_draws(r0, r, b));
           a.scales[r * nb + b] = scale;
         }
       }
@@ -437,12 +511,10 @@ void quantize(const Nvfp4QuantizeArgs& a) {
 void nvfp4_quantize_cpu(const Nvfp4QuantizeArgs& a) {
   TE_DISPATCH_QUANT_INPUT(a.dtype, "nvfp4_quantize", [&] {
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-    if (a.seed == nullptr) {
-      quantize_vec<scalar_t>(a);
-      return;
-    }
-#endif
+    quantize_vec<scalar_t>(a);
+#else
     quantize<scalar_t>(a);
+#endif
   });
 }
 
