@@ -1,6 +1,7 @@
 // CPU backend of Dropout (the stubs of ops/dropout.h; the mask rule is common/dropout_math.h's,
-// shared with CUDA). Elements run in parallel chunks; each chunk positions a Philox engine at
-// its first element, draws one 32-bit value per element, and applies the keep multiplier
+// shared with CUDA). Elements run in parallel chunks; a chunk draws one 32-bit value per element,
+// from its first multiple of 4 on in groups of counters on vectors (philox_vec.h), its head and
+// tail from a Philox engine positioned at their first element, and applies the keep multiplier
 // (0 or 1 / (1 - p)) with Vectorized<acc_t> arithmetic. The mask depends only on (seed,
 // element index).
 #include <algorithm>
