@@ -11,7 +11,8 @@ and the per-tensor quantize / dequantize kernels against a plain-torch emulation
 
     quantize:   torch.ops.te_cpp.fp8_quantize (E4M3, per-tensor current scaling), mxfp8_quantize,
                 fp8_block_quantize (Float8BlockScaling, 1x128 and 128x128 blocks, power-of-two
-                scales) and fp8_dequantize against plain torch (amax, scale, clamp,
+                scales), nvfp4_quantize (1-D blocks of 16, no transform, round to nearest even)
+                and fp8_dequantize against plain torch (amax, scale, clamp,
                 .to(float8_e4m3fn)), eager and torch.compile (quantize)
 
 Ratios are against "ours bf16" (block) and "ours" (kernels); >1 means that provider is slower.
@@ -36,7 +37,8 @@ import transformer_engine_cpp as te  # noqa: E402
 from common import Provider, check_close, environment, run_case, write_outputs  # noqa: E402
 from suite import mlp_builder  # noqa: E402
 from transformer_engine_cpp.testing.reference import (  # noqa: E402
-    fp8_block_quantize_reference, fp8_quantize_current_scaling, mxfp8_quantize_reference)
+    fp8_block_quantize_reference, fp8_quantize_current_scaling, mxfp8_quantize_reference,
+    nvfp4_quantize_reference)
 
 E4M3 = torch.float8_e4m3fn  # the custom ops name the format by its torch dtype
 FP8_TOL = 0.10  # relative error (Frobenius norm) allowed between the FP8 and the bf16 block
@@ -143,6 +145,20 @@ def quantize_cases(args, results, T, H):
                 Provider("ours", lambda bd=block_dim: ops.fp8_block_quantize(x, E4M3, bd, True,
                                                                              0.0)),
             ], ours="ours", bytes_moved=bbytes, copy_bytes=bbytes // 2, **args)
+        # NVFP4: two reads of the input (the tensor amax, then the blocks), half a byte per
+        # element and one scale byte per 16 elements written
+        n_data, n_scale, n_amax = ops.nvfp4_quantize(x, False, False, None)
+        t_ndata, t_nscale, t_namax = nvfp4_quantize_reference(x)
+        if not (torch.equal(n_data, t_ndata) and torch.equal(n_scale, t_nscale)
+                and torch.equal(n_amax, t_namax)):
+            raise SystemExit(f"nvfp4_quantize ({dtype}) disagrees with the torch emulation")
+        compiled_nv = torch.compile(nvfp4_quantize_reference, fullgraph=True)
+        nbytes = 2 * n * esz + n // 2 + n // 16
+        results += run_case("nvfp4_quantize", dtype, f"{T}x{H}", "fwd", [
+            Provider("torch", lambda: nvfp4_quantize_reference(x)),
+            Provider("torch.compile", lambda: compiled_nv(x)),
+            Provider("ours", lambda: ops.nvfp4_quantize(x, False, False, None)),
+        ], ours="ours", bytes_moved=nbytes, copy_bytes=nbytes // 2, **args)
         # dequantize: 1 byte/element read + esz bytes/element written
         dbytes = n * (1 + esz)
         results += run_case("fp8_dequantize", dtype, f"{T}x{H}", "fwd", [
@@ -168,6 +184,7 @@ def main() -> None:
     print("GB/s: fp8_quantize counts two reads of the input (amax pass, cast pass) + 1 B/element "
           "written; mxfp8_quantize one read + 1 B/element + 1 B/32 elements written; "
           "fp8_block_quantize one read + 1 B/element + 4 B/block written; "
+          "nvfp4_quantize two reads + 1/2 B/element + 1 B/16 elements written; "
           "dequantize 1 B/element read + the output")
     results = []
     quantize_cases(args, results, a.tokens, a.hidden)
@@ -175,7 +192,7 @@ def main() -> None:
         ps = block_providers(a.tokens, a.hidden, a.ffn, mode)
         results += run_case("MLP block (gelu)", torch.bfloat16, f"{a.tokens}x{a.hidden}x{a.ffn}",
                             mode, ps, ours="ours bf16", **args)
-    write_outputs(results, a.out, "FP8 (E4M3) on CPU: MLP block (current scaling) and quantize")
+    write_outputs(results, a.out, "FP8 and NVFP4 on CPU: MLP block (current scaling) and quantize")
     print(f"wrote {a.out}.csv and {a.out}.md")
 
 

@@ -11,6 +11,7 @@ import transformer_engine_cpp as te
 from device_code import compile_ptx
 from harness import check_quantized_weights_compile_checkpoint_cast
 from transformer_engine_cpp.quantization.nvfp4 import NVFP4Quantizer, NVFP4TensorStorage
+from transformer_engine_cpp.testing.reference import nvfp4_quantize_reference
 
 ops = torch.ops.te_cpp
 F32 = torch.float32
@@ -378,6 +379,17 @@ def _realistic(dtype):
     x[2049] = -1e-40                                     # denormal in fp32 and bf16
     x[3000, ::3] = 1e-39 * torch.randn(342, generator=g)
     return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_benchmarks_plain_torch_provider_is_the_op(dtype):
+    """bench/bench_fp8.py times testing.reference.nvfp4_quantize_reference as plain PyTorch:
+    the op's bytes, scales and amax (1-D blocks, no transform, round to nearest even) on the
+    realistic input and on the adversarial one."""
+    for x in (_realistic(dtype), _adversarial(64, 256, dtype)):
+        got = ops.nvfp4_quantize(x, False, False, None)
+        want = nvfp4_quantize_reference(x)
+        assert all(bits_equal(a, b) for a, b in zip(got, want))
 
 
 @pytest.mark.parametrize("dtype", [F32, torch.bfloat16], ids=["fp32", "bf16"])

@@ -301,6 +301,36 @@ def fp8_block_quantize_reference(x: torch.Tensor, block_dim: int):
     return data, one / scale
 
 
+def nvfp4_quantize_reference(x: torch.Tensor):
+    """NVFP4 (1-D blocks of 16, round to nearest even, no transform) as te_cpp.nvfp4_quantize
+    computes it, for a 2-D x: the NaN-skipping tensor amax, S_enc = 448 * 6 / amax in fp32 (at
+    most FLT_MAX; 1 for an amax of 0 or inf), per block the E4M3 scale of block_amax * (S_enc *
+    float(1/6)) and the multiplier 1 / (scale * (1 / S_enc)) (at most FLT_MAX), the E2M1 codes
+    of x * multiplier (ties to even, saturating, NaN 7, the sign in bit 3), two per byte.
+    Returns (data uint8 [M, K / 2], scales uint8 [M, K / 16], amax fp32 [1])."""
+    M, K = x.shape
+    big = torch.finfo(torch.float32).max
+    v = x.float()
+    mag = torch.where(torch.isnan(v), torch.zeros((), dtype=v.dtype), v.abs())
+    amax = mag.amax()
+    s_enc = torch.tensor(448.0 * 6.0) / amax
+    s_enc = torch.where(torch.isnan(s_enc) | (s_enc > big), big, s_enc)
+    s_enc = torch.where((amax == 0) | (s_enc == 0), 1.0, s_enc)
+    dec = mag.reshape(M, K // 16, 16).amax(-1) * (s_enc * torch.tensor(1.0 / 6.0))
+    dec = torch.where(torch.isnan(dec) | (dec > big), big, dec)
+    scale = dec.clamp(max=448.0).to(torch.float8_e4m3fn)
+    enc = 1.0 / (scale.float() * (1.0 / s_enc))
+    enc = torch.where(torch.isnan(enc) | (enc > big), big, enc)
+    y = (v.reshape(M, K // 16, 16) * enc[..., None]).reshape(M, K)
+    a = y.abs()
+    code = ((a > 0.25).int() + (a >= 0.75).int() + (a > 1.25).int() + (a >= 1.75).int()
+            + (a > 2.5).int() + (a >= 3.5).int() + (a > 5.0).int())
+    code = code | (torch.signbit(y).int() << 3)
+    code = torch.where(torch.isnan(y), 7, code)
+    data = (code[:, 0::2] | (code[:, 1::2] << 4)).to(torch.uint8)
+    return data, scale.view(torch.uint8), amax.reshape(1)
+
+
 def mxfp8_quantize_reference(x: torch.Tensor):
     """MXFP8 (E4M3) as te_cpp.mxfp8_quantize computes it: per block of 32 along the last dim,
     the NaN-ignoring block amax, TransformerEngine's E8M0 exponent (rounded up), data = x *
