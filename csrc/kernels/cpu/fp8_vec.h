@@ -244,6 +244,13 @@ inline void store_fp8_x4(uint8_t* out, __m512 v0, __m512 v1, __m512 v2, __m512 v
                       _mm512_permutexvar_epi32(idx, _mm512_packus_epi16(p01, p23)));
 }
 #elif defined(CPU_CAPABILITY_AVX2)
+// The 8 lanes (each 0..255) as the low 8 bytes of the result: two packs leave lanes 0-3 in the
+// low 128-bit half's first dword and lanes 4-7 in the high half's, which are then joined.
+inline __m128i lane_bytes8(__m256i c) {
+  const __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(c, c), c);
+  return _mm_unpacklo_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+}
+
 // The AVX512 fp8_codes on 8 lanes: the same steps, with a signed compare for the denormal
 // lanes (every magnitude, NaN included, is below 2^31) and a blend.
 template <c10::ScalarType F>
@@ -277,14 +284,10 @@ inline __m256i fp8_codes(__m256 v) {
       r, _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80)));
 }
 
-// One vector of fp32 to FP8, stored as 8 bytes at out: the packs leave codes 0-3 in the low
-// lane's first dword and 4-7 in the high lane's.
+// One vector of fp32 to FP8, stored as 8 bytes at out.
 template <c10::ScalarType F>
 inline void store_fp8(uint8_t* out, __m256 v) {
-  const __m256i c = fp8_codes<F>(v);
-  const __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(c, c), c);
-  const __m256i q = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
-  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(q));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), lane_bytes8(fp8_codes<F>(v)));
 }
 
 // Four vectors (32 consecutive elements) to FP8, 32 bytes at out: the packs leave, per 128-bit

@@ -346,10 +346,8 @@ inline __m256i block_scales(__m256 bamax, float s_enc, __m256& e) {  // as the A
   return code;
 }
 
-inline void store_scale_bytes(uint8_t* p, __m256i code) {  // codes 0-3, 4-7 as in pack_codes8
-  const __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(code, code), code);
-  _mm_storel_epi64(reinterpret_cast<__m128i*>(p),
-                   _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+inline void store_scale_bytes(uint8_t* p, __m256i code) {
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), lane_bytes8(code));
 }
 #endif
 

@@ -442,11 +442,7 @@ inline void mxfp8_8_blocks(const T* __restrict x, uint8_t* __restrict data,
   }
   __m256 rcp;
   const __m256i e = mx_exponents(max_lanes_8(m), fp8::max_norm_rcp<F>(), rcp);
-  // the 8 exponents (0..254) as bytes: two packs leave e0-3 in the low half's first dword and
-  // e4-7 in the high half's
-  const __m256i p = _mm256_packus_epi16(_mm256_packs_epi32(e, e), e);
-  _mm_storel_epi64(reinterpret_cast<__m128i*>(scales),
-                   _mm_unpacklo_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(scales), lane_bytes8(e));
   for (int j = 0; j < 8; ++j) {
     const __m256 s = _mm256_permutevar8x32_ps(rcp, _mm256_set1_epi32(j));
     const T* xj = x + 4 * j * W;
@@ -497,7 +493,7 @@ inline void mxfp8_8_blocks_bf16(const c10::BFloat16* __restrict x, uint8_t* __re
   }
   alignas(32) int32_t es[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(es), e);
-  for (int j = 0; j < 8; ++j) scales[j] = static_cast<uint8_t>(es[j]);
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(scales), lane_bytes8(e));
   const __m256i mag_mask = _mm256_set1_epi16(0x7FFF);
   const __m256i round_half = _mm256_set1_epi16((1 << (kDrop - 1)) - 1);
   const __m256i one = _mm256_set1_epi16(1);
@@ -696,11 +692,8 @@ inline void mxfp8_tile8(const T* __restrict x, int64_t ld, uint8_t* __restrict d
   for (int q = 0; q < 2 * kBlocks; ++q) {  // 16 rows at a time
     __m128i rows[16];
     for (int r = 0; r < 16; ++r) {
-      const __m256i c =
-          fp8_codes<F>(_mm256_mul_ps(load_acc<T>(x + (q * 16 + r) * ld), rcp[q / 2]));
-      // codes 0-3 in the low half's first dword, 4-7 in the high half's
-      const __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(c, c), c);
-      rows[r] = _mm_unpacklo_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+      rows[r] = lane_bytes8(
+          fp8_codes<F>(_mm256_mul_ps(load_acc<T>(x + (q * 16 + r) * ld), rcp[q / 2])));
     }
     cpu::transpose_block<uint8_t>(rows);
     for (int j = 0; j < 8; ++j) {
