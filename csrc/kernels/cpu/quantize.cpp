@@ -429,15 +429,10 @@ template <typename T, c10::ScalarType F>
 inline void mxfp8_8_blocks(const T* __restrict x, uint8_t* __restrict data,
                            uint8_t* __restrict scales) {
   constexpr int64_t W = 8;
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256 m[8];
   for (int j = 0; j < 8; ++j) {
-    // vmaxps returns its second operand when either is NaN: with the running maximum second,
-    // a NaN element is skipped (std::fmax)
-    __m256 acc = _mm256_setzero_ps();
-    for (int q = 0; q < 4; ++q) {
-      acc = _mm256_max_ps(_mm256_and_ps(load_acc<T>(x + (4 * j + q) * W), abs_mask), acc);
-    }
+    at::vec::Vectorized<float> acc(0.0f);
+    amax_span_into<T>(x + 4 * j * W, 4 * W, acc);
     m[j] = acc;
   }
   __m256 rcp;
@@ -538,63 +533,37 @@ inline void mxfp8_8_blocks_bf16(const c10::BFloat16* __restrict x, uint8_t* __re
 }
 #endif
 
-// One MXFP8 block of 32 elements, scalar (fp8::mxfp8_block_exponent and cast_to_fp8).
+// One MXFP8 block of 32 elements: the NaN-skipping amax (amax_span_into), its
+// fp8::mxfp8_block_exponent, and the cast with its multiplier (cast_span).
 template <typename T, c10::ScalarType F>
 inline void mxfp8_block(const T* xb, uint8_t* db, uint8_t* sb) {
   constexpr int64_t B = fp8::kMXFP8BlockSize;
-  constexpr int64_t W = at::vec::Vectorized<float>::size();
-  alignas(64) float buf[B];
-  for (int64_t j = 0; j < B; j += W) load_acc<T>(xb + j).store(buf + j);
-  float amax = 0.0f;
-  for (int64_t j = 0; j < B; ++j) amax = std::fmax(amax, std::fabs(buf[j]));
-  const uint8_t e = fp8::mxfp8_block_exponent<F>(amax);
-  const float rcp = fp8::e8m0_rcp(e);
+  at::vec::Vectorized<float> acc(0.0f);
+  amax_span_into<T>(xb, B, acc);
+  const uint8_t e = fp8::mxfp8_block_exponent<F>(max_lane(acc));
   *sb = e;
-  for (int64_t j = 0; j < B; ++j) db[j] = fp8::cast_to_fp8<F>(buf[j] * rcp);
+  cast_span<T, F>(xb, db, B, fp8::e8m0_rcp(e));
 }
 
 // MXFP8 (TE quantize_mxfp8.cuh, rowwise): per block of 32 consecutive elements of the last
 // dim, amax = max |x| ignoring NaN (fmaxf); e = float_to_e8m0(amax * float(1/fp8_max));
-// data = cast_to_fp8(x * e8m0_rcp(e)).
+// data = cast_to_fp8(x * e8m0_rcp(e)). Groups of 16 (AVX512) or 8 (AVX2) blocks, then one
+// block at a time.
 template <typename T, c10::ScalarType F>
 void mxfp8_quantize_blocks(const T* x, uint8_t* data, uint8_t* scales, int64_t nblocks) {
   constexpr int64_t B = fp8::kMXFP8BlockSize;
-  constexpr int64_t W = at::vec::Vectorized<float>::size();
-  static_assert(B % W == 0, "block must be a whole number of vectors");
   at::parallel_for(0, nblocks, std::max<int64_t>(1, kParallelGrainElems / B),
                    [=](int64_t b0, int64_t b1) {
-#if defined(CPU_CAPABILITY_AVX512)
-    const T* __restrict xl = x;
-    uint8_t* __restrict dl = data;
-    uint8_t* __restrict sl = scales;
-    using V = at::vec::Vectorized<float>;
-    static_assert(B == 2 * W, "the AVX512 path handles a block as two vectors");
     int64_t b = b0;
+#if defined(CPU_CAPABILITY_AVX512)
     for (; b + 16 <= b1; b += 16) {
       if constexpr (std::is_same_v<T, c10::BFloat16>) {
-        mxfp8_16_blocks_bf16<F>(xl + b * B, dl + b * B, sl + b);
+        mxfp8_16_blocks_bf16<F>(x + b * B, data + b * B, scales + b);
       } else {
-        mxfp8_16_blocks<T, F>(xl + b * B, dl + b * B, sl + b, fp8::max_norm_rcp<F>());
+        mxfp8_16_blocks<T, F>(x + b * B, data + b * B, scales + b, fp8::max_norm_rcp<F>());
       }
     }
-    for (; b < b1; ++b) {
-      const T* xb = xl + b * B;
-      const V v0 = load_acc<T>(xb), v1 = load_acc<T>(xb + W);
-      // _mm512_max_ps(a, b) returns b when either is NaN: with the running maximum second,
-      // a NaN element is skipped (std::fmax); the maximum itself is exact in any order.
-      const __m512 m = _mm512_max_ps(v1.abs(), _mm512_max_ps(v0.abs(), _mm512_setzero_ps()));
-      const float amax = _mm512_reduce_max_ps(m);
-      const uint8_t e = fp8::mxfp8_block_exponent<F>(amax);
-      const V rcp(fp8::e8m0_rcp(e));
-      sl[b] = e;
-      store_fp8<F>(dl + b * B, v0 * rcp);
-      store_fp8<F>(dl + b * B + W, v1 * rcp);
-    }
 #elif defined(CPU_CAPABILITY_AVX2)
-    using V = at::vec::Vectorized<float>;
-    static_assert(B == 4 * W, "the AVX2 path handles a block as four vectors");
-    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-    int64_t b = b0;
     for (; b + 8 <= b1; b += 8) {
       if constexpr (std::is_same_v<T, c10::BFloat16>) {
         mxfp8_8_blocks_bf16<F>(x + b * B, data + b * B, scales + b);
@@ -602,27 +571,8 @@ void mxfp8_quantize_blocks(const T* x, uint8_t* data, uint8_t* scales, int64_t n
         mxfp8_8_blocks<T, F>(x + b * B, data + b * B, scales + b);
       }
     }
-    for (; b < b1; ++b) {
-      const T* xb = x + b * B;
-      const V v0 = load_acc<T>(xb), v1 = load_acc<T>(xb + W), v2 = load_acc<T>(xb + 2 * W),
-              v3 = load_acc<T>(xb + 3 * W);
-      // vmaxps returns its second operand when either is NaN: with the running maximum
-      // second, a NaN element is skipped (std::fmax); the maximum is exact in any order
-      __m256 m = _mm256_setzero_ps();
-      for (const V& v : {v0, v1, v2, v3}) m = _mm256_max_ps(_mm256_and_ps(v, abs_mask), m);
-      __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-      h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-      h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
-      const uint8_t e = fp8::mxfp8_block_exponent<F>(_mm_cvtss_f32(h));
-      const V rcp(fp8::e8m0_rcp(e));
-      scales[b] = e;
-      store_fp8_x4<F>(data + b * B, v0 * rcp, v1 * rcp, v2 * rcp, v3 * rcp);
-    }
-#else
-    for (int64_t b = b0; b < b1; ++b) {
-      mxfp8_block<T, F>(x + b * B, data + b * B, scales + b);
-    }
 #endif
+    for (; b < b1; ++b) mxfp8_block<T, F>(x + b * B, data + b * B, scales + b);
   });
 }
 
