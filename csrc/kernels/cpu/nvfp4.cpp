@@ -72,6 +72,20 @@ constexpr RhtSignWords kRhtSignWords = rht_sign_words();
 // E2M1 magnitudes of codes 0-7 (e2m1_to_float), the table the decoding permutes.
 constexpr float kE2M1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
 
+// fp4::e2m1_rne's rounding thresholds in order: |v| passing one raises the magnitude code by
+// one (> where the tie rounds down to the even code, >= where it rounds up); pass(t, predicate)
+// is called for each, the predicate a _CMP_* constant.
+template <typename Pass>
+C10_ALWAYS_INLINE void for_e2m1_thresholds(const Pass& pass) {
+  pass(0.25f, _CMP_GT_OQ);
+  pass(0.75f, _CMP_GE_OQ);
+  pass(1.25f, _CMP_GT_OQ);
+  pass(1.75f, _CMP_GE_OQ);
+  pass(2.5f, _CMP_GT_OQ);
+  pass(3.5f, _CMP_GE_OQ);
+  pass(5.0f, _CMP_GT_OQ);
+}
+
 #if defined(CPU_CAPABILITY_AVX512)
 struct Block16 {
   __m512 v;
@@ -106,15 +120,12 @@ inline void max_keys(const Block16& b, __m512i& acc) {
 }
 inline uint32_t max_key(const __m512i& acc) { return _mm512_reduce_max_epu32(acc); }
 
-// m = max(|b|, m) lane by lane, NaN skipped (vmaxps returns its second operand for NaN), and
-// the largest lane of such a maximum.
+// m = max(|b|, m) lane by lane, NaN skipped (vmaxps returns its second operand for NaN).
 inline void max_abs(const Block16& b, __m512& m) { m = _mm512_max_ps(_mm512_abs_ps(b.v), m); }
 inline __m512 zero_max() { return _mm512_setzero_ps(); }
-inline float max_lane16(__m512 m) { return _mm512_reduce_max_ps(m); }
 
-// fp4::e2m1_rne lane by lane: the count of the grid's rounding thresholds |v| passes (ties to
-// the even code: > 0.25, >= 0.75, > 1.25, >= 1.75, > 2.5, >= 3.5, > 5), the sign in bit 3, and
-// 7 for NaN.
+// fp4::e2m1_rne lane by lane: the count of the rounding thresholds |v| passes
+// (for_e2m1_thresholds), the sign in bit 3, and 7 for NaN.
 inline __m512i e2m1_codes(__m512 v) {
   const __m512 a = _mm512_abs_ps(v);
   const __m512i one = _mm512_set1_epi32(1);
@@ -122,13 +133,7 @@ inline __m512i e2m1_codes(__m512 v) {
   auto pass = [&](float t, int pred) {
     m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(t), pred), m, one);
   };
-  pass(0.25f, _CMP_GT_OQ);
-  pass(0.75f, _CMP_GE_OQ);
-  pass(1.25f, _CMP_GT_OQ);
-  pass(1.75f, _CMP_GE_OQ);
-  pass(2.5f, _CMP_GT_OQ);
-  pass(3.5f, _CMP_GE_OQ);
-  pass(5.0f, _CMP_GT_OQ);
+  for_e2m1_thresholds(pass);
   m = _mm512_or_si512(m, _mm512_slli_epi32(_mm512_srli_epi32(_mm512_castps_si512(v), 31), 3));
   return _mm512_mask_mov_epi32(m, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(7));
 }
@@ -249,7 +254,6 @@ inline void max_abs(const Block16& b, __m256& m) {
   m = _mm256_max_ps(_mm256_and_ps(b.hi, mag), m);
 }
 inline __m256 zero_max() { return _mm256_setzero_ps(); }
-inline float max_lane16(__m256 m) { return max_lane(m); }
 
 inline __m256i e2m1_codes(__m256 v) {  // as the AVX-512 e2m1_codes
   const __m256 a = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)));
@@ -257,13 +261,7 @@ inline __m256i e2m1_codes(__m256 v) {  // as the AVX-512 e2m1_codes
   auto pass = [&](float t, int pred) {  // a true compare is -1: subtracting it counts
     m = _mm256_sub_epi32(m, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(t), pred)));
   };
-  pass(0.25f, _CMP_GT_OQ);
-  pass(0.75f, _CMP_GE_OQ);
-  pass(1.25f, _CMP_GT_OQ);
-  pass(1.75f, _CMP_GE_OQ);
-  pass(2.5f, _CMP_GT_OQ);
-  pass(3.5f, _CMP_GE_OQ);
-  pass(5.0f, _CMP_GT_OQ);
+  for_e2m1_thresholds(pass);
   m = _mm256_or_si256(m, _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(v), 31), 3));
   return _mm256_blendv_epi8(m, _mm256_set1_epi32(7),
                             _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
@@ -434,7 +432,7 @@ void quantize_vec(const Nvfp4QuantizeArgs& a) {
           v[r - r0] = load_block16<T>(x + r * C + b * B, rht_on);
           max_abs(v[r - r0], m);
         }
-        const uint8_t scale = fp4::block_scale_e4m3(max_lane16(m), s_enc);
+        const uint8_t scale = fp4::block_scale_e4m3(max_lane(m), s_enc);
         const float e = fp4::block_encode_scale(scale, s_enc);
         for (int64_t r = r0; r < r1; ++r) {
           store_codes(a.data + (r * C + b * B) / 2, v[r - r0], e, block_draws(r0, r, b));
