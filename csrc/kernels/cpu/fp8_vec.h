@@ -14,6 +14,9 @@
 // are rounded to bfloat16 with c10's integer round-to-nearest-even (vcvtneps2bf16 would flush
 // fp32 denormal products, which MXFP8's small block scales make, to zero) and to float16 with
 // vcvtps2ph, the instruction c10::Half uses itself on an F16C build.
+//
+// The per-vector helpers are C10_ALWAYS_INLINE: in a file with many instantiations GCC's
+// inlining budget runs out and leaves them as calls, which spill the caller's vector registers.
 #pragma once
 
 #include <array>
@@ -50,7 +53,7 @@ const std::array<float, 256>& fp8_values() {
 // kNormal: no p is an fp32 denormal, so that vcvtneps2bf16 (where the build has it) rounds to
 // bfloat16 as c10 does.
 template <typename T, bool kNormal>
-inline void store_products(T* o, const at::vec::Vectorized<float>& p) {
+C10_ALWAYS_INLINE void store_products(T* o, const at::vec::Vectorized<float>& p) {
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
   if constexpr (kNormal && std::is_same_v<T, c10::BFloat16>) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(o),
@@ -100,7 +103,7 @@ using FloatReg = __m256;
 #endif
 
 template <c10::ScalarType F>
-inline FloatReg load_fp8_times(const uint8_t* d, FloatReg m, bool& nan) {
+C10_ALWAYS_INLINE FloatReg load_fp8_times(const uint8_t* d, FloatReg m, bool& nan) {
 #if defined(CPU_CAPABILITY_AVX512)
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(d));
   // E4M3 NaN: 0x7F / 0xFF; E5M2 inf or NaN: a magnitude from 0x7C
@@ -193,7 +196,7 @@ inline void dequantize_span(const uint8_t* __restrict d, T* __restrict o, int64_
 // it NaN (0x7F | sign in both formats) and leaves every finite code as it is. The denormal
 // fix-up is skipped when no lane needs it (rare in real data; the mask is always computed).
 template <c10::ScalarType F>
-inline __m512i fp8_codes(__m512 v) {
+C10_ALWAYS_INLINE __m512i fp8_codes(__m512 v) {
   constexpr float kMax = fp8::max_norm(F);
   // E4M3: denormal below 2^-6 (exponent 121), 3 mantissa bits (shift 20), bias 7.
   // E5M2: denormal below 2^-14 (exponent 113), 2 mantissa bits (shift 21), bias 15.
@@ -228,7 +231,7 @@ inline __m512i fp8_codes(__m512 v) {
 
 // One vector of fp32 to FP8, stored as 16 bytes at out.
 template <c10::ScalarType F>
-inline void store_fp8(uint8_t* out, __m512 v) {
+C10_ALWAYS_INLINE void store_fp8(uint8_t* out, __m512 v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(fp8_codes<F>(v)));
 }
 
@@ -236,7 +239,7 @@ inline void store_fp8(uint8_t* out, __m512 v) {
 // saturating packs (the codes are 0..255) leave, per 128-bit lane k, the elements 4k..4k+3 of
 // v0, v1, v2, v3 in turn; one dword permutation puts them in order.
 template <c10::ScalarType F>
-inline void store_fp8_x4(uint8_t* out, __m512 v0, __m512 v1, __m512 v2, __m512 v3) {
+C10_ALWAYS_INLINE void store_fp8_x4(uint8_t* out, __m512 v0, __m512 v1, __m512 v2, __m512 v3) {
   const __m512i p01 = _mm512_packus_epi32(fp8_codes<F>(v0), fp8_codes<F>(v1));
   const __m512i p23 = _mm512_packus_epi32(fp8_codes<F>(v2), fp8_codes<F>(v3));
   const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
@@ -246,7 +249,7 @@ inline void store_fp8_x4(uint8_t* out, __m512 v0, __m512 v1, __m512 v2, __m512 v
 #elif defined(CPU_CAPABILITY_AVX2)
 // The 8 lanes (each 0..255) as the low 8 bytes of the result: two packs leave lanes 0-3 in the
 // low 128-bit half's first dword and lanes 4-7 in the high half's, which are then joined.
-inline __m128i lane_bytes8(__m256i c) {
+C10_ALWAYS_INLINE __m128i lane_bytes8(__m256i c) {
   const __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(c, c), c);
   return _mm_unpacklo_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
 }
@@ -254,7 +257,7 @@ inline __m128i lane_bytes8(__m256i c) {
 // The AVX512 fp8_codes on 8 lanes: the same steps, with a signed compare for the denormal
 // lanes (every magnitude, NaN included, is below 2^31) and a blend.
 template <c10::ScalarType F>
-inline __m256i fp8_codes(__m256 v) {
+C10_ALWAYS_INLINE __m256i fp8_codes(__m256 v) {
   constexpr float kMax = fp8::max_norm(F);
   constexpr uint32_t kDenormExp = F == fp8::kE4M3 ? 121u : 113u;
   constexpr uint32_t kDenormMagic = F == fp8::kE4M3 ? 141u : 134u;
@@ -286,14 +289,14 @@ inline __m256i fp8_codes(__m256 v) {
 
 // One vector of fp32 to FP8, stored as 8 bytes at out.
 template <c10::ScalarType F>
-inline void store_fp8(uint8_t* out, __m256 v) {
+C10_ALWAYS_INLINE void store_fp8(uint8_t* out, __m256 v) {
   _mm_storel_epi64(reinterpret_cast<__m128i*>(out), lane_bytes8(fp8_codes<F>(v)));
 }
 
 // Four vectors (32 consecutive elements) to FP8, 32 bytes at out: the packs leave, per 128-bit
 // lane k, elements 4k..4k+3 of v0, v1, v2, v3 in turn; one dword permutation orders them.
 template <c10::ScalarType F>
-inline void store_fp8_x4(uint8_t* out, __m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+C10_ALWAYS_INLINE void store_fp8_x4(uint8_t* out, __m256 v0, __m256 v1, __m256 v2, __m256 v3) {
   const __m256i p01 = _mm256_packus_epi32(fp8_codes<F>(v0), fp8_codes<F>(v1));
   const __m256i p23 = _mm256_packus_epi32(fp8_codes<F>(v2), fp8_codes<F>(v3));
   const __m256i idx = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -305,7 +308,7 @@ inline void store_fp8_x4(uint8_t* out, __m256 v0, __m256 v1, __m256 v2, __m256 v
 #if defined(CPU_CAPABILITY_AVX512)
 // Lane j of the result: the maximum over the 16 lanes of m[j] (a transpose-reduce: 15
 // merges of two vectors instead of 16 horizontal reductions). No lane may be NaN.
-inline __m512 max_lanes_16(__m512 m[16]) {
+C10_ALWAYS_INLINE __m512 max_lanes_16(__m512 m[16]) {
   __m512 a[8], c[4], d[2];
   for (int k = 0; k < 8; ++k) {  // per 128-bit chunk: [A', B', A'', B'']
     a[k] = _mm512_max_ps(_mm512_unpacklo_ps(m[2 * k], m[2 * k + 1]),
@@ -326,7 +329,7 @@ inline __m512 max_lanes_16(__m512 m[16]) {
 #elif defined(CPU_CAPABILITY_AVX2)
 // Lane j of the result: the maximum over the 8 lanes of m[j] (max_lanes_16 on 8 lanes: 7 merges
 // of two vectors). No lane may be NaN.
-inline __m256 max_lanes_8(const __m256 m[8]) {
+C10_ALWAYS_INLINE __m256 max_lanes_8(const __m256 m[8]) {
   __m256 a[4], c[2];
   for (int k = 0; k < 4; ++k) {  // per 128-bit half: [A', B', A'', B'']
     a[k] = _mm256_max_ps(_mm256_unpacklo_ps(m[2 * k], m[2 * k + 1]),
@@ -394,7 +397,7 @@ inline void amax_span_into(const T* x, int64_t n, at::vec::Vectorized<float>& ac
 }
 
 // The largest lane of a NaN-free vector.
-inline float max_lane(const at::vec::Vectorized<float>& v) {
+C10_ALWAYS_INLINE float max_lane(const at::vec::Vectorized<float>& v) {
 #if defined(CPU_CAPABILITY_AVX512)
   return _mm512_reduce_max_ps(v);
 #elif defined(CPU_CAPABILITY_AVX2)
