@@ -522,13 +522,14 @@ def test_mxfp8_matches_reference(shape, dtype, fmt):
 
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("dtype", DTYPES + [torch.float64], ids=["fp32", "bf16", "fp16", "fp64"])
-@pytest.mark.parametrize("rows,cols", [(32, 16), (96, 37), (64, 1000), (160, 7), (32, 1)],
-                         ids=str)
+@pytest.mark.parametrize("rows,cols", [(32, 16), (96, 37), (64, 1000), (160, 7), (32, 1),
+                                       (1184, 40)], ids=str)
 def test_mxfp8_of_a_transposed_view(rows, cols, dtype, fmt):
     """x.t() of a row-major [rows, cols] (the MXFP8 quantizer's columnwise copy) is read in
-    place by the CPU kernel, in tiles of 16 columns by 64 or 32 rows and a gathered tail:
-    the same bytes as the reference on the transposed copy, over spread magnitudes, zeros,
-    inf, NaN and denormals."""
+    place by the CPU kernel, in tiles of 16 (AVX512) or 8 (AVX2) columns by 64 or 32 rows and
+    a gathered tail, in passes of 16 bands of 32 rows (1184 rows: two whole passes and one of
+    5 bands, and with two threads a task starting at an odd band): the same bytes as the
+    reference on the transposed copy, over spread magnitudes, zeros, inf, NaN and denormals."""
     g = torch.Generator().manual_seed(rows * 1000 + cols)
     x = torch.randn(rows, cols, generator=g)
     x = x * torch.exp2(torch.randint(-30, 30, (rows, cols), generator=g).float())

@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "kernels/cpu/fp8_vec.h"
-#include "kernels/cpu/transpose_block.h"
 #include "kernels/cpu/vec.h"
 #include "ops/quantize.h"
 
@@ -577,24 +576,53 @@ void mxfp8_quantize_blocks(const T* x, uint8_t* data, uint8_t* scales, int64_t n
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
+// The 16 x 16 transpose of 32-bit elements held one row per register (d[i] = row i): d[j]
+// becomes column j. Interleaves of dwords, then of qwords, leave 4 x 4 transposed blocks in
+// each 128-bit lane; two rounds of 128-bit lane shuffles put the blocks in place.
+inline void transpose_16x16_epi32(__m512i (&d)[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(d[i], d[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(d[i], d[i + 1]);
+  }
+  // u[4i + m], lane L: rows 4i..4i+3 of column 4L + m
+  __m512i u[16];
+  for (int i = 0; i < 16; i += 4) {
+    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int m = 0; m < 4; ++m) {
+    const __m512i v0 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x44);
+    const __m512i v1 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xEE);
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0x44);
+    const __m512i v3 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0xEE);
+    d[m] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+    d[4 + m] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+    d[8 + m] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+    d[12 + m] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
+  }
+}
+
 // The columnwise copy of one tile, 32 kBlocks rows x 16 columns of the row-major x (row
 // stride ld): column j's block maximum is lane j of the running maximum of a block's 32 rows
-// (NaN skipped as in mxfp8_16_blocks), so the 16 scales need no reduction across lanes; the
-// rows of codes are then transposed as bytes, 16 x 16 at a time, into 16 output rows of
-// 32 kBlocks bytes (out_ld apart; with two blocks, a whole cache line each), the scales
-// written scale_ld apart.
+// (NaN skipped as in mxfp8_16_blocks), so the 16 scales need no reduction across lanes. Each
+// row's codes (one per 32-bit lane, 0..255) are merged four rows at a time into the bytes of
+// each lane, so that lane j holds column j's next 4 output bytes; a 16 x 16 dword transpose
+// then gives each of the 16 output rows (out_ld apart) its 32 kBlocks bytes in one register
+// (with two blocks, a whole cache line), the scales written scale_ld apart.
 template <typename T, c10::ScalarType F, int kBlocks>
 inline void mxfp8_tile(const T* __restrict x, int64_t ld, uint8_t* __restrict data,
                        int64_t out_ld, uint8_t* __restrict scales, int64_t scale_ld) {
-  // Each row is its own stream, a page or more apart, which the hardware prefetchers do not
-  // follow: the rows of the tile 512 bytes ahead are prefetched here.
-  constexpr int64_t kAhead = 512 / sizeof(T);
+  // The rows are a page or more apart, which the hardware prefetchers do not follow: the next
+  // tile down (the pass's next one) is prefetched here.
   __m512 v[32 * kBlocks];
   __m512 rcp[kBlocks];
   for (int blk = 0; blk < kBlocks; ++blk) {
     __m512 m = _mm512_setzero_ps();
     for (int r = 32 * blk; r < 32 * blk + 32; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(x + r * ld + kAhead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(x + (r + 32 * kBlocks) * ld), _MM_HINT_T0);
       v[r] = load_acc<T>(x + r * ld);
       m = _mm512_max_ps(_mm512_abs_ps(v[r]), m);
     }
@@ -603,51 +631,91 @@ inline void mxfp8_tile(const T* __restrict x, int64_t ld, uint8_t* __restrict da
                     _mm512_cvtepi32_epi8(mx_exponents(m, fp8::max_norm_rcp<F>(), rcp[blk])));
     for (int j = 0; j < 16; ++j) scales[j * scale_ld + blk] = e[j];
   }
-  for (int q = 0; q < 2 * kBlocks; ++q) {  // 16 rows at a time
-    __m128i rows[16];
-    for (int r = 0; r < 16; ++r) {
-      rows[r] = _mm512_cvtepi32_epi8(fp8_codes<F>(_mm512_mul_ps(v[q * 16 + r], rcp[q / 2])));
-    }
-    cpu::transpose_block<uint8_t>(rows);
-    for (int j = 0; j < 16; ++j) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(data + j * out_ld + q * 16), rows[j]);
+  __m512i d[16];
+  for (int i = 0; i < 8 * kBlocks; ++i) {  // rows 4i..4i+3 as bytes 0..3 of each lane
+    const __m512 s = rcp[i / 8];
+    const __m512i c0 = fp8_codes<F>(_mm512_mul_ps(v[4 * i], s));
+    const __m512i c1 = fp8_codes<F>(_mm512_mul_ps(v[4 * i + 1], s));
+    const __m512i c2 = fp8_codes<F>(_mm512_mul_ps(v[4 * i + 2], s));
+    const __m512i c3 = fp8_codes<F>(_mm512_mul_ps(v[4 * i + 3], s));
+    d[i] = _mm512_or_si512(
+        _mm512_ternarylogic_epi32(c0, _mm512_slli_epi32(c1, 8), _mm512_slli_epi32(c2, 16), 0xFE),
+        _mm512_slli_epi32(c3, 24));
+  }
+  for (int i = 8 * kBlocks; i < 16; ++i) d[i] = _mm512_setzero_si512();
+  transpose_16x16_epi32(d);
+  for (int j = 0; j < 16; ++j) {
+    if constexpr (kBlocks == 2) {
+      _mm512_storeu_si512(reinterpret_cast<void*>(data + j * out_ld), d[j]);
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(data + j * out_ld),
+                          _mm512_castsi512_si256(d[j]));
     }
   }
 }
 #endif
 
 #if defined(CPU_CAPABILITY_AVX2)
+// The 8 x 8 transpose of 32-bit elements held one row per register (d[i] = row i): d[j]
+// becomes column j (interleaves of dwords and qwords, then of 128-bit halves).
+inline void transpose_8x8_epi32(__m256i* d) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_epi32(d[i], d[i + 1]);
+    t[i + 1] = _mm256_unpackhi_epi32(d[i], d[i + 1]);
+  }
+  // u[4i + m], half h: rows 4i..4i+3 of column 4h + m
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int m = 0; m < 4; ++m) {
+    d[m] = _mm256_permute2x128_si256(u[m], u[4 + m], 0x20);
+    d[4 + m] = _mm256_permute2x128_si256(u[m], u[4 + m], 0x31);
+  }
+}
+
 // mxfp8_tile on 8 columns (one 256-bit vector per row): column j's block maximum is lane j of
-// the running maximum of a block's 32 rows, the rows then loaded again (from L1) and cast, each
-// row's 8 codes packed into the low 8 bytes of a 16-byte register, 16 rows transposed as bytes
-// into the 8 output rows' next 16 bytes.
+// the running maximum of a block's 32 rows; four rows' codes at a time merged into the bytes
+// of each lane, and an 8 x 8 dword transpose per 32 rows gives each of the 8 output rows its
+// next 32 bytes.
 template <typename T, c10::ScalarType F, int kBlocks>
 inline void mxfp8_tile8(const T* __restrict x, int64_t ld, uint8_t* __restrict data,
                         int64_t out_ld, uint8_t* __restrict scales, int64_t scale_ld) {
-  constexpr int64_t kAhead = 512 / sizeof(T);  // as mxfp8_tile
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 v[32 * kBlocks];
   __m256 rcp[kBlocks];
   for (int blk = 0; blk < kBlocks; ++blk) {
     __m256 m = _mm256_setzero_ps();
     for (int r = 32 * blk; r < 32 * blk + 32; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(x + r * ld + kAhead), _MM_HINT_T0);
+      // as mxfp8_tile: the next tile down prefetched
+      _mm_prefetch(reinterpret_cast<const char*>(x + (r + 32 * kBlocks) * ld), _MM_HINT_T0);
+      v[r] = load_acc<T>(x + r * ld);
       // NaN skipped: vmaxps returns its second operand when either is NaN
-      m = _mm256_max_ps(_mm256_and_ps(load_acc<T>(x + r * ld), abs_mask), m);
+      m = _mm256_max_ps(_mm256_and_ps(v[r], abs_mask), m);
     }
     alignas(32) int32_t e[8];
     _mm256_store_si256(reinterpret_cast<__m256i*>(e),
                        mx_exponents(m, fp8::max_norm_rcp<F>(), rcp[blk]));
     for (int j = 0; j < 8; ++j) scales[j * scale_ld + blk] = static_cast<uint8_t>(e[j]);
   }
-  for (int q = 0; q < 2 * kBlocks; ++q) {  // 16 rows at a time
-    __m128i rows[16];
-    for (int r = 0; r < 16; ++r) {
-      rows[r] = lane_bytes8(
-          fp8_codes<F>(_mm256_mul_ps(load_acc<T>(x + (q * 16 + r) * ld), rcp[q / 2])));
+  for (int blk = 0; blk < kBlocks; ++blk) {
+    __m256i d[8];
+    for (int i = 0; i < 8; ++i) {  // rows 4i..4i+3 of the block as bytes 0..3 of each lane
+      const __m256* vi = v + 32 * blk + 4 * i;
+      const __m256i c0 = fp8_codes<F>(_mm256_mul_ps(vi[0], rcp[blk]));
+      const __m256i c1 = fp8_codes<F>(_mm256_mul_ps(vi[1], rcp[blk]));
+      const __m256i c2 = fp8_codes<F>(_mm256_mul_ps(vi[2], rcp[blk]));
+      const __m256i c3 = fp8_codes<F>(_mm256_mul_ps(vi[3], rcp[blk]));
+      d[i] = _mm256_or_si256(_mm256_or_si256(c0, _mm256_slli_epi32(c1, 8)),
+                             _mm256_or_si256(_mm256_slli_epi32(c2, 16),
+                                             _mm256_slli_epi32(c3, 24)));
     }
-    cpu::transpose_block<uint8_t>(rows);
+    transpose_8x8_epi32(d);
     for (int j = 0; j < 8; ++j) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(data + j * out_ld + q * 16), rows[j]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(data + j * out_ld + 32 * blk), d[j]);
     }
   }
 }
@@ -655,9 +723,15 @@ inline void mxfp8_tile8(const T* __restrict x, int64_t ld, uint8_t* __restrict d
 
 // mxfp8_quantize_blocks of the transpose of the row-major [rows, cols] x (rows % 32 == 0)
 // without materialising it: out row c (rows elements) holds column c of x, quantized in blocks
-// of 32 rows, its scales at scales[c * rows / 32 ...]. One band of 32 rows per task unit, two
-// bands read together in tiles of 16 columns (AVX512) or 8 (AVX2); the columns left over (every
-// column without either) gather their 32 elements per block and take the scalar block.
+// of 32 rows, its scales at scales[c * rows / 32 ...]. One band of 32 rows per task unit. A
+// task's bands are taken kPassBands at a time, and each such pass walks down its rows in tiles
+// of 16 columns (AVX512) or 8 (AVX2) by two bands, column tile after column tile: every output
+// row then receives 32 kPassBands consecutive bytes in one go, instead of 64 bytes at a time
+// from output rows a page or more apart, and the pass's input rows stay in the caches and the
+// TLB for the next column tile. The columns left over (every column without SIMD) gather their
+// 32 elements per block and take the scalar block.
+constexpr int64_t kPassBands = 16;
+
 template <typename T, c10::ScalarType F>
 void mxfp8_quantize_transposed(const T* x, int64_t rows, int64_t cols, uint8_t* data,
                                uint8_t* scales) {
@@ -665,40 +739,44 @@ void mxfp8_quantize_transposed(const T* x, int64_t rows, int64_t cols, uint8_t* 
   const int64_t nbands = rows / B;
   at::parallel_for(0, nbands, std::max<int64_t>(1, kParallelGrainElems / (B * cols)),
                    [=](int64_t b0, int64_t b1) {
-    for (int64_t band = b0; band < b1;) {
-      const T* xb = x + band * B * cols;
-      const int64_t nb = band + 2 <= b1 ? 2 : 1;  // two bands (64 rows) at a time
+    for (int64_t s0 = b0; s0 < b1; s0 += kPassBands) {
+      const int64_t s1 = std::min(s0 + kPassBands, b1);
       int64_t c = 0;
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 #if defined(CPU_CAPABILITY_AVX512)
-      for (; c + 16 <= cols; c += 16) {
-        uint8_t* dc = data + c * rows + band * B;
-        uint8_t* sc = scales + c * nbands + band;
-        if (nb == 2) {
-          mxfp8_tile<T, F, 2>(xb + c, cols, dc, rows, sc, nbands);
-        } else {
-          mxfp8_tile<T, F, 1>(xb + c, cols, dc, rows, sc, nbands);
-        }
-      }
-#elif defined(CPU_CAPABILITY_AVX2)
-      for (; c + 8 <= cols; c += 8) {
-        uint8_t* dc = data + c * rows + band * B;
-        uint8_t* sc = scales + c * nbands + band;
-        if (nb == 2) {
-          mxfp8_tile8<T, F, 2>(xb + c, cols, dc, rows, sc, nbands);
-        } else {
-          mxfp8_tile8<T, F, 1>(xb + c, cols, dc, rows, sc, nbands);
+      constexpr int64_t kCols = 16;
+#else
+      constexpr int64_t kCols = 8;
+#endif
+      for (; c + kCols <= cols; c += kCols) {
+        for (int64_t band = s0; band < s1;) {
+          const T* xb = x + band * B * cols + c;
+          uint8_t* dc = data + c * rows + band * B;
+          uint8_t* sc = scales + c * nbands + band;
+#if defined(CPU_CAPABILITY_AVX512)
+          if (band + 2 <= s1) {
+            mxfp8_tile<T, F, 2>(xb, cols, dc, rows, sc, nbands);
+          } else {
+            mxfp8_tile<T, F, 1>(xb, cols, dc, rows, sc, nbands);
+          }
+#else
+          if (band + 2 <= s1) {
+            mxfp8_tile8<T, F, 2>(xb, cols, dc, rows, sc, nbands);
+          } else {
+            mxfp8_tile8<T, F, 1>(xb, cols, dc, rows, sc, nbands);
+          }
+#endif
+          band += band + 2 <= s1 ? 2 : 1;
         }
       }
 #endif
       for (; c < cols; ++c) {
-        for (int64_t k = 0; k < nb; ++k) {
+        for (int64_t band = s0; band < s1; ++band) {
           T col[B];
-          for (int64_t r = 0; r < B; ++r) col[r] = xb[(k * B + r) * cols + c];
-          mxfp8_block<T, F>(col, data + c * rows + (band + k) * B,
-                            scales + c * nbands + band + k);
+          for (int64_t r = 0; r < B; ++r) col[r] = x[(band * B + r) * cols + c];
+          mxfp8_block<T, F>(col, data + c * rows + band * B, scales + c * nbands + band);
         }
       }
-      band += nb;
     }
   });
 }

@@ -1,9 +1,9 @@
 // K x K blocks of a transpose in 16-byte registers (K = 16 / element size: 16x16 for bytes),
-// shared by the transpose_2d kernel and the MXFP8 columnwise quantization. log2(K) rounds of
-// interleaves, one per unit width (the element size, 2x, ..., 8 bytes): with the rows taken in
-// bit-reversed order, each round sorts one more bit of the row index into place and register j
-// ends as column j. Elements move as bits. Only where AVX2 or AVX-512 is compiled
-// (TE_TRANSPOSE_SIMD); without them the kernels take their scalar loops.
+// for the transpose_2d kernel. log2(K) rounds of interleaves, one per unit width (the element
+// size, 2x, ..., 8 bytes): with the rows taken in bit-reversed order, each round sorts one more
+// bit of the row index into place and register j ends as column j. Elements move as bits. Only
+// where AVX2 or AVX-512 is compiled (TE_TRANSPOSE_SIMD); without them the kernels take their
+// scalar loops.
 #pragma once
 
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
