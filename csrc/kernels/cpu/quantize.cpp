@@ -612,6 +612,7 @@ inline void transpose_16x16_epi32(__m512i (&d)[16]) {
 // each lane, so that lane j holds column j's next 4 output bytes; a 16 x 16 dword transpose
 // then gives each of the 16 output rows (out_ld apart) its 32 kBlocks bytes in one register
 // (with two blocks, a whole cache line), the scales written scale_ld apart.
+constexpr int64_t kTileCols = 16;
 template <typename T, c10::ScalarType F, int kBlocks>
 inline void mxfp8_tile(const T* __restrict x, int64_t ld, uint8_t* __restrict data,
                        int64_t out_ld, uint8_t* __restrict scales, int64_t scale_ld) {
@@ -677,20 +678,21 @@ inline void transpose_8x8_epi32(__m256i* d) {
   }
 }
 
-// mxfp8_tile on 8 columns (one 256-bit vector per row): column j's block maximum is lane j of
-// the running maximum of a block's 32 rows; four rows' codes at a time merged into the bytes
-// of each lane, and an 8 x 8 dword transpose per 32 rows gives each of the 8 output rows its
-// next 32 bytes.
+// The AVX512 mxfp8_tile on 8 columns (one 256-bit vector per row): column j's block maximum is
+// lane j of the running maximum of a block's 32 rows; four rows' codes at a time merged into
+// the bytes of each lane, and an 8 x 8 dword transpose per 32 rows gives each of the 8 output
+// rows its next 32 bytes.
+constexpr int64_t kTileCols = 8;
 template <typename T, c10::ScalarType F, int kBlocks>
-inline void mxfp8_tile8(const T* __restrict x, int64_t ld, uint8_t* __restrict data,
-                        int64_t out_ld, uint8_t* __restrict scales, int64_t scale_ld) {
+inline void mxfp8_tile(const T* __restrict x, int64_t ld, uint8_t* __restrict data,
+                       int64_t out_ld, uint8_t* __restrict scales, int64_t scale_ld) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256 v[32 * kBlocks];
   __m256 rcp[kBlocks];
   for (int blk = 0; blk < kBlocks; ++blk) {
     __m256 m = _mm256_setzero_ps();
     for (int r = 32 * blk; r < 32 * blk + 32; ++r) {
-      // as mxfp8_tile: the next tile down prefetched
+      // as the AVX512 tile: the next tile down prefetched
       _mm_prefetch(reinterpret_cast<const char*>(x + (r + 32 * kBlocks) * ld), _MM_HINT_T0);
       v[r] = load_acc<T>(x + r * ld);
       // NaN skipped: vmaxps returns its second operand when either is NaN
@@ -743,30 +745,18 @@ void mxfp8_quantize_transposed(const T* x, int64_t rows, int64_t cols, uint8_t* 
       const int64_t s1 = std::min(s0 + kPassBands, b1);
       int64_t c = 0;
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-#if defined(CPU_CAPABILITY_AVX512)
-      constexpr int64_t kCols = 16;
-#else
-      constexpr int64_t kCols = 8;
-#endif
-      for (; c + kCols <= cols; c += kCols) {
+      for (; c + kTileCols <= cols; c += kTileCols) {
         for (int64_t band = s0; band < s1;) {
+          const int64_t nb = band + 2 <= s1 ? 2 : 1;  // two bands (64 rows) at a time
           const T* xb = x + band * B * cols + c;
           uint8_t* dc = data + c * rows + band * B;
           uint8_t* sc = scales + c * nbands + band;
-#if defined(CPU_CAPABILITY_AVX512)
-          if (band + 2 <= s1) {
+          if (nb == 2) {
             mxfp8_tile<T, F, 2>(xb, cols, dc, rows, sc, nbands);
           } else {
             mxfp8_tile<T, F, 1>(xb, cols, dc, rows, sc, nbands);
           }
-#else
-          if (band + 2 <= s1) {
-            mxfp8_tile8<T, F, 2>(xb, cols, dc, rows, sc, nbands);
-          } else {
-            mxfp8_tile8<T, F, 1>(xb, cols, dc, rows, sc, nbands);
-          }
-#endif
-          band += band + 2 <= s1 ? 2 : 1;
+          band += nb;
         }
       }
 #endif
