@@ -548,6 +548,26 @@ def test_mxfp8_of_a_transposed_view(rows, cols, dtype, fmt):
     assert torch.equal(data, cdata) and torch.equal(scale, cscale)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_mxfp8_of_a_transposed_view_at_a_realistic_size(dtype):
+    """The columnwise copy of a 4096x1024 activation (128 bands: 8 passes of 16 bands, split
+    between the threads) with per-row magnitudes over many binades and a few NaN, inf and zero
+    elements: the same bytes as the reference on the transposed copy."""
+    g = torch.Generator().manual_seed(4096)
+    x = torch.randn(4096, 1024, generator=g)
+    x = x * torch.exp2(torch.randint(-12, 12, (4096, 1), generator=g).float())
+    idx = torch.randint(0, x.numel(), (64,), generator=g)
+    x.view(-1)[idx[:16]] = float("nan")
+    x.view(-1)[idx[16:24]] = float("inf")
+    x.view(-1)[idx[24:]] = 0.0
+    x = x.to(dtype)
+    xt = x.t()
+    data, scale = te_ops.mxfp8_quantize(xt, E4M3)
+    rdata, rscale = ref_mxfp8(xt.contiguous(), E4M3)
+    assert_bits_equal(scale, rscale)
+    assert_fp8_bytes_equal(data, rdata, E4M3)
+
+
 def _bf16_blocks(nblocks, seed, wild):
     """nblocks MXFP8 blocks of bf16 built from bit patterns: per block a top binade, elements
     up to a per-block 4 to 32 binades below it (across both formats' FP8 denormal boundaries)
