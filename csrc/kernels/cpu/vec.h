@@ -65,12 +65,17 @@ C10_ALWAYS_INLINE HalfBits half_bits(const AccVec<T>& v) {
   }
 }
 
-// The fp32 values of T patterns (exact: bf16, the bits shifted up; fp16, vcvtph2ps).
+// The fp32 values of T patterns (exact: bf16, the bits shifted up; fp16, vcvtph2ps). AVX-512
+// bf16: one vpermw that moves pattern i to the upper half of lane i and zeroes the lower halves
+// (a zero-extension and a shift are two instructions, on the kernels' critical paths).
 template <typename T>
 C10_ALWAYS_INLINE AccVec<T> widen_bits(const HalfBits& h) {
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    const __m512i upper = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0,
+                                           7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
+    return _mm512_castsi512_ps(
+        _mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, upper, _mm512_castsi256_si512(h)));
   } else {
     return _mm512_cvtph_ps(h);
   }
@@ -103,33 +108,26 @@ C10_ALWAYS_INLINE HalfBits load_bits(const T* p, int64_t n) {
 }
 #endif
 
-// The first n (< a vector) bf16 / fp16 elements at p as fp32, zeros past them (the conversion
-// is exact).
-template <typename T>
-inline AccVec<T> load_acc_partial(const T* p, int64_t n) {
-  static_assert(std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>);
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-  return widen_bits<T>(load_bits(p, n));
-#else
-  alignas(64) float buf[AccVec<T>::size()] = {};
-  for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<float>(p[i]);
-  return AccVec<T>::loadu(buf);
-#endif
-}
-
-// Load `n` (<= AccVec::size()) elements starting at p, converted to the accumulation type.
+// Load `n` (<= AccVec::size()) elements starting at p, converted to the accumulation type (exact),
+// zeros past them.
 template <typename T>
 inline AccVec<T> load_acc(const T* p, int64_t n = AccVec<T>::size()) {
   using A = acc_t<T>;
   if constexpr (std::is_same_v<T, A>) {
     return n == AccVec<T>::size() ? AccVec<T>::loadu(p) : AccVec<T>::loadu(p, n);
   } else {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+    return widen_bits<T>(load_bits(p, n));
+#else
     if (n == AccVec<T>::size()) {
       AccVec<T> out;
       at::vec::load_to_float<T>(p, out);  // vectorised bf16/fp16 -> fp32
       return out;
     }
-    return load_acc_partial(p, n);
+    alignas(64) A buf[AccVec<T>::size()] = {};
+    for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<A>(p[i]);
+    return AccVec<T>::loadu(buf);
+#endif
   }
 }
 
