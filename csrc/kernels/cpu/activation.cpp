@@ -187,19 +187,19 @@ void bias_act_kernel(const BiasActArgs& a) {
     using T = scalar_t;
     constexpr int64_t W = AccVec<T>::size();
     const T* xp = static_cast<const T*>(a.x);
-    const T* bp = static_cast<const T*>(a.bias);
+    const AccRow<T> bias(static_cast<const T*>(a.bias), n);
     T* yp = static_cast<T*>(a.y);
     const bool stream = cpu::stream_stores<T>(rows * n);
     cpu::with_act<K, T, cpu::ActUse::kValue>(a.cfg, rows * n, [&](const auto& act) {
       at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
         const auto local_act = act;
-        const T* b = bp;
+        const acc_t<T>* b = bias.data();
         for (int64_t r = r0; r < r1; ++r) {
           const T* xr = xp + r * n;
           T* yr = yp + r * n;
           for_chunks<W>(n, [&](int64_t i, int64_t k) {
             cpu::store_out<T>(
-                yr + i, local_act.f_rounded(load_acc<T>(xr + i, k) + load_acc<T>(b + i, k)), k,
+                yr + i, local_act.f_rounded(load_acc<T>(xr + i, k) + load_acc(b + i, k)), k,
                 stream);
           });
         }
@@ -218,7 +218,7 @@ void dbias_dact_kernel(const DbiasDactArgs& a) {
     using Vec = AccVec<T>;
     constexpr int64_t W = Vec::size();
     const T* xp = static_cast<const T*>(a.x);
-    const T* bp = static_cast<const T*>(a.bias);
+    const AccRow<T> bias(static_cast<const T*>(a.bias), n);
     const T* dyp = static_cast<const T*>(a.dy);
     T* dxp = static_cast<T*>(a.dx);
     const bool stream = cpu::stream_stores<T>(rows * n);
@@ -234,13 +234,13 @@ void dbias_dact_kernel(const DbiasDactArgs& a) {
           const auto row_act = act;
           const T* xr = xp + r * n;
           const T* dyr = dyp + r * n;
-          const T* br = bp;
+          const A* br = bias.data();
           T* dxr = dxp + r * n;
           for_chunks<W>(n, [&](int64_t i, int64_t k) {
             const Vec dy = load_acc<T>(dyr + i, k);
             Vec f, d;
             if constexpr (kBias) {
-              row_act.grad_rounded(load_acc<T>(xr + i, k) + load_acc<T>(br + i, k), dy, f, d);
+              row_act.grad_rounded(load_acc<T>(xr + i, k) + load_acc(br + i, k), dy, f, d);
             } else {
               row_act.grad(xr + i, k, dy, f, d);
             }
@@ -254,7 +254,7 @@ void dbias_dact_kernel(const DbiasDactArgs& a) {
           for (int64_t f = 0; f < n; ++f) dbp[f] = static_cast<scalar_t>(sums[f]);
         });
       };
-      if (bp != nullptr) {
+      if (bias.data() != nullptr) {
         run(std::true_type{});
       } else {
         run(std::false_type{});

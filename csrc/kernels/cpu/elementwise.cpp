@@ -42,9 +42,10 @@ void bias_add_cpu(const BiasAddArgs& a) {
     using T = scalar_t;
     constexpr int64_t W = AccVec<T>::size();
     const T* xp = static_cast<const T*>(a.x);
-    const T* bp = static_cast<const T*>(a.bias);
-    T* yp = static_cast<T*>(a.y);
     const int64_t features = a.features;
+    const AccRow<T> bias(static_cast<const T*>(a.bias), features);
+    const acc_t<T>* bp = bias.data();
+    T* yp = static_cast<T*>(a.y);
     const bool stream = cpu::stream_stores<T>(a.rows * features);
     at::parallel_for(0, a.rows, row_grain(features), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
@@ -52,11 +53,11 @@ void bias_add_cpu(const BiasAddArgs& a) {
         T* yr = yp + r * features;
         int64_t f = 0;
         for (; f + W <= features; f += W) {
-          cpu::store_out<T>(yr + f, load_acc<T>(xr + f) + load_acc<T>(bp + f), W, stream);
+          cpu::store_out<T>(yr + f, load_acc<T>(xr + f) + load_acc(bp + f), W, stream);
         }
         if (f < features) {
           const int64_t k = features - f;
-          store_acc<T>(yr + f, load_acc<T>(xr + f, k) + load_acc<T>(bp + f, k), k);
+          store_acc<T>(yr + f, load_acc<T>(xr + f, k) + load_acc(bp + f, k), k);
         }
       }
       cpu::stream_fence(stream);

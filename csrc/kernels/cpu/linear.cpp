@@ -81,11 +81,13 @@ Tensor vector(at::ScalarType dtype, const void* p, int64_t n) {
 template <typename T>
 void bias_epilogue(T* z, const T* bias, int64_t rows, int64_t n) {
   constexpr int64_t W = AccVec<T>::size();
+  const AccRow<T> b(bias, n);
+  const acc_t<T>* bp = b.data();
   at::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       T* zr = z + r * n;
       for_chunks<W>(n, [&](int64_t i, int64_t k) {
-        store_acc<T>(zr + i, load_acc<T>(zr + i, k) + load_acc<T>(bias + i, k), k);
+        store_acc<T>(zr + i, load_acc<T>(zr + i, k) + load_acc(bp + i, k), k);
       });
     }
   });

@@ -61,13 +61,6 @@ std::vector<A> effective_gamma(const T* w, int64_t n, bool zero_centered) {
   return g;
 }
 
-template <typename T, typename A = acc_t<T>>
-std::vector<A> to_acc(const T* p, int64_t n) {
-  std::vector<A> out(static_cast<size_t>(n));
-  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<A>(p[i]);
-  return out;
-}
-
 // Sum of (v - c)^2 over v[0..n), v read in the accumulation type. The lanes of a partial last
 // chunk past n add exactly 0.
 template <typename T, typename A = acc_t<T>>
@@ -118,8 +111,7 @@ void norm_fwd_kernel(const NormFwdArgs& a) {
   const int64_t rows = a.rows;
   const std::vector<A> gamma_v =
       effective_gamma<T>(static_cast<const T*>(a.weight), n, a.zero_centered_gamma);
-  const std::vector<A> beta_v =
-      kCentered ? to_acc<T>(static_cast<const T*>(a.bias), n) : std::vector<A>();
+  const AccRow<T> beta_v(kCentered ? static_cast<const T*>(a.bias) : nullptr, n);
   const A* gamma = gamma_v.data();
   const A* beta = beta_v.data();
   const T* xp = static_cast<const T*>(a.x);

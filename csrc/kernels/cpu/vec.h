@@ -7,8 +7,10 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 namespace te_cpp {
 
@@ -174,6 +176,34 @@ inline void store_acc(T* p, const AccVec<T>& v, int64_t n = AccVec<T>::size()) {
 #endif
   }
 }
+
+// A vector that every row reads (a bias, LayerNorm's beta) in the accumulation type: 16-bit
+// values are widened once per call into a copy owned here, so that the rows load it without a
+// conversion; fp32 and fp64 point at the data itself (null stays null).
+template <typename T>
+class AccRow {
+ public:
+  AccRow(const T* p, int64_t n) {
+    if constexpr (std::is_same_v<T, acc_t<T>>) {
+      data_ = p;
+    } else if (p != nullptr) {
+      constexpr int64_t W = AccVec<T>::size();
+      copy_.resize(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; i += W) {
+        const int64_t k = std::min<int64_t>(W, n - i);
+        load_acc<T>(p + i, k).store(copy_.data() + i, k);
+      }
+      data_ = copy_.data();
+    }
+  }
+  AccRow(const AccRow&) = delete;
+  AccRow& operator=(const AccRow&) = delete;
+  const acc_t<T>* data() const { return data_; }
+
+ private:
+  std::vector<acc_t<T>> copy_;
+  const acc_t<T>* data_ = nullptr;
+};
 
 // v rounded to T and back (identity for fp32/fp64): the value a T tensor would hold, as
 // store_acc<T> then load_acc<T> would give, in registers.
