@@ -67,9 +67,11 @@ C10_ALWAYS_INLINE HalfBits half_bits(const AccVec<T>& v) {
   }
 }
 
-// The fp32 values of T patterns (exact: bf16, the bits shifted up; fp16, vcvtph2ps). AVX-512
-// bf16: one vpermw that moves pattern i to the upper half of lane i and zeroes the lower halves
-// (a zero-extension and a shift are two instructions, on the kernels' critical paths).
+// The fp32 values of T patterns (exact: bf16, the bits shifted up; fp16, vcvtph2ps). bf16 takes
+// one shuffle that moves pattern i to the upper half of lane i and zeroes the lower halves,
+// instead of a zero-extension and a shift: with AVX-512 a vpermw, with AVX2 a vpshufb of the
+// patterns copied to both 128-bit halves (a vbroadcasti128, a plain load, where they come
+// from memory).
 template <typename T>
 C10_ALWAYS_INLINE AccVec<T> widen_bits(const HalfBits& h) {
 #if defined(CPU_CAPABILITY_AVX512)
@@ -83,7 +85,10 @@ C10_ALWAYS_INLINE AccVec<T> widen_bits(const HalfBits& h) {
   }
 #else
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    const __m256i upper = _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7,
+                                           -1, -1, 8, 9, -1, -1, 10, 11, -1, -1, 12, 13, -1, -1,
+                                           14, 15);
+    return _mm256_castsi256_ps(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(h), upper));
   } else {
     return _mm256_cvtph_ps(h);
   }
