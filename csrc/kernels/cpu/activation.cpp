@@ -254,7 +254,7 @@ void dbias_dact_kernel(const DbiasDactArgs& a) {
           for (int64_t f = 0; f < n; ++f) dbp[f] = static_cast<scalar_t>(sums[f]);
         });
       };
-      if (bias.data() != nullptr) {
+      if (a.bias != nullptr) {
         run(std::true_type{});
       } else {
         run(std::false_type{});
