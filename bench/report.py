@@ -36,6 +36,9 @@ BUSY_STEAL = 0.05
 FRESH_PAGES = 1.0
 FRESH_SHARE = 0.01
 PAGE_BYTES = 4096
+# a row whose round medians spread by SPREAD_WIDE or more (p80 / p20, for any of its
+# providers) was timed while something moved under the job that the host probes may not see
+SPREAD_WIDE = 1.5
 
 
 def report_paths(stem: str, *, quick: bool, readme: str | None = None) -> list[str]:
@@ -457,9 +460,15 @@ def host_floor_lines(callgrind_rows) -> list[str]:
     return lines
 
 
+def _widest_spread(by) -> float:
+    """The widest spread of a row's round medians, p80 / p20, over its providers."""
+    return max((r.p80_us / r.p20_us for r in by.values() if r.p20_us > 0), default=1.0)
+
+
 def verdict_lines(results) -> list[str]:
     """One line per target of VERDICTS: met on all its rows, or missed on k of n with the worst
-    row and its value; rows without the providers a target compares are not counted."""
+    row and its value, and the worst row's spread where it is SPREAD_WIDE or more; rows without
+    the providers a target compares are not counted."""
     groups = list(_group(results).items())
     lines = []
     for label, cases, modes, dtypes, value, minimum, fmt in VERDICTS:
@@ -471,7 +480,7 @@ def verdict_lines(results) -> list[str]:
                 continue
             v = value(by, r)
             if v is not None:
-                vals.append((v, _row_name(r)))
+                vals.append((v, _row_name(r), _widest_spread(by)))
         if not vals:
             lines.append(f"* {label}: not measured in this run")
             continue
@@ -481,8 +490,11 @@ def verdict_lines(results) -> list[str]:
             lines.append(f"* {label}: **met** on all {len(vals)} rows (lowest "
                          f"{fmt.format(worst[0])}: {worst[1]})")
         else:
+            spread = (f"; its rounds spread {worst[2]:.2f}x" if worst[2] >= SPREAD_WIDE
+                      else "")
             lines.append(f"* {label}: **missed** on {len(missed)} of {len(vals)} rows; worst "
-                         f"{fmt.format(worst[0])} against {fmt.format(minimum)} ({worst[1]})")
+                         f"{fmt.format(worst[0])} against {fmt.format(minimum)} ({worst[1]}"
+                         f"{spread})")
     return lines
 
 
@@ -601,7 +613,9 @@ _METHOD = (
     "Machine line names it): on these VMs a fresh 64 MiB allocation costs about 18 ms of page "
     "faults, for every provider alike, which would otherwise hide the kernels. Every timed "
     "call's page faults are counted, and a \"Page faults:\" line names the rows whose calls "
-    "took fresh pages all the same. Each job (a case at one dtype and thread count) is "
+    "took fresh pages all the same. A missed target's worst row states its rounds' spread "
+    f"where one of its providers' p80 round took {SPREAD_WIDE:g}x its p20 round or more. "
+    "Each job (a case at one dtype and thread count) is "
     "watched for a busy host: a 64 MiB copy is timed before it, after each of its timing "
     "rounds and after it, and the CPU time the VM's host stole from it is counted (the steal "
     "column of /proc/stat). Where the median of its copies falls below "

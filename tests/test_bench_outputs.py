@@ -91,7 +91,7 @@ def test_report_verdict_lines():
         return types.SimpleNamespace(case=f"case {case_id}", case_id=case_id, mode=mode,
                                      dtype=dtype, shape="4x4", threads=2, provider=provider,
                                      ratio_vs_ours=ratio, copy_efficiency=copy,
-                                     target_copy=target_copy)
+                                     target_copy=target_copy, p20_us=10.0, p80_us=11.0)
 
     rows = [row("C1", "fwd", "float32", "torch", 1.3), row("C1", "fwd", "float32", "ours", 1.0),
             # ours compiled 0.8x ours: t(ours compiled) / t(ours) = 1.25
@@ -110,6 +110,17 @@ def test_report_verdict_lines():
                  "roof binds)"].endswith("not measured in this run")
     assert lines["small steps (C9): ours eager >= plain eager"].endswith(
         "not measured in this run")
+
+    # a worst row whose rounds spread widely (p80 / p20 of any of its providers' round
+    # medians at SPREAD_WIDE or more) says so: its median carries a host that moved under it
+    label = "ours compiled >= ours eager, memory-bound cases"
+    assert lines[label].endswith("(C1 case C1 fwd float32 4x4, 2 threads)")
+    rows[2].p20_us, rows[2].p80_us = 10.0, 10.0 * report.SPREAD_WIDE
+    lines = dict(zip((v[0] for v in report.VERDICTS), report.verdict_lines(rows)))
+    assert lines[label].endswith(
+        f"(C1 case C1 fwd float32 4x4, 2 threads; its rounds spread {report.SPREAD_WIDE:.2f}x)")
+    assert dict(report.verdict_cells([lines[label]])) == dict(
+        [(label, "**missed** 1 of 2 (worst 0.80x)")])
 
 
 def test_roofline_picks_the_lower_roof_and_its_target():
