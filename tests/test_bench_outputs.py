@@ -119,8 +119,8 @@ def test_report_verdict_lines():
     lines = dict(zip((v[0] for v in report.VERDICTS), report.verdict_lines(rows)))
     assert lines[label].endswith(
         f"(C1 case C1 fwd float32 4x4, 2 threads; its rounds spread {report.SPREAD_WIDE:.2f}x)")
-    assert dict(report.verdict_cells([lines[label]])) == dict(
-        [(label, "**missed** 1 of 2 (worst 0.80x)")])
+    assert dict(report.verdict_cells([lines[label]])) == {
+        label: "**missed** 1 of 2 (worst 0.80x)"}
 
 
 def test_roofline_picks_the_lower_roof_and_its_target():
