@@ -82,10 +82,13 @@ class Result:
     # the host's state during the job (bench/suite.py's QuietHost): the median of the copy
     # probes timed before it, after each of its rounds and after it (host_probe_gbps, GB/s), the
     # share of its threads' time the VM's host stole (host_steal), NaN where not measured; how
-    # many times the job was timed (more than once: the host was busy)
+    # many times the job was timed (more than once: the host was busy or its rounds spread);
+    # the widest spread of the kept timing's round medians over the job's rows and providers
+    # (p80 / p20; NaN: a run made before the suite timed a job again for its spread)
     host_probe_gbps: float = float("nan")
     host_steal: float = float("nan")
     attempts: int = 1
+    rounds_spread: float = float("nan")
     # minor page faults per timed call, the median over rounds (common.timed): a call that
     # faults takes fresh pages for its outputs instead of reusing freed ones (NaN: not counted)
     faults_per_call: float = float("nan")

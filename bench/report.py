@@ -37,7 +37,8 @@ FRESH_PAGES = 1.0
 FRESH_SHARE = 0.01
 PAGE_BYTES = 4096
 # a row whose round medians spread by SPREAD_WIDE or more (p80 / p20, for any of its
-# providers) was timed while something moved under the job that the host probes may not see
+# providers) was timed while something moved under the job that the host probes may not see;
+# bench/suite.py times such a job again
 SPREAD_WIDE = 1.5
 
 
@@ -460,9 +461,9 @@ def host_floor_lines(callgrind_rows) -> list[str]:
     return lines
 
 
-def _widest_spread(by) -> float:
-    """The widest spread of a row's round medians, p80 / p20, over its providers."""
-    return max((r.p80_us / r.p20_us for r in by.values() if r.p20_us > 0), default=1.0)
+def rounds_spread(rows) -> float:
+    """The widest spread of the rows' round medians, p80 / p20 (1 without any)."""
+    return max((r.p80_us / r.p20_us for r in rows if r.p20_us > 0), default=1.0)
 
 
 def verdict_lines(results) -> list[str]:
@@ -480,7 +481,7 @@ def verdict_lines(results) -> list[str]:
                 continue
             v = value(by, r)
             if v is not None:
-                vals.append((v, _row_name(r), _widest_spread(by)))
+                vals.append((v, _row_name(r), rounds_spread(by.values())))
         if not vals:
             lines.append(f"* {label}: not measured in this run")
             continue
@@ -622,11 +623,14 @@ _METHOD = (
     f"{100 * QUIET_HOST:.0f}% of the run's median at that thread count (other guests of the "
     "VM's host streaming memory) or more than "
     f"{100 * BUSY_STEAL:.0f}% of the job's thread time was stolen, the job is timed again "
-    "once the copy recovers, and a timing on a quiet host stands, else the one with the "
-    "faster median copy; a machine's \"Host:\" line states its run's probes (a section "
-    "without a Host or a Page faults line comes from a run made before the suite probed the "
-    "host or counted faults; one whose Host line counts no stolen time, from a run that "
-    "probed only before and after each job).")
+    f"once the copy recovers, and so is a job whose rounds spread {SPREAD_WIDE:g}x or more "
+    "(something the copies did not see moved under it); a timing on a quiet host stands, else the one whose "
+    "rounds spread less, then the one with the faster median copy; a machine's \"Host:\" "
+    "line states its run's probes (a section without a Host or a Page faults line comes from "
+    "a run made before the suite probed the host or counted faults; one whose Host line "
+    "counts no stolen time, from a run that probed only before and after each job; one whose "
+    "Host line does not count spread rounds, from a run made before the suite timed a job "
+    "again for them).")
 
 
 def _body(results, callgrind_rows) -> list[str]:
@@ -696,6 +700,12 @@ def host_lines(results) -> list[str]:
         probes.setdefault(r.threads, []).append(r.host_probe_gbps)
     median = {t: statistics.median(v) for t, v in probes.items()}
     retimed = sum(r.attempts > 1 for r in jobs.values())
+    # a run that timed a job again for its rounds' spread records each job's spread
+    spread = any(r.rounds_spread == r.rounds_spread for r in jobs.values())
+    why_again = (f"after their median probe fell below {100 * QUIET_HOST:.0f}% of the run's"
+                 + (f", more than {100 * BUSY_STEAL:.0f}% was stolen or their rounds spread "
+                    f"{SPREAD_WIDE:g}x or more" if spread else
+                    f" or more than {100 * BUSY_STEAL:.0f}% was stolen"))
     stolen = [r for r in jobs.values() if r.host_steal == r.host_steal]
     levels = ", ".join(f"{threads_label(t)} {median[t]:.1f} GB/s ({min(v):.1f}-{max(v):.1f})"
                        for t, v in sorted(probes.items(), reverse=True))
@@ -706,9 +716,7 @@ def host_lines(results) -> list[str]:
                 f"median {100 * statistics.median(r.host_steal for r in stolen):.1f}% of a "
                 f"job's thread time, at "
                 f"most {100 * worst.host_steal:.1f}% ({_job_name(worst)}); {retimed} of "
-                f"{len(jobs)} jobs timed again after their median probe fell below "
-                f"{100 * QUIET_HOST:.0f}% of the run's or more than {100 * BUSY_STEAL:.0f}% "
-                f"was stolen; ")
+                f"{len(jobs)} jobs timed again {why_again}; ")
         ok = (f"every job's median probe at or above {100 * QUIET_HOST:.0f}% and at most "
               f"{100 * BUSY_STEAL:.0f}% stolen.")
     else:  # a run that probed only around its jobs
@@ -723,6 +731,8 @@ def host_lines(results) -> list[str]:
             why.append(f"{100 * r.host_probe_gbps / median[r.threads]:.0f}%")
         if r.host_steal > BUSY_STEAL:
             why.append(f"{100 * r.host_steal:.0f}% stolen")
+        if r.rounds_spread >= SPREAD_WIDE:  # False for NaN
+            why.append(f"rounds spread {r.rounds_spread:.2f}x")
         if why:
             busy.append(f"{_job_name(r)} ({', '.join(why)})")
     if not busy:
@@ -970,7 +980,7 @@ def _load_csv(path):
                          "target_vs_eager", "target_vs_compile", "target_copy",
                          "target_compiled", "gflops", "peak_gflops", "roof_gflops",
                          "roof_efficiency", "target_roof", "host_probe_gbps", "host_steal",
-                         "faults_per_call"):
+                         "faults_per_call", "rounds_spread"):
                 setattr(r, name, float(getattr(r, name, "nan")))  # older CSVs lack some
             for name in ("threads", "bytes_moved", "saved_bytes", "peak_bytes"):
                 setattr(r, name, int(getattr(r, name)))

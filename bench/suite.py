@@ -624,11 +624,14 @@ class QuietHost:
     round moves neither that median nor the timings, which are medians over rounds), or whose
     threads lost more than STEAL of their time, ran while the host was busy: it is timed again,
     once a probe is back above QUIET (probing every WAIT_S seconds, for at most PATIENCE_S), up
-    to ATTEMPTS timings in all; a timing that ran on a quiet host stands, else the one with the
-    higher median probe."""
+    to ATTEMPTS timings in all. So is a job whose round medians spread by SPREAD or more (p80 /
+    p20 of any of its rows' providers): something moved under it that the probes did not see.
+    A timing on a quiet host stands, else the one whose rounds spread less (below SPREAD all
+    count alike), then the one with the higher median probe."""
 
     QUIET = report.QUIET_HOST
     STEAL = report.BUSY_STEAL
+    SPREAD = report.SPREAD_WIDE
     ATTEMPTS = 2
     WAIT_S = 10.0
     PATIENCE_S = 120.0
@@ -680,21 +683,27 @@ class QuietHost:
         kept, kept_key = [], None
         for attempt in range(1, self.ATTEMPTS + 1):
             results, probe, steal = self._attempt(threads, job, before)
+            spread = report.rounds_spread(results)
             busy = []
             if not self.quiet(threads, probe):
                 busy.append(f"median probe {probe:.1f} GB/s against the run's "
                             f"{self.reference(threads):.1f}")
             if steal > self.STEAL:  # False for NaN
                 busy.append(f"{100 * steal:.0f}% of its threads' time stolen by the VM's host")
-            key = (not busy, probe)
+            if spread >= self.SPREAD:
+                busy.append(f"its rounds spread {spread:.2f}x (a provider's p80 round median "
+                            "over its p20)")
+            key = (not busy, -max(spread, self.SPREAD), probe)
             if kept_key is None or key > kept_key:
-                kept, kept_key, kept_probe, kept_steal = results, key, probe, steal
+                kept, kept_key = results, key
+                kept_probe, kept_steal, kept_spread = probe, steal, spread
             if not busy or attempt == self.ATTEMPTS:
                 break
             self.log(f"  host busy: {'; '.join(busy)}; timing the job again once it recovers")
             before = self._wait(threads)
         for r in kept:
             r.host_probe_gbps, r.host_steal, r.attempts = kept_probe, kept_steal, attempt
+            r.rounds_spread = kept_spread
         return kept
 
 

@@ -295,9 +295,10 @@ def test_quiet_host_times_a_job_again_while_the_host_is_busy(monkeypatch):
                         "and after it, the median per job: 2 threads 29.5 GB/s (20.0-30.0); "
                         "CPU time stolen by the VM's host, median 0.0% of a job's thread time, "
                         "at most 1.0% (C2 LayerNorm bfloat16 16384x1024, 2 threads); 3 of 3 "
-                        "jobs timed again after their median probe fell below 80% of the run's "
-                        "or more than 5% was stolen; 1 job ran while the host stayed busy: C3 "
-                        "LayerNorm bfloat16 16384x1024, 2 threads (68%).")
+                        "jobs timed again after their median probe fell below 80% of the run's, "
+                        "more than 5% was stolen or their rounds spread 1.5x or more; 1 job ran "
+                        "while the host stayed busy: C3 LayerNorm bfloat16 16384x1024, 2 threads "
+                        "(68%).")
     assert report.host_lines(rows[:8])[0].endswith(
         "every job's median probe at or above 80% and at most 5% stolen.")
     for r in rows[:4]:  # a job whose kept timing lost 12%
@@ -315,6 +316,61 @@ def test_quiet_host_times_a_job_again_while_the_host_is_busy(monkeypatch):
         "bfloat16 16384x1024, 2 threads (68%).")
     assert report.host_lines([common.Result("x", "float32", "1", "fwd", 1, "ours", 1.0, 1.0,
                                             1.0, 1.0)]) == []
+
+
+def test_quiet_host_times_a_job_again_whose_rounds_spread(monkeypatch):
+    """A job whose rounds spread on a quiet host (one of its rows' providers' p80 round median
+    1.5x its p20 or more, SPREAD_WIDE) is timed again once: the steadier timing stands, of two
+    spread ones the less spread. Each row records its job's spread; the report counts the jobs
+    timed again for it and names a job whose rounds stayed spread."""
+    monkeypatch.setenv("TECPP_BENCH_SYSTEM_MALLOC", "1")  # importing suite: no re-exec
+    sys.path.insert(0, BENCH)
+    import common
+    import report
+    import suite
+
+    monkeypatch.setattr(common, "probe_host", lambda threads: 30.0)
+    monkeypatch.setattr(common, "host_times", lambda: (0, 0.0))
+    monkeypatch.setattr(suite.time, "sleep", lambda s: None)
+    logged = []
+    host = suite.QuietHost([2], log=logged.append)
+
+    def job(case_id, spreads):
+        attempt = iter(range(len(spreads)))
+
+        def run(after_round):
+            k = next(attempt)
+            after_round()
+            rows = [common.Result("RMSNorm", "float32", "4096x1024", "fwd", 2, p,
+                                  10.0 + k, 1.0, 1.0, 1.0, p20_us=10.0, p80_us=10.0,
+                                  case_id=case_id) for p in report.PROVIDERS]
+            rows[-1].p80_us = 10.0 * spreads[k]  # one provider's rounds spread
+            return rows
+        return run
+
+    rows = (host.run(2, job("C1", [2.0, 1.2])) + host.run(2, job("C2", [1.1]))
+            + host.run(2, job("C3", [1.8, 1.6])) + host.run(2, job("C4", [1.6, 1.9])))
+    assert [s for s in logged if "host busy" in s] == [
+        f"  host busy: its rounds spread {s}x (a provider's p80 round median over its p20); "
+        "timing the job again once it recovers" for s in ("2.00", "1.80", "1.60")]
+    by = {r.case_id: r for r in rows if r.provider == "ours"}
+    # (attempts, the kept timing's spread, its median: 10 the first timing, 11 the second)
+    assert {c: (r.attempts, r.rounds_spread, r.median_us) for c, r in by.items()} == {
+        "C1": (2, 1.2, 11.0), "C2": (1, 1.1, 10.0), "C3": (2, 1.6, 11.0),
+        "C4": (2, 1.6, 10.0)}
+    assert report.host_lines(rows)[0] == (
+        "Host: a 64 MiB copy timed before each job, after each of its rounds and after it, the "
+        "median per job: 2 threads 30.0 GB/s (30.0-30.0); CPU time stolen by the VM's host, "
+        "median 0.0% of a job's thread time, at most 0.0% (C1 RMSNorm float32 4096x1024, 2 "
+        "threads); 3 of 4 jobs timed again after their median probe fell below 80% of the "
+        "run's, more than 5% was stolen or their rounds spread 1.5x or more; 2 jobs ran while "
+        "the host stayed busy: C3 RMSNorm float32 4096x1024, 2 threads (rounds spread 1.60x); "
+        "C4 RMSNorm float32 4096x1024, 2 threads (rounds spread 1.60x).")
+    for r in rows:  # a run made before the suite timed a spread job again
+        r.rounds_spread = float("nan")
+    assert report.host_lines(rows)[0].endswith(
+        "3 of 4 jobs timed again after their median probe fell below 80% of the run's or more "
+        "than 5% was stolen; every job's median probe at or above 80% and at most 5% stolen.")
 
 
 def test_run_case_probes_after_each_round_and_host_times_reads_steal(monkeypatch):
