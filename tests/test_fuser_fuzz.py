@@ -1,0 +1,246 @@
+"""Random compositions of te.ops against float64 plain PyTorch. The conformance cases test each
+op and each fusion on its own; here seeded draws combine them: one to five ops (norms, linears,
+bias, the activations, gated ones that halve the width, scales), in fp32, bf16 or fp16, with a
+residual around them (in place or not), frozen parameters, an input that needs no gradient,
+zero-row, multi-dimensional and non-contiguous inputs, under grad mode, no_grad and
+inference_mode; then the same model called again after its state changed (a parameter frozen or
+thawed, another dtype, parameters rescaled in place, another grad mode or input).
+
+Each output and gradient is compared with a float64 run of the plain references
+(``testing/reference.py``). The bound is norm-wise: the largest error may reach the dtype's
+tolerance (``tolerances.py``) of the largest reference value plus twice the largest error of
+the same plain chain run in the model's dtype, each op computed in fp32 and rounded to the
+dtype at its output (the rounding any implementation pays between ops), since a chain can
+amplify rounding: a norm over two features after two gated activations does (plain fp32 is
+1e-3 off there). The
+compiled draws must equal eager exactly (``COMPILED_VS_EAGER``).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import transformer_engine_cpp as te
+from transformer_engine_cpp.testing import reference as ref
+
+from tolerances import COMPILED_VS_EAGER, tols
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+GRAD_MODES = {"grad": torch.enable_grad, "no_grad": torch.no_grad,
+              "inference": torch.inference_mode}
+UNARY = {"GELU": ref.gelu, "ReLU": ref.relu, "SiLU": ref.silu, "QGELU": ref.qgelu,
+         "SReLU": ref.srelu}
+GATED = {"SwiGLU": ref.swiglu, "GEGLU": ref.geglu, "ReGLU": ref.reglu}
+KINDS = ("LayerNorm", "RMSNorm", "Linear", "BasicLinear", "Bias", *UNARY, *GATED,
+         "ConstantScale", "Identity")
+
+
+def _draw_op(kind: str, width: int, dtype, rng: random.Random):
+    """(te op, reference(x, params) in x's dtype, output width)."""
+    if kind in ("LayerNorm", "RMSNorm"):
+        zc = rng.random() < 0.3
+        op = getattr(te.ops, kind)(width, dtype=dtype, zero_centered_gamma=zc)
+        with torch.no_grad():
+            for p in op.parameters():
+                p.normal_(0.0 if zc or p is getattr(op, "bias", None) else 1.0, 0.3)
+        if kind == "LayerNorm":
+            return op, lambda x, p: ref.layer_norm(x, p[0], p[1], 1e-5, zc), width
+        return op, lambda x, p: ref.rms_norm(x, p[0], 1e-5, zc), width
+    if kind in ("Linear", "BasicLinear"):
+        out = rng.choice((8, 16, 24, 32))
+        bias = kind == "Linear" and rng.random() < 0.6
+        op = (te.ops.Linear(width, out, bias=bias, dtype=dtype) if kind == "Linear"
+              else te.ops.BasicLinear(width, out, dtype=dtype))
+        return op, lambda x, p: F.linear(x, p[0], p[1] if bias else None), out
+    if kind == "Bias":
+        op = te.ops.Bias(width, dtype=dtype)
+        with torch.no_grad():
+            op.bias.normal_()
+        return op, lambda x, p: ref.bias(x, p[0]), width
+    if kind in UNARY:
+        return getattr(te.ops, kind)(), lambda x, p: UNARY[kind](x), width
+    if kind in GATED:
+        return getattr(te.ops, kind)(), lambda x, p: GATED[kind](x), width // 2
+    if kind == "ConstantScale":
+        scale = rng.choice((0.5, -2.0, 3.0))
+        return te.ops.ConstantScale(scale), lambda x, p: ref.constant_scale(x, scale), width
+    return te.ops.Identity(), lambda x, p: x, width
+
+
+class Draw:
+    """A seeded model: its ops, their references and whether a residual wraps them."""
+
+    def __init__(self, seed: int, dtypes=DTYPES):
+        self.rng = rng = random.Random(seed)
+        torch.manual_seed(seed)
+        self.dtype = rng.choice(dtypes)
+        self.width = rng.choice((8, 16, 32))
+        ops, self.refs, w = [], [], self.width
+        for _ in range(rng.randint(1, 5)):
+            kind = rng.choice(KINDS)
+            if kind in GATED and w % 2:
+                kind = "GELU"
+            op, fn, w = _draw_op(kind, w, self.dtype, rng)
+            ops.append(op)
+            self.refs.append((fn, list(op.parameters())))
+        self.ops = ops
+        self.residual = w == self.width and rng.random() < 0.25
+        if self.residual:
+            in_place = rng.random() < 0.5
+            fork = te.ops.MakeExtraOutput(in_place=in_place).set_extra_output_channel(
+                0, "res", output_to_caller=False)
+            join = te.ops.AddExtraInput(in_place=in_place).set_extra_input_channel(0, "res")
+            self.model = te.ops.Sequential(fork, *ops, join)
+        else:
+            self.model = te.ops.Sequential(*ops)
+        for p in self.model.parameters():
+            if rng.random() < 0.25:
+                p.requires_grad_(False)
+
+    def input(self, lead, requires_grad: bool, non_contiguous: bool):
+        full = torch.randn(*lead, (2 if non_contiguous else 1) * self.width).to(self.dtype)
+        x = full[..., ::2] if non_contiguous else full
+        return x.detach().requires_grad_(requires_grad)
+
+    def reference(self, x, exact: bool):
+        """The plain chain on copies of x and the parameters (requires_grad as theirs):
+        (output, [x copy, parameter copies]). ``exact``: in float64; else in the model's dtype
+        with each op computed in fp32 and its output rounded to the dtype (the rounding at op
+        boundaries that any implementation of the chain in that dtype pays)."""
+        dtype = torch.float64 if exact else self.dtype
+        work = torch.float64 if exact else torch.float32
+        x = x.detach().clone().to(dtype).requires_grad_(x.requires_grad)
+        leaves = [x]
+        h = x
+        for fn, params in self.refs:
+            copies = [p.detach().clone().to(dtype).requires_grad_(p.requires_grad)
+                      for p in params]
+            leaves += copies
+            h = fn(h.to(work), [c.to(work) for c in copies]).to(dtype)
+        if self.residual:
+            h = (h.to(work) + x.to(work)).to(dtype)
+        return h, leaves
+
+    def describe(self) -> str:
+        names = [type(op).__name__ for op in self.ops]
+        return (f"{self.dtype} width {self.width} {names} residual {self.residual} frozen "
+                f"{[not p.requires_grad for p in self.model.parameters()]}")
+
+
+def _assert_close_to_reference(what: str, got, exact, plain, dtype) -> None:
+    """max |got - exact| <= rtol max |exact| + atol + 2 max |plain - exact| (norm-wise; plain:
+    the chain rounded at op boundaries)."""
+    assert got.shape == exact.shape, f"{what}: shape {tuple(got.shape)} != {tuple(exact.shape)}"
+    if exact.numel() == 0:
+        return
+    tol = tols(dtype)
+    exact = exact.double()
+    err = (got.double() - exact).abs().max().item()
+    plain_err = (plain.double() - exact).abs().max().item()
+    bound = tol["rtol"] * exact.abs().max().item() + tol["atol"] + 2 * plain_err
+    assert err <= bound, f"{what}: error {err:.3g} above {bound:.3g} (plain's {plain_err:.3g})"
+
+
+def _check_call(draw: Draw, runner, x, mode: str) -> None:
+    """One call of ``runner`` (the model, eager or compiled) against the references, which
+    read x as it was before the call (an eager in-place residual writes the output into the
+    caller's input, as in TransformerEngine)."""
+    exact, exact_leaves = draw.reference(x, exact=True)
+    plain, plain_leaves = draw.reference(x, exact=False)
+    with GRAD_MODES[mode]():
+        y = runner(x)
+    assert y.dtype == draw.dtype, f"output dtype {y.dtype}"
+    _assert_close_to_reference("output", y.detach(), exact.detach(), plain.detach(), draw.dtype)
+    leaves = [x, *[p for _, params in draw.refs for p in params]]
+    wants = [i for i, t in enumerate(leaves) if t.requires_grad]
+    if mode != "grad":
+        identity = all(type(op) is te.ops.Identity for op in draw.ops) and not draw.residual
+        # an all-Identity model returns its input, as nn.Identity does
+        assert not y.requires_grad or identity, f"output requires grad under {mode}"
+        return
+    assert y.requires_grad == bool(wants), (
+        f"output requires_grad {y.requires_grad} with {len(wants)} leaves needing a gradient")
+    if not wants:
+        return
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, [leaves[i] for i in wants], dy)
+    exact_grads = torch.autograd.grad(exact, [exact_leaves[i] for i in wants], dy.double(),
+                                      allow_unused=True)
+    plain_grads = torch.autograd.grad(plain, [plain_leaves[i] for i in wants], dy,
+                                      allow_unused=True)
+    for i, g, e, p in zip(wants, grads, exact_grads, plain_grads):
+        assert g.dtype == leaves[i].dtype, f"grad {i}: dtype {g.dtype} != {leaves[i].dtype}"
+        e = torch.zeros_like(g, dtype=torch.float64) if e is None else e
+        p = torch.zeros_like(g) if p is None else p
+        _assert_close_to_reference(f"grad of leaf {i}", g, e, p, draw.dtype)
+
+
+LEADS = ((5,), (3, 4), (1,), (0,), (2, 0, 3))
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_random_composition_matches_the_reference(seed):
+    draw = Draw(seed)
+    rng = draw.rng
+    x = draw.input(rng.choice(LEADS), rng.random() < 0.7, rng.random() < 0.3)
+    mode = rng.choice(("grad", "grad", "grad", "no_grad", "inference"))
+    try:
+        _check_call(draw, draw.model, x, mode)
+    except AssertionError as e:
+        raise AssertionError(f"seed {seed}: {draw.describe()}, input {tuple(x.shape)} "
+                             f"requires_grad {x.requires_grad}, {mode}: {e}") from None
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_composition_called_again_after_its_state_changed(seed):
+    draw = Draw(1000 + seed, dtypes=(torch.float32, torch.bfloat16))
+    rng = draw.rng
+    lead, requires_grad, mode, changes = (5,), rng.random() < 0.6, "grad", []
+    for call in range(5):
+        if call:
+            change = rng.choice(("freeze", "input grad", "mode", "dtype", "lead", "rescale"))
+            params = list(draw.model.parameters())
+            if change == "freeze" and params:
+                p = rng.choice(params)
+                p.requires_grad_(not p.requires_grad)
+            elif change == "input grad":
+                requires_grad = not requires_grad
+            elif change == "mode":
+                mode = rng.choice(tuple(GRAD_MODES))
+            elif change == "dtype":
+                draw.dtype = torch.bfloat16 if draw.dtype == torch.float32 else torch.float32
+                draw.model.to(draw.dtype)
+            elif change == "lead":
+                lead = rng.choice(LEADS)
+            elif change == "rescale" and params:
+                with torch.no_grad():
+                    rng.choice(params).mul_(-0.5)
+            changes.append(change)
+        x = draw.input(lead, requires_grad, False)
+        try:
+            _check_call(draw, draw.model, x, mode)
+        except AssertionError as e:
+            raise AssertionError(f"seed {seed}: {draw.describe()}, call {call} after "
+                                 f"{changes}, {mode}: {e}") from None
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_composition_compiled_equals_eager(seed):
+    draw = Draw(2000 + seed)
+    rng = draw.rng
+    x = draw.input(rng.choice(LEADS[:3]), rng.random() < 0.7, rng.random() < 0.3)
+    compiled = torch.compile(draw.model, fullgraph=True)
+    wants = [t for t in [x, *draw.model.parameters()] if t.requires_grad]
+    y = compiled(x)
+    y_eager = draw.model(x)
+    torch.testing.assert_close(y, y_eager, **COMPILED_VS_EAGER)
+    if wants:
+        dy = torch.randn_like(y)
+        for g, g_eager in zip(torch.autograd.grad(y, wants, dy),
+                              torch.autograd.grad(y_eager, wants, dy)):
+            torch.testing.assert_close(g, g_eager, **COMPILED_VS_EAGER)
+    _check_call(draw, compiled, x, "grad")
