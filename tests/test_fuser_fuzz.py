@@ -145,7 +145,16 @@ def _assert_close_to_reference(what: str, got, exact, plain, dtype) -> None:
     assert err <= bound, f"{what}: error {err:.3g} above {bound:.3g} (plain's {plain_err:.3g})"
 
 
-def _check_call(draw: Draw, runner, x, mode: str) -> None:
+def _check_call(draw: Draw, runner, x, mode: str, context: str) -> None:
+    """``_compare``, its failures prefixed with ``context`` and the draw."""
+    try:
+        _compare(draw, runner, x, mode)
+    except AssertionError as e:
+        raise AssertionError(f"{context}: {draw.describe()}, input {tuple(x.shape)} "
+                             f"requires_grad {x.requires_grad}, {mode}: {e}") from None
+
+
+def _compare(draw: Draw, runner, x, mode: str) -> None:
     """One call of ``runner`` (the model, eager or compiled) against the references, which
     read x as it was before the call (an eager in-place residual writes the output into the
     caller's input, as in TransformerEngine)."""
@@ -188,11 +197,7 @@ def test_random_composition_matches_the_reference(seed):
     rng = draw.rng
     x = draw.input(rng.choice(LEADS), rng.random() < 0.7, rng.random() < 0.3)
     mode = rng.choice(("grad", "grad", "grad", "no_grad", "inference"))
-    try:
-        _check_call(draw, draw.model, x, mode)
-    except AssertionError as e:
-        raise AssertionError(f"seed {seed}: {draw.describe()}, input {tuple(x.shape)} "
-                             f"requires_grad {x.requires_grad}, {mode}: {e}") from None
+    _check_call(draw, draw.model, x, mode, f"seed {seed}")
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -220,12 +225,8 @@ def test_random_composition_called_again_after_its_state_changed(seed):
                 with torch.no_grad():
                     rng.choice(params).mul_(-0.5)
             changes.append(change)
-        x = draw.input(lead, requires_grad, False)
-        try:
-            _check_call(draw, draw.model, x, mode)
-        except AssertionError as e:
-            raise AssertionError(f"seed {seed}: {draw.describe()}, call {call} after "
-                                 f"{changes}, {mode}: {e}") from None
+        _check_call(draw, draw.model, draw.input(lead, requires_grad, False), mode,
+                    f"seed {seed}, call {call} after {changes}")
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -243,4 +244,4 @@ def test_random_composition_compiled_equals_eager(seed):
         for g, g_eager in zip(torch.autograd.grad(y, wants, dy),
                               torch.autograd.grad(y_eager, wants, dy)):
             torch.testing.assert_close(g, g_eager, **COMPILED_VS_EAGER)
-    _check_call(draw, compiled, x, "grad")
+    _check_call(draw, compiled, x, "grad", f"seed {seed}, compiled")
