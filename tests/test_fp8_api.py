@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -485,3 +486,82 @@ def test_transformer_engines_dtype_tags_and_quantizer_roles():
     with pytest.raises(dataclasses.FrozenInstanceError):
         role.name = "fc1"
     assert isinstance(te.get_default_recipe(), te.recipe.Float8CurrentScaling)
+
+
+# ---- activation checkpointing ------------------------------------------------------------------
+
+
+def _checkpointed_step(model, x, dy, make_recipe, context_fn=None):
+    """Outputs and gradients of ``model(x)`` under ``te.autocast(recipe)``, through
+    ``torch.utils.checkpoint`` (non-reentrant) when ``context_fn`` is given (None: no
+    checkpoint; "default": torch's own contexts)."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(1)  # NVFP4 draws (stochastic rounding); checkpoint replays the state
+    with te.autocast(recipe=make_recipe()):
+        if context_fn is None:
+            y = model(x)
+        elif context_fn == "default":
+            y = checkpoint(model, x, use_reentrant=False)
+        else:
+            y = checkpoint(model, x, use_reentrant=False, context_fn=context_fn)
+    wants = [t for t in (x, *model.parameters()) if t.requires_grad]
+    return [y.detach(), *torch.autograd.grad(y, wants, dy)]
+
+
+@pytest.mark.parametrize("make_recipe", [recipe.Float8CurrentScaling, recipe.MXFP8BlockScaling,
+                                         recipe.Float8BlockScaling, recipe.NVFP4BlockScaling],
+                         ids=["current", "mxfp8", "block", "nvfp4"])
+@pytest.mark.parametrize("frozen_linear", [False, True], ids=["trained", "frozen_linear"])
+def test_checkpoint_recomputes_under_the_recipe_with_context_fn(make_recipe, frozen_linear):
+    """torch.utils.checkpoint recomputes the forward in backward, outside te.autocast (it
+    restores torch's autocast only), as in TransformerEngine: the recompute runs unquantized,
+    and where it saves as many tensors as the quantized forward (a frozen linear whose input
+    needs no gradient, a trained norm after it) the gradients silently come from it. A
+    ``context_fn`` that re-enters the recipe for the recompute (docs/quantization.md) gives the
+    un-checkpointed step bit for bit."""
+    torch.manual_seed(0)
+    model = te.ops.Sequential(te.ops.BasicLinear(32, 32), te.ops.GELU(), te.ops.RMSNorm(32))
+    model[0].weight.requires_grad_(not frozen_linear)
+    x = torch.randn(32, 32)
+    dy = torch.randn(32, 32)
+    reference = _checkpointed_step(model, x, dy, make_recipe)
+
+    def context_fn():
+        return contextlib.nullcontext(), te.autocast(recipe=make_recipe())
+
+    got = _checkpointed_step(model, x, dy, make_recipe, context_fn)
+    for g, r in zip(got, reference, strict=True):
+        assert torch.equal(g, r)
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+@pytest.mark.parametrize("frozen_linear", [False, True], ids=["trained", "frozen_linear"])
+def test_checkpoint_recompute_outside_the_recipe_is_refused(reentrant, frozen_linear):
+    """Without that context_fn, the recompute (during the backward) runs outside te.autocast:
+    a te.ops forward during a backward pass under another recipe than the same model's previous
+    forward raises, naming both, instead of handing back the unquantized recompute's gradients
+    (which the reentrant checkpoint always did silently, the non-reentrant one where it saved as
+    many tensors: the frozen linear)."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    model = te.ops.Sequential(te.ops.BasicLinear(32, 32), te.ops.GELU(), te.ops.RMSNorm(32))
+    model[0].weight.requires_grad_(not frozen_linear)
+    x = torch.randn(32, 32, requires_grad=reentrant)  # reentrant: an input must need a grad
+    with te.autocast(recipe=recipe.Float8CurrentScaling()):
+        y = checkpoint(model, x, use_reentrant=reentrant)
+    with pytest.raises(RuntimeError, match=r"during a backward pass under no recipe.*"
+                                           r"Float8CurrentScaling.*context_fn"):
+        y.backward(torch.randn(32, 32))
+    # a recompute without recipe of a forward without one, and (non-reentrant: the reentrant
+    # checkpoint takes no context_fn) one that context_fn runs under the forward's recipe
+    y = checkpoint(model, x, use_reentrant=reentrant)
+    y.backward(torch.randn(32, 32))
+    if not reentrant:
+        def context_fn():
+            return contextlib.nullcontext(), te.autocast(recipe=recipe.Float8CurrentScaling())
+
+        with te.autocast(recipe=recipe.Float8CurrentScaling()):
+            y = checkpoint(model, x, use_reentrant=False, context_fn=context_fn)
+        y.backward(torch.randn(32, 32))

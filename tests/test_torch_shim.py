@@ -58,6 +58,26 @@ def test_keep_graph_tells_retain_graph():
     assert _KeepGraphProbe.seen == [True, False]
 
 
+def test_in_backward_tells_a_backward_pass():
+    """-1 outside a backward pass; a graph task's id (>= 0) inside one, as in a Function's
+    backward."""
+    seen = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(shim.in_backward())
+            return g
+
+    assert not shim.in_backward()
+    Probe.apply(torch.randn(2, requires_grad=True)).sum().backward()
+    assert seen == [True]
+
+
 def test_saved_tensors_hooks_push_pop_and_top():
     def pack(t):
         return t

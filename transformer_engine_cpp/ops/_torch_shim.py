@@ -20,6 +20,14 @@ functorch_transforms_active = torch._C._are_functorch_transforms_active
 #: Inside a backward pass: whether the graph is kept for another one (``retain_graph=True``).
 keep_graph = _autograd._get_current_graph_task_keep_graph
 
+_current_graph_task_id = torch._C._current_graph_task_id
+
+
+def in_backward() -> bool:
+    """Whether this thread is running a backward pass (a graph task), as a Function's backward
+    or torch.utils.checkpoint's recompute does."""
+    return _current_graph_task_id() >= 0
+
 #: The default saved-tensor hooks: whether enabled, the innermost (pack, unpack) pair or None,
 #: and push/pop of a pair (what ``torch.autograd.graph.saved_tensors_hooks`` does, without its
 #: context-manager object, and readable so that a new pair can chain the caller's).

@@ -205,6 +205,8 @@ class OperationFuser:
         compiling = torch.compiler.is_compiling()
         recipe = (FP8GlobalStateManager.get_fp8_recipe() if FP8GlobalStateManager.FP8_ENABLED
                   else None)
+        if not compiling and _torch_shim.in_backward():
+            self._refuse_recompute_under_another_recipe(recipe)
 
         if not torch.is_grad_enabled():
             first = n
@@ -274,6 +276,34 @@ class OperationFuser:
             return _pipeline.release_saved_early(_pipeline.apply_eager, plan, basic_op_kwargs,
                                                  arg_layout, *tensors)
         return _pipeline.apply_eager(plan, basic_op_kwargs, arg_layout, *tensors)
+
+    def _refuse_recompute_under_another_recipe(self, recipe) -> None:
+        """A forward run during a backward pass recomputes an earlier one (torch.utils.checkpoint
+        runs the checkpointed forward again in the backward, outside te.autocast): under another
+        recipe than this fuser's previous eager forward, its saved tensors, hence the gradients,
+        would not be that forward's. RuntimeError naming both recipes."""
+        last = self._last_recipe
+        if self._last_plan is None or last is _STATES_SET_BY_A_GRAPH:
+            return  # no eager forward to compare with
+
+        def key(r):
+            return None if r is None else r.state_key()
+
+        if key(recipe) == key(last):
+            return
+
+        def name(r):
+            return "no recipe" if r is None else type(r).__name__
+
+        ops = ", ".join(type(op).__name__ for op in self._basic_ops)
+        raise RuntimeError(
+            f"te.ops ({ops}): a forward run during a backward pass under {name(recipe)}, while "
+            f"this model's previous forward ran under {name(last)}: a recompute of "
+            "torch.utils.checkpoint runs outside te.autocast, and its gradients would not be "
+            "those of the forward. Re-enter the forward's recipe for the recompute: "
+            "torch.utils.checkpoint.checkpoint(..., use_reentrant=False, context_fn=lambda: "
+            "(contextlib.nullcontext(), te.autocast(recipe=...))) (docs/quantization.md, "
+            "Activation checkpointing).")
 
     def _check_kwargs(self, basic_op_kwargs: list) -> Optional[list]:
         """Validated per-op kwargs, or None when every op's are empty."""
