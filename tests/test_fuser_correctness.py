@@ -147,6 +147,36 @@ def test_in_place_add_still_writes_into_the_callers_buffer():
     torch.testing.assert_close(x.grad.double(), x64.grad, **FP32)
 
 
+@pytest.mark.parametrize("add_fuses", [False, True], ids=["add", "linear_add"])
+def test_in_place_residual_under_reentrant_checkpoint_is_refused(add_fuses):
+    """Inside torch.utils.checkpoint(use_reentrant=True) the forward writes its output into the
+    checkpointed function's input (the residual's buffer), and the recompute in the backward
+    reads it back: plain PyTorch's own in-place write there fails in the recompute (a leaf that
+    requires grad), ours bypassed autograd and returned wrong gradients. During a backward pass
+    an in-place write into a leaf that requires grad raises, naming the op; the functional
+    residual still checkpoints to the un-checkpointed gradients."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, requires_grad=True)
+    a, dy = torch.randn(4, 8), torch.randn(4, 8)
+    middle = [te.ops.LayerNorm(8), te.ops.Linear(8, 8)]
+    if not add_fuses:
+        middle.append(te.ops.GELU())
+    with pytest.raises(RuntimeError, match="in_place=True.*leaf.*use_reentrant"):
+        checkpoint(_residual(*middle), a @ w, use_reentrant=True).backward(dy)
+    m = _residual(*middle, make_in_place=False, add_in_place=False)
+    grads = []
+    for ckpt in (False, True):
+        y = checkpoint(m, a @ w, use_reentrant=True) if ckpt else m(a @ w)
+        y.backward(dy)
+        grads.append([w.grad, *[p.grad for p in m.parameters()]])
+        w.grad = None
+        m.zero_grad(set_to_none=True)
+    for g, r in zip(*grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=0, atol=0)
+
+
 # ---- 2. a channel fork with a public extra input in between ---------------------------------
 
 @pytest.mark.parametrize("make_in_place", [False, True])

@@ -95,8 +95,11 @@ def pipeline_forward(func_ctx, plan, basic_op_kwargs, arg_layout, *tensors):
                     for rg, t in zip(flags, extra_inputs[i]))
             if step.in_place_writes and not compiling:
                 for k, slot in step.in_place_writes:
-                    _protect_from_write(op_extra_inputs[k][slot], ctxs[:step.start],
-                                        extra_outputs, step.outputs_read_after)
+                    target = op_extra_inputs[k][slot]
+                    if target.is_leaf and target.requires_grad and _torch_shim.in_backward():
+                        _refuse_write_into_a_leaf(basic_ops[step.idxs[k]])
+                    _protect_from_write(target, ctxs[:step.start], extra_outputs,
+                                        step.outputs_read_after)
         prev_q = next_q = None
         if view.quantized:
             # a backward_override leaves the backward unquantized: no op hands dx back
@@ -190,6 +193,17 @@ def _check_no_extra_outputs(step, op, op_extra_outputs) -> None:
             f"{op.__class__.__name__}.fuser_forward returned extra outputs for basic "
             "ops that have none"
         )
+
+
+def _refuse_write_into_a_leaf(op) -> None:
+    """A forward during a backward pass is a recompute (torch.utils.checkpoint's), whose input
+    is a leaf that requires grad: an in-place write into it (as plain PyTorch refuses one) means
+    the checkpointed forward wrote its output into the input the recompute reads back."""
+    raise RuntimeError(
+        f"{type(op).__name__}(in_place=True) writes into a leaf tensor that requires grad "
+        "during a backward pass: inside torch.utils.checkpoint(use_reentrant=True) the forward "
+        "wrote its output into the checkpointed function's input, which the recompute reads "
+        "back, so the gradients would be wrong. Use in_place=False in checkpointed regions.")
 
 
 def _protect_from_write(target, ctxs, extra_outputs, outputs_read_after) -> None:
