@@ -4,7 +4,8 @@ bias, the activations, gated ones that halve the width, scales), in fp32, bf16 o
 residual around them (in place or not), frozen parameters, an input that needs no gradient,
 zero-row, multi-dimensional and non-contiguous inputs, under grad mode, no_grad and
 inference_mode; then the same model called again after its state changed (a parameter frozen or
-thawed, another dtype, parameters rescaled in place, another grad mode or input).
+thawed, another dtype, parameters rescaled in place, another grad mode or input); compiled, and
+through torch.utils.checkpoint.
 
 Each output and gradient is compared with a float64 run of the plain references
 (``testing/reference.py``). The bound is norm-wise: the largest error may reach the dtype's
@@ -89,8 +90,9 @@ class Draw:
             self.refs.append((fn, list(op.parameters())))
         self.ops = ops
         self.residual = w == self.width and rng.random() < 0.25
+        self.in_place = False  # an in-place residual: its join writes into the input
         if self.residual:
-            in_place = rng.random() < 0.5
+            in_place = self.in_place = rng.random() < 0.5
             fork = te.ops.MakeExtraOutput(in_place=in_place).set_extra_output_channel(
                 0, "res", output_to_caller=False)
             join = te.ops.AddExtraInput(in_place=in_place).set_extra_input_channel(0, "res")
@@ -245,3 +247,36 @@ def test_random_composition_compiled_equals_eager(seed):
                               torch.autograd.grad(y_eager, wants, dy)):
             torch.testing.assert_close(g, g_eager, **COMPILED_VS_EAGER)
     _check_call(draw, compiled, x, "grad", f"seed {seed}, compiled")
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_composition_checkpointed_equals_the_plain_step(seed):
+    """Through torch.utils.checkpoint (reentrant or not) a draw's outputs and gradients are the
+    un-checkpointed step's bit for bit; an in-place residual, whose forward writes into the
+    checkpointed function's input, is refused with a RuntimeError instead (by torch's version
+    check, or by the fuser under the reentrant checkpoint)."""
+    from torch.utils.checkpoint import checkpoint
+
+    draw = Draw(3000 + seed)
+    rng = draw.rng
+    reentrant = rng.random() < 0.5
+    base = draw.input(rng.choice(LEADS[:3]), True, False).detach()
+    params = list(draw.model.parameters())
+    dy = torch.randn(*base.shape[:-1], draw.model(base.clone()).shape[-1]).to(draw.dtype)
+
+    def step(ckpt):
+        x = base.clone().requires_grad_()
+        y = checkpoint(draw.model, x, use_reentrant=reentrant) if ckpt else draw.model(x)
+        y.backward(dy)
+        grads = [x.grad, *[p.grad for p in params]]
+        draw.model.zero_grad(set_to_none=True)
+        return [y.detach(), *grads]
+
+    reference = step(False)
+    if draw.in_place:
+        with pytest.raises(RuntimeError):
+            step(True)
+        return
+    for got, expected in zip(step(True), reference, strict=True):
+        torch.testing.assert_close(got, expected, **COMPILED_VS_EAGER,
+                                   msg=lambda m: f"seed {3000 + seed}: {draw.describe()}: {m}")
