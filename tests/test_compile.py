@@ -469,3 +469,36 @@ def test_compiled_plan_configurations_equal_eager(config, tokens, dtype):
         results.append([y.detach(), *torch.autograd.grad(y, wrt, dy)])
     for got, want in zip(results[1], results[0], strict=True):
         torch.testing.assert_close(got, want, **COMPILED_VS_EAGER)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["no_recipe", "current_scaling"])
+def test_checkpoint_inside_a_compiled_region_equals_eager(fp8):
+    """torch.utils.checkpoint around a pipeline inside a compiled region: Dynamo refuses it
+    loudly by default (a compiled call stores the ops' recipe states on them, a side effect the
+    recompute would not replay); with torch._dynamo.config.
+    skip_fwd_side_effects_in_bwd_under_checkpoint (docs/ops.md) the checkpointed step equals
+    the eager un-checkpointed one bit for bit, under a recipe too."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    model = te.ops.Sequential(te.ops.LayerNorm(32), te.ops.Linear(32, 32), te.ops.GELU(),
+                              te.ops.Linear(32, 32))
+    x = torch.randn(32, 32, requires_grad=True)
+    dy = torch.randn(32, 32)
+    recipe = te.recipe.Float8CurrentScaling() if fp8 else None
+
+    def step(fn):
+        with te.autocast(enabled=fp8, recipe=recipe):
+            y = fn(x)
+        return [y.detach(), *torch.autograd.grad(y, [x, *model.parameters()], dy)]
+
+    expected = step(model)
+    with pytest.raises(Exception, match="skip_fwd_side_effects_in_bwd_under_checkpoint"):
+        step(torch.compile(lambda t: checkpoint(model, t, use_reentrant=False),
+                           fullgraph=True))
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=True):
+        got = step(torch.compile(lambda t: checkpoint(model, t, use_reentrant=False),
+                                 fullgraph=True))
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, **COMPILED_VS_EAGER)
