@@ -493,16 +493,13 @@ def test_transformer_engines_dtype_tags_and_quantizer_roles():
 
 def _checkpointed_step(model, x, dy, make_recipe, context_fn=None):
     """Outputs and gradients of ``model(x)`` under ``te.autocast(recipe)``, through
-    ``torch.utils.checkpoint`` (non-reentrant) when ``context_fn`` is given (None: no
-    checkpoint; "default": torch's own contexts)."""
+    ``torch.utils.checkpoint`` (non-reentrant) with ``context_fn`` when one is given."""
     from torch.utils.checkpoint import checkpoint
 
     torch.manual_seed(1)  # NVFP4 draws (stochastic rounding); checkpoint replays the state
     with te.autocast(recipe=make_recipe()):
         if context_fn is None:
             y = model(x)
-        elif context_fn == "default":
-            y = checkpoint(model, x, use_reentrant=False)
         else:
             y = checkpoint(model, x, use_reentrant=False, context_fn=context_fn)
     wants = [t for t in (x, *model.parameters()) if t.requires_grad]
@@ -515,11 +512,10 @@ def _checkpointed_step(model, x, dy, make_recipe, context_fn=None):
 @pytest.mark.parametrize("frozen_linear", [False, True], ids=["trained", "frozen_linear"])
 def test_checkpoint_recomputes_under_the_recipe_with_context_fn(make_recipe, frozen_linear):
     """torch.utils.checkpoint recomputes the forward in backward, outside te.autocast (it
-    restores torch's autocast only), as in TransformerEngine: the recompute runs unquantized,
-    and where it saves as many tensors as the quantized forward (a frozen linear whose input
-    needs no gradient, a trained norm after it) the gradients silently come from it. A
-    ``context_fn`` that re-enters the recipe for the recompute (docs/quantization.md) gives the
-    un-checkpointed step bit for bit."""
+    restores torch's autocast only), as in TransformerEngine, so the recompute would run
+    unquantized (refused: the next test). A ``context_fn`` that re-enters the recipe for the
+    recompute (docs/quantization.md) gives the un-checkpointed step bit for bit, also where the
+    recompute saves few tensors (a frozen linear whose input needs no gradient)."""
     torch.manual_seed(0)
     model = te.ops.Sequential(te.ops.BasicLinear(32, 32), te.ops.GELU(), te.ops.RMSNorm(32))
     model[0].weight.requires_grad_(not frozen_linear)

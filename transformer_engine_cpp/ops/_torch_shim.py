@@ -28,6 +28,7 @@ def in_backward() -> bool:
     or torch.utils.checkpoint's recompute does."""
     return _current_graph_task_id() >= 0
 
+
 #: The default saved-tensor hooks: whether enabled, the innermost (pack, unpack) pair or None,
 #: and push/pop of a pair (what ``torch.autograd.graph.saved_tensors_hooks`` does, without its
 #: context-manager object, and readable so that a new pair can chain the caller's).
