@@ -205,7 +205,9 @@ class OperationFuser:
         compiling = torch.compiler.is_compiling()
         recipe = (FP8GlobalStateManager.get_fp8_recipe() if FP8GlobalStateManager.FP8_ENABLED
                   else None)
-        if not compiling and _torch_shim.in_backward():
+        # (eager only, and the last call's recipe object, or none again, cannot differ from it;
+        # compiling first: reading _last_recipe under compile would be guarded)
+        if not compiling and recipe is not self._last_recipe and _torch_shim.in_backward():
             self._refuse_recompute_under_another_recipe(recipe)
 
         if not torch.is_grad_enabled():
