@@ -1255,3 +1255,71 @@ def test_fp8_gemm_cuda_refuses_unaligned_sizes():
     with pytest.raises(RuntimeError, match=r"te_cpp\.fp8_gemm: .*multiples of 16, got m 4, "
                                            r"n 16, k 40"):
         _fp8_gemm(a.cuda(), sa.cuda(), E4M3, b.cuda(), sb.cuda(), E4M3, torch.bfloat16)
+
+
+#: Ops that do not take a quantized operand, each as (ops, extra inputs of the call); width 128
+_AFTER_QUANTIZE = {
+    "Identity": lambda: ([te.ops.Identity()], ()),
+    "Bias": lambda: ([te.ops.Bias(128)], ()),
+    "ConstantScale": lambda: ([te.ops.ConstantScale(-2.0)], ()),
+    "GELU": lambda: ([te.ops.GELU()], ()),
+    "SwiGLU": lambda: ([te.ops.SwiGLU()], ()),
+    "LayerNorm": lambda: ([te.ops.LayerNorm(128)], ()),
+    "RMSNorm": lambda: ([te.ops.RMSNorm(128)], ()),
+    "L2Normalization": lambda: ([te.ops.L2Normalization()], ()),
+    "Reshape": lambda: ([te.ops.Reshape((-1, 64))], ()),
+    "Dropout": lambda: ([te.ops.Dropout(0.5)], ()),
+    "AddExtraInput": lambda: ([te.ops.AddExtraInput()], (torch.randn(64, 128),)),
+    "MakeExtraOutput": lambda: ([te.ops.MakeExtraOutput()], ()),
+    "Bias+GELU": lambda: ([te.ops.Bias(128), te.ops.GELU()], ()),
+    "GroupedLinear": lambda: ([te.ops.GroupedLinear(2, 128, 128, bias=False)],
+                              (torch.tensor([32, 32]),)),
+}
+
+
+def _outputs(out) -> list:
+    return [t.dequantize() if isinstance(t, te.QuantizedTensor) else t
+            for t in (out if isinstance(out, tuple) else (out,))]
+
+
+@pytest.mark.parametrize("recipe_name", list(CONFORMANCE_RECIPES))
+@pytest.mark.parametrize("name", list(_AFTER_QUANTIZE))
+def test_quantize_op_next_to_ops_that_take_no_quantized_operand(name, recipe_name):
+    """A Quantize before an op that takes no quantized operand (anything but a linear or
+    another Quantize) hands it the dequantized tensor, and one after it hands its backward the
+    dequantized gradient, as TransformerEngine's QuantizedTensor does by falling back to its
+    dequantization: the same values as the op on the quantized-dequantized tensor."""
+    make_recipe = CONFORMANCE_RECIPES[recipe_name]
+    if recipe_name == "nvfp4":  # the same gradient codes in every run (no random draws)
+        def make_recipe():
+            return te.recipe.NVFP4BlockScaling(disable_stochastic_rounding=True)
+    torch.manual_seed(0)
+    ops, extra = _AFTER_QUANTIZE[name]()
+    x = torch.randn(64, 128)
+    dy_width = _outputs(te.ops.Sequential(*copy.deepcopy(ops))(x, *extra))[0].shape
+
+    def run(model, inputs, dy=None, seed=1):
+        inputs = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
+        torch.manual_seed(seed)
+        with te.autocast(recipe=make_recipe()):
+            outs = _outputs(model(*inputs))
+        if dy is not None:
+            outs[0].backward(dy)
+        return outs, [t.grad for t in inputs], [p.grad for p in model.parameters()]
+
+    # forward: Quantize then the op equals the op on the quantized input, dequantized
+    xq = run(te.ops.Sequential(te.ops.Quantize()), [x])[0][0]
+    got = run(te.ops.Sequential(te.ops.Quantize(), *copy.deepcopy(ops)), [x, *extra])[0]
+    expected = run(te.ops.Sequential(*copy.deepcopy(ops)), [xq, *extra])[0]
+    for g, e in zip(got, expected, strict=True):
+        assert torch.equal(g, e), f"{name} after Quantize under {recipe_name}: forward differs"
+    # backward: the op then a Quantize of the gradient equals the op's backward of the
+    # quantized gradient, dequantized
+    dy = torch.randn(dy_width)
+    dyq = run(te.ops.Sequential(te.ops.Quantize(forward=False, backward=True)), [dy], dy)[1][0]
+    got = run(te.ops.Sequential(*copy.deepcopy(ops), te.ops.Quantize(forward=False, backward=True)),
+              [x, *extra], dy)
+    expected = run(te.ops.Sequential(*copy.deepcopy(ops)), [x, *extra], dyq.dequantize())
+    for g, e in zip(got[1] + got[2], expected[1] + expected[2], strict=True):
+        assert (g is None and e is None) or torch.equal(g, e), (
+            f"{name} before a backward Quantize under {recipe_name}: a gradient differs")

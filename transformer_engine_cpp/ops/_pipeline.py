@@ -22,7 +22,7 @@ from torch.autograd.function import once_differentiable
 from . import _torch_shim
 from ._common import shares_storage, storage_address
 from ._plan import traced_plan
-from ._quantized import grad_output_quantizer_for, public
+from ._quantized import as_high_precision, grad_output_quantizer_for, public
 from ..quantization.tensor import QuantizedTensorStorage
 
 _new_object = object.__new__
@@ -102,6 +102,8 @@ def pipeline_forward(func_ctx, plan, basic_op_kwargs, arg_layout, *tensors):
                                         step.outputs_read_after)
         prev_q = next_q = None
         if view.quantized:
+            if step.dequantize_input:
+                x = as_high_precision(x)
             # a backward_override leaves the backward unquantized: no op hands dx back
             # quantized
             if step.prev_idx is not None and view.backward_override is None:
@@ -286,6 +288,8 @@ def pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
             grad_extras = [tuple(grad_extra_outputs[i]) for i in step.idxs]
             if step.in_place_grad_slots and shared is not None:
                 _mark_writable_grads(step, step_ctxs, grad_extra_outputs, shared, dx, grads)
+        if view.quantized and step.dequantize_grad_output:
+            dx = as_high_precision(dx)
         dx, op_param_grads, op_extra_input_grads = op.fuser_backward(
             step_ctxs, dx, basic_op_grad_extra_outputs=grad_extras)
         _add_param_grads(step, op, op_param_grads, param_pos, grads)

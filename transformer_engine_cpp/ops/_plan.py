@@ -95,6 +95,8 @@ class ForwardStep:
     # the extra outputs (op, slot) produced before this group and read after it (returned, or
     # consumed by a later group): an in-place write must not change them
     outputs_read_after: tuple
+    # whether a quantized input is dequantized before the group (its op does not accept one)
+    dequantize_input: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +113,8 @@ class BackwardStep:
     no_grad_extra_outputs: tuple  # ((),) per basic op
     # (position in the group, slot) of the extra-output grads the group may accumulate into
     in_place_grad_slots: tuple
+    # whether a quantized grad_output is dequantized before the group (as dequantize_input)
+    dequantize_grad_output: bool
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -220,7 +224,7 @@ def _map_to_basic_ops(ops: list, basic_ops: tuple, what: str) -> tuple:
 def _forward_steps(forward_ops: tuple, basic_ops: tuple, routing: Routing, first: int) -> tuple:
     n = len(basic_ops)
     steps = []
-    for _, idxs in forward_ops:
+    for op, idxs in forward_ops:
         idx_set = frozenset(idxs)
         start, stop = idxs[0], idxs[-1] + 1
         writes = tuple((k, slot) for k, i in enumerate(idxs)
@@ -249,6 +253,7 @@ def _forward_steps(forward_ops: tuple, basic_ops: tuple, routing: Routing, first
                 for i in idxs if basic_ops[i].num_extra_inputs),
             in_place_writes=writes,
             outputs_read_after=read_after,
+            dequantize_input=not op.accepts_quantized_input,
         ))
     return tuple(steps)
 
@@ -263,8 +268,9 @@ def _backward_steps(backward_ops: tuple, basic_ops: tuple, first: int) -> tuple:
             no_grad_extra_outputs=((),) * len(idxs),
             in_place_grad_slots=tuple((k, slot) for k, i in enumerate(idxs)
                                       for slot in basic_ops[i].in_place_grad_extra_outputs()),
+            dequantize_grad_output=not op.accepts_quantized_grad_output,
         )
-        for _, idxs in backward_ops
+        for op, idxs in backward_ops
     )
     return steps[::-1]
 

@@ -142,6 +142,13 @@ class FusibleOperation(torch.nn.Module, metaclass=abc.ABCMeta):
     fuser_class: Optional[type] = None
     #: Attributes a pickle or deepcopy resets to None, rebuilt on use (classes add their own).
     _derived_state: tuple = ("_single_op_fuser",)
+    #: Whether ``fuser_forward`` takes its input in quantized storage form (what a Quantize
+    #: hands on, or a previous op quantized with this op's input quantizer). The pipeline
+    #: dequantizes a quantized input for an op that does not, as TransformerEngine's
+    #: QuantizedTensor falls back to its dequantization in an op that cannot use it.
+    accepts_quantized_input: bool = False
+    #: The same for ``fuser_backward``'s grad_output.
+    accepts_quantized_grad_output: bool = False
 
     def _copy_state(self, *, for_pickle: bool) -> dict:
         """The ``__dict__`` a pickle or deepcopy carries (see the class docstring)."""

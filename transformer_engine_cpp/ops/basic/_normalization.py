@@ -10,7 +10,6 @@ import torch
 
 from .._common import (autocast_dtype, canonicalize_device, canonicalize_dtype, check_float_dtype,
                        check_numel, init_parameter, materialize_device)
-from .. import _quantized
 from ..op import BasicOperation, OperationContext
 
 SmMargin = Union[int, dict]
@@ -119,7 +118,6 @@ class _Norm(BasicOperation):
     pre_fuser_forward = BasicOperation.materialize_meta_parameters
 
     def _cast_inputs(self, ctx: NormContext, input_: torch.Tensor, kwargs: dict):
-        input_ = _quantized.as_high_precision(input_)
         if not input_.is_floating_point():
             raise TypeError(f"{self.__class__.__name__}: input must be floating point, "
                             f"got {input_.dtype}")

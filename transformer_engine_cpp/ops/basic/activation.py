@@ -146,7 +146,6 @@ class _ActivationOperation(BasicOperation):
     def cast_input(self, ctx: ActivationContext, input_: torch.Tensor) -> torch.Tensor:
         """The input in the compute dtype (the autocast dtype when autocast is on, else the
         input's own), recording the input dtype for the backward."""
-        input_ = _quantized.as_high_precision(input_)
         ctx.input_dtype = input_.dtype
         dtype = autocast_dtype(input_, input_.dtype)
         return input_ if input_.dtype == dtype else input_.to(dtype)

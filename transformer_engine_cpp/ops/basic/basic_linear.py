@@ -181,6 +181,8 @@ class BasicLinear(BasicOperation):
     """
 
     accepts_forward_kwargs = False
+    accepts_quantized_input = True  # the GEMM operand (prepare)
+    accepts_quantized_grad_output = True
     context_type = LinearContext
 
     def __init__(

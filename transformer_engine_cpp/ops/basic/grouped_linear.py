@@ -21,7 +21,6 @@ from ...quantization.quantizer import (Float8CurrentScalingQuantizer, Float8Quan
                                        MXFP8Quantizer)
 from ...quantization.tensor import (Float8TensorStorage, MXFP8TensorStorage, QuantizedTensor,
                                     QuantizedTensorStorage, as_storage)
-from .. import _quantized
 from ..op import BasicOperation, OperationContext
 from .basic_linear import bind_quantized_weight, quantized_weight
 
@@ -432,7 +431,7 @@ class GroupedLinear(BasicOperation):
         extra = basic_op_extra_inputs[0]
         split_sizes = self._split_sizes(extra[0])
         scales = extra[1] if self._scale_bias else None
-        x = _quantized.as_high_precision(input_)
+        x = input_
         if not x.is_floating_point():
             raise TypeError(f"GroupedLinear: input must be floating point, got {x.dtype}")
         if x.dim() < 1 or x.shape[-1] != self.in_features:
@@ -538,7 +537,7 @@ class GroupedLinear(BasicOperation):
         g = self.num_groups
         saved = ctx.saved_tensors
         split_sizes, x2, scales = saved[:3]
-        dy = _quantized.as_high_precision(grad_output).reshape(-1, self.out_features)
+        dy = grad_output.reshape(-1, self.out_features)
         if dy.dtype != ctx.dtype:
             dy = dy.to(ctx.dtype)
         if ctx.with_quantized_compute:

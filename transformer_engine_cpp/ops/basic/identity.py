@@ -11,6 +11,8 @@ class Identity(BasicOperation):
     """y = x; dx = dy."""
 
     accepts_forward_kwargs = False
+    accepts_quantized_input = True  # passed on as it is
+    accepts_quantized_grad_output = True
 
     def op_forward(
         self,

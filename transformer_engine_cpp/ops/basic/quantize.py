@@ -33,6 +33,8 @@ class Quantize(BasicOperation):
     """Args: forward / backward: whether the output / the gradient are quantized."""
 
     accepts_forward_kwargs = False
+    accepts_quantized_input = True  # passed on as it is
+    accepts_quantized_grad_output = True
     context_type = QuantizeContext
 
     def __init__(self, forward: bool = True, backward: bool = False) -> None:

@@ -17,6 +17,8 @@ class BackwardLinearAdd(FusedOperation):
     functional add fuses the same way here.
     """
 
+    accepts_quantized_grad_output = True  # the linear's GEMM operand
+
     def __init__(self, *, backward_add: MakeExtraOutput, linear: BasicLinear) -> None:
         super().__init__((backward_add, linear))
 

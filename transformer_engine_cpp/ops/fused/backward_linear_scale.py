@@ -15,6 +15,8 @@ class BackwardLinearScale(FusedOperation):
     GEMMs' alpha, instead of a separate scaling pass.
     """
 
+    accepts_quantized_grad_output = True  # the linear's GEMM operand
+
     def __init__(self, *, linear: BasicLinear, scale: ConstantScale) -> None:
         super().__init__((linear, scale))
 

@@ -33,6 +33,8 @@ class ForwardLinearBiasActivation(FusedOperation):
     add it (``bias_fuses``).
     """
 
+    accepts_quantized_input = True  # the linear's GEMM operand
+
     def __init__(self, *, linear: BasicLinear, bias: Optional[Bias] = None, activation=None):
         if bias is None and activation is None:
             raise ValueError("ForwardLinearBiasActivation needs a bias or an activation")

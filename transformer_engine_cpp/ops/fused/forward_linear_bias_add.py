@@ -24,6 +24,8 @@ class ForwardLinearBiasAdd(FusedOperation):
     The fusion functions build it with a bias only where the GEMM can add it (``bias_fuses``).
     """
 
+    accepts_quantized_input = True  # the linear's GEMM operand
+
     def __init__(self, *, linear: BasicLinear, bias: Optional[Bias], add: AddExtraInput,
                  scale: Optional[ConstantScale] = None):
         super().__init__([op for op in (linear, bias, scale, add) if op is not None])
