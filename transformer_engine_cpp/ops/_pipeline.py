@@ -112,8 +112,10 @@ def pipeline_forward(func_ctx, plan, basic_op_kwargs, arg_layout, *tensors):
             if step.next_idx is not None:
                 next_q = basic_ops[step.next_idx].get_input_quantizer()
                 # the columnwise copies feed backward GEMMs: none for an op the backward
-                # does not reach (no_grad, inference, nothing before it trained)
-                if next_q is not None and not ctxs[step.next_idx].requires_grad:
+                # does not reach (no_grad, inference, nothing before it trained), the op
+                # that reads them (past a Quantize that hands them on)
+                if (next_q is not None and step.reader_idx is not None
+                        and not ctxs[step.reader_idx].requires_grad):
                     next_q = next_q.usage_variant(rowwise=True, columnwise=False)
         if basic_op_kwargs is not None:
             kwargs = basic_op_kwargs[step.start:step.stop]

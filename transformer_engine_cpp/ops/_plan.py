@@ -85,6 +85,9 @@ class ForwardStep:
     has_extra_outputs: bool
     prev_idx: Optional[int]  # the basic op before the group (its grad-output quantizer)
     next_idx: Optional[int]  # the basic op after the group (its input quantizer)
+    # the op whose GEMMs read the copies of an input quantized with that quantizer: next_idx,
+    # or past the ops that hand their input on; None where none follows (the caller's)
+    reader_idx: Optional[int]
     # (consumer op, slot, producer op, producer slot) for channels fed by an earlier group
     channel_fills: tuple
     # per basic op with extra inputs: (index, per slot True/False for a channel, by whether its
@@ -221,6 +224,13 @@ def _map_to_basic_ops(ops: list, basic_ops: tuple, what: str) -> tuple:
     return tuple(result)
 
 
+def _reader(basic_ops: tuple, i: int) -> Optional[int]:
+    """The first basic op from ``i`` on that does not hand its input on, or None."""
+    while i < len(basic_ops) and basic_ops[i].passes_input_on:
+        i += 1
+    return i if i < len(basic_ops) else None
+
+
 def _forward_steps(forward_ops: tuple, basic_ops: tuple, routing: Routing, first: int) -> tuple:
     n = len(basic_ops)
     steps = []
@@ -242,6 +252,7 @@ def _forward_steps(forward_ops: tuple, basic_ops: tuple, routing: Routing, first
             has_extra_outputs=any(basic_ops[i].num_extra_outputs for i in idxs),
             prev_idx=start - 1 if start > 0 else None,
             next_idx=stop if stop < n else None,
+            reader_idx=_reader(basic_ops, stop),
             channel_fills=tuple(
                 (i, slot, src[1], src[2])
                 for i in idxs

@@ -149,6 +149,9 @@ class FusibleOperation(torch.nn.Module, metaclass=abc.ABCMeta):
     accepts_quantized_input: bool = False
     #: The same for ``fuser_backward``'s grad_output.
     accepts_quantized_grad_output: bool = False
+    #: Whether the op hands its input on as it is (Quantize, Identity): the copies of a
+    #: quantized input it is handed serve the op after it.
+    passes_input_on: bool = False
 
     def _copy_state(self, *, for_pickle: bool) -> dict:
         """The ``__dict__`` a pickle or deepcopy carries (see the class docstring)."""

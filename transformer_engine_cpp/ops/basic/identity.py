@@ -13,6 +13,7 @@ class Identity(BasicOperation):
     accepts_forward_kwargs = False
     accepts_quantized_input = True  # passed on as it is
     accepts_quantized_grad_output = True
+    passes_input_on = True
 
     def op_forward(
         self,

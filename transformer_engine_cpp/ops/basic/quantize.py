@@ -35,6 +35,7 @@ class Quantize(BasicOperation):
     accepts_forward_kwargs = False
     accepts_quantized_input = True  # passed on as it is
     accepts_quantized_grad_output = True
+    passes_input_on = True
     context_type = QuantizeContext
 
     def __init__(self, forward: bool = True, backward: bool = False) -> None:
