@@ -21,7 +21,8 @@ def fusion_registry():
     saved = {name: list(getattr(OperationFuser, name)) for name in
              ("forward_fusion_functions", "backward_fusion_functions",
               "forward_backward_fusion_functions", "extension_forward_fusion_functions",
-              "extension_backward_fusion_functions")}
+              "extension_backward_fusion_functions",
+              "extension_forward_backward_fusion_functions")}
     yield
     for name, funcs in saved.items():
         setattr(OperationFuser, name, funcs)

@@ -290,11 +290,11 @@ def _mlp(act, experts=4, hidden=16, ffn=32, dtype=torch.float32):
                              te.ops.GroupedLinear(experts, ffn, hidden, dtype=dtype))
 
 
-def _mlp_step(model, splits, seed=0, hidden=16):
+def _mlp_step(model, splits, seed=0, hidden=16, x_grad=True, probs_grad=True):
     g = torch.Generator().manual_seed(seed)
     total = sum(splits)
-    x = torch.randn(total, hidden, generator=g, requires_grad=True)
-    probs = torch.rand(total, generator=g, requires_grad=True)
+    x = torch.randn(total, hidden, generator=g, requires_grad=x_grad)
+    probs = torch.rand(total, generator=g, requires_grad=probs_grad)
     split_t = torch.tensor(splits)
     y = model(x, split_t, probs, split_t)
     y.backward(torch.randn(y.shape, generator=g))
@@ -319,11 +319,30 @@ def test_grouped_mlp_is_one_fused_op_equal_to_the_unfused_ops(act_cls, fusion_re
                                 torch.tensor(splits), requires_grad=True)
     assert [type(op).__name__ for op, _ in plan.forward_ops] == [
         "GroupedLinear", act_cls.__name__, "GroupedLinear"]
-    from transformer_engine_cpp.ops.fused import fuse_grouped_mlp
-    te.ops.fuser.OperationFuser.extension_forward_backward_fusion_functions = (fuse_grouped_mlp,)
-    te.ops.fuser.OperationFuser._fusion_registry_version += 1
     for a, b in zip(_mlp_step(fused, splits), plain):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("reached", ["fc2", "activation and fc2"])
+@pytest.mark.parametrize("act_cls", [te.ops.ScaledSwiGLU, te.ops.ScaledSReLU])
+def test_grouped_mlp_whose_backward_stops_inside_it(act_cls, reached, fusion_registry):
+    """The backward reaches only fc2 (an input and scales without grad, fc1 frozen) or only the
+    activation and fc2 (scales that need grad): the fused step stops where the unfused ops'
+    backward stops, with the same gradients (it ran the unreached ops' backward, which had
+    saved nothing, and failed)."""
+    splits = [5, 0, 1, 6]
+    models = [_mlp(act_cls()) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    for model in models:
+        for p in model[0].parameters():
+            p.requires_grad_(False)
+    step = dict(x_grad=False, probs_grad=reached != "fc2")
+    fused = _mlp_step(models[0], splits, **step)
+    te.ops.fuser.OperationFuser.extension_forward_backward_fusion_functions = ()
+    te.ops.fuser.OperationFuser._fusion_registry_version += 1
+    plain = _mlp_step(models[1], splits, **step)
+    for a, b in zip(fused, plain, strict=True):
+        assert (a is None and b is None) or torch.equal(a, b)
 
 
 def test_grouped_mlp_recomputes_the_activation():

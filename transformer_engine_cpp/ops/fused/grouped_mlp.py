@@ -57,10 +57,17 @@ class GroupedMLP(FusedOperation):
             ctx2.saved_tensors = tuple(saved)
         da, grads2, extra_grads2 = fc2.fuser_backward([ctx2], grad_output,
                                                       basic_op_grad_extra_outputs=[()])
-        dh, grads_act, extra_grads_act = act.fuser_backward([ctx_act], da,
-                                                            basic_op_grad_extra_outputs=[()])
-        dx, grads1, extra_grads1 = fc1.fuser_backward([ctx1], dh,
-                                                      basic_op_grad_extra_outputs=[()])
+        # the backward stops where the unfused ops' would: before the first op it does not
+        # reach (which saved nothing)
+        dx, grads_act, extra_grads_act = None, [()], [(None,)]
+        grads1 = [tuple(None for p in fc1._parameters.values() if p is not None)]
+        extra_grads1 = [(None,)]
+        if ctx_act.requires_grad:
+            dh, grads_act, extra_grads_act = act.fuser_backward(
+                [ctx_act], da, basic_op_grad_extra_outputs=[()])
+            if ctx1.requires_grad:
+                dx, grads1, extra_grads1 = fc1.fuser_backward([ctx1], dh,
+                                                              basic_op_grad_extra_outputs=[()])
         return (dx, [grads1[0], grads_act[0], grads2[0]],
                 [extra_grads1[0], extra_grads_act[0], extra_grads2[0]])
 
