@@ -843,3 +843,23 @@ def test_edge_inputs_under_a_recipe(recipe_name, dtype):
     y0.sum().backward()
     assert y0.shape == (0, 32) and x0.grad.shape == (0, 64)
     assert all(torch.count_nonzero(w.grad) == 0 for w in op.parameters())
+
+
+@pytest.mark.parametrize("recipe_cls, in_features, splits, message", [
+    (te.recipe.MXFP8BlockScaling, 16, [16, 16], r"GroupedLinear: MXFP8 needs the last dimension"),
+    (te.recipe.MXFP8BlockScaling, 32, [0, 1, 0], r"GroupedLinear: columnwise usage needs the "
+                                                 r"number of rows \(product of the leading "
+                                                 r"dims, 1\)"),
+    (te.recipe.NVFP4BlockScaling, 24, [16, 16], r"GroupedLinear: NVFP4 needs the last dimension"),
+    (te.recipe.NVFP4BlockScaling, 32, [0, 1, 0], r"GroupedLinear: columnwise usage needs the "
+                                                 r"number of rows \(product of the leading "
+                                                 r"dims, 1\)"),
+])
+def test_grouped_linear_refuses_shapes_its_recipe_cannot_quantize(recipe_cls, in_features,
+                                                                   splits, message):
+    """As BasicLinear: a ValueError naming GroupedLinear and the shape, before the quantize
+    ops (whose own checks name them and, for the shape, raise RuntimeError)."""
+    op = te.ops.GroupedLinear(len(splits), in_features, 32)
+    x = torch.randn(sum(splits), in_features)
+    with pytest.raises(ValueError, match=message), te.autocast(recipe=recipe_cls()):
+        op(x, torch.tensor(splits))

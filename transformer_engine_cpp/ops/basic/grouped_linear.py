@@ -18,7 +18,7 @@ from ...quantization import FP8GlobalStateManager, QuantizerRole, RecipeState
 from ...quantization.fp8_block import Float8BlockQuantizer
 from ...quantization.nvfp4 import NVFP4Quantizer, check_nvfp4_shape
 from ...quantization.quantizer import (Float8CurrentScalingQuantizer, Float8Quantizer,
-                                       MXFP8Quantizer)
+                                       MXFP8Quantizer, check_mxfp8_shape)
 from ...quantization.tensor import (Float8TensorStorage, MXFP8TensorStorage, QuantizedTensor,
                                     QuantizedTensorStorage, as_storage)
 from ..op import BasicOperation, OperationContext
@@ -82,6 +82,7 @@ class _SplitQuantized:
         epsilons of current scaling are each group's)."""
         q = quantizers[0]
         if isinstance(q, MXFP8Quantizer):
+            check_mxfp8_shape("GroupedLinear", x.shape, rowwise=rowwise, columnwise=columnwise)
             rd, rs, cd, cs = _ops.grouped_mxfp8_quantize.default(x, split_sizes, q.dtype,
                                                                  rowwise, columnwise)
             buffers = (rd, rs, None, None) if not columnwise else (
@@ -98,7 +99,7 @@ class _SplitQuantized:
             return cls("block", (rd, rs, cd, cs), (q.dtype, q.block_scaling_dim), x.dtype,
                        x.shape)
         if isinstance(q, NVFP4Quantizer):
-            check_nvfp4_shape("GroupedLinear", x.shape, rowwise=True, columnwise=False)
+            check_nvfp4_shape("GroupedLinear", x.shape, rowwise=rowwise, columnwise=columnwise)
             groups = len(quantizers)
             row = col = (None, None, None)
             seeds = q.seeds(x, groups * (int(rowwise) + int(columnwise)))  # per group and copy
