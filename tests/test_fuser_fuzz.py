@@ -6,6 +6,7 @@ zero-row, multi-dimensional and non-contiguous inputs, under grad mode, no_grad 
 inference_mode; then the same model called again after its state changed (a parameter frozen or
 thawed, another dtype, parameters rescaled in place, another grad mode or input); compiled,
 through torch.utils.checkpoint, and under a quantization recipe with Quantize ops among them.
+Random expert MLPs (the fused GroupedMLP) are drawn the same way.
 
 Each output and gradient is compared with a float64 run of the plain references
 (``testing/reference.py``). The bound is norm-wise: the largest error may reach the dtype's
@@ -376,3 +377,89 @@ def test_random_composition_under_a_recipe(seed):
         p = torch.zeros_like(e, dtype=draw.dtype) if p is None else p
         _assert_within_recipe_error(f"{context}: grad of leaf {i}", _dequantized(g), e, p,
                                     draw, per_op["backward"])
+
+
+SCALED_ACTS = {"ScaledSwiGLU": ref.scaled_swiglu, "ScaledSReLU": ref.scaled_srelu,
+               "ScaledClampedQGeGLU": ref.scaled_clamped_qgeglu}
+
+
+def _grouped_linear_reference(x, splits, weights, biases):
+    outs, row = [], 0
+    for g, n in enumerate(splits):
+        y = F.linear(x[row:row + n], weights[g])
+        outs.append(y + biases[g] if biases else y)
+        row += n
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_grouped_mlp_matches_the_reference(seed):
+    """Random expert MLPs (GroupedLinear, a scaled activation, GroupedLinear: the fused
+    GroupedMLP): 1 to 4 experts, random splits (empty ones included), biases or not, frozen
+    parameters, an input and scales with or without grad, the activation recomputed or not,
+    grad mode, no_grad or inference_mode, against float64 per expert, within the bound of the
+    other draws (the chain rounded at op boundaries)."""
+    rng = random.Random(5000 + seed)
+    torch.manual_seed(5000 + seed)
+    groups, hidden, ffn = rng.choice((1, 2, 3, 4)), rng.choice((16, 32)), rng.choice((16, 32))
+    dtype = rng.choice(DTYPES)
+    act_name = rng.choice(sorted(SCALED_ACTS))
+    act_cls = getattr(te.ops, act_name)
+    act = (act_cls(activation_recompute_in_mlp=True)
+           if act_name == "ScaledSReLU" and rng.random() < 0.5 else act_cls())
+    biases = rng.random() < 0.5, rng.random() < 0.5
+    fc1 = te.ops.GroupedLinear(groups, hidden, 2 * ffn if act.gated else ffn, bias=biases[0],
+                               dtype=dtype)
+    fc2 = te.ops.GroupedLinear(groups, ffn, hidden, bias=biases[1], dtype=dtype)
+    model = te.ops.Sequential(fc1, act, fc2)
+    with torch.no_grad():
+        for b in [*fc1.biases(), *fc2.biases()]:
+            b.uniform_(-1, 1)
+    for p in model.parameters():
+        p.requires_grad_(rng.random() >= 0.25)
+    rows = rng.choice((0, 1, 7, 24))
+    cuts = sorted(rng.randint(0, rows) for _ in range(groups - 1))
+    splits = [b - a for a, b in zip([0, *cuts], [*cuts, rows])]
+    x = torch.randn(rows, hidden).to(dtype).requires_grad_(rng.random() < 0.7)
+    scales = torch.rand(rows).to(dtype).requires_grad_(rng.random() < 0.5)
+    mode = rng.choice(("grad", "grad", "no_grad", "inference"))
+    context = (f"seed {5000 + seed}: {groups} experts, {act_name} (recompute "
+               f"{act.activation_recompute_in_mlp}), {dtype}, biases {biases}, splits {splits}, "
+               f"x / scales grad {x.requires_grad} / {scales.requires_grad}, frozen "
+               f"{[not p.requires_grad for p in model.parameters()]}, {mode}")
+    split_t = torch.tensor(splits)
+    with GRAD_MODES[mode]():
+        y = model(x, split_t, scales, split_t)
+    leaves = [x, scales, *model.parameters()]
+
+    def reference(exact: bool):
+        dtype_ = torch.float64 if exact else dtype
+        work = torch.float64 if exact else torch.float32
+        copies = [t.detach().clone().to(dtype_).requires_grad_(t.requires_grad) for t in leaves]
+        w = [c.to(work) for c in copies]
+        n1 = groups * (2 if biases[0] else 1)
+        fc1_w, fc1_b = w[2:2 + groups], w[2 + groups:2 + n1] if biases[0] else []
+        fc2_w = w[2 + n1:2 + n1 + groups]
+        fc2_b = w[2 + n1 + groups:] if biases[1] else []
+        h = _grouped_linear_reference(w[0], splits, fc1_w, fc1_b).to(dtype_).to(work)
+        a = SCALED_ACTS[act_name](h, w[1]).to(dtype_).to(work)
+        return _grouped_linear_reference(a, splits, fc2_w, fc2_b).to(dtype_), copies
+
+    exact, exact_leaves = reference(True)
+    plain, plain_leaves = reference(False)
+    _assert_close_to_reference(f"{context}: output", y.detach(), exact.detach(),
+                               plain.detach(), dtype)
+    wants = [i for i, t in enumerate(leaves) if t.requires_grad]
+    if mode != "grad" or not wants:
+        assert not (mode != "grad" and y.requires_grad), f"{context}: output requires grad"
+        return
+    dy = torch.randn(y.shape).to(dtype)
+    grads = torch.autograd.grad(y, [leaves[i] for i in wants], dy)
+    exact_grads = torch.autograd.grad(exact, [exact_leaves[i] for i in wants], dy.double(),
+                                      allow_unused=True)
+    plain_grads = torch.autograd.grad(plain, [plain_leaves[i] for i in wants], dy,
+                                      allow_unused=True)
+    for i, g, e, p in zip(wants, grads, exact_grads, plain_grads):
+        e = torch.zeros_like(g, dtype=torch.float64) if e is None else e
+        p = torch.zeros_like(g) if p is None else p
+        _assert_close_to_reference(f"{context}: grad of leaf {i}", g, e, p, dtype)
