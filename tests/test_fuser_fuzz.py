@@ -160,6 +160,20 @@ def _assert_close_to_reference(what: str, got, exact, plain, dtype) -> None:
     assert err <= bound, f"{what}: error {err:.3g} above {bound:.3g} (plain's {plain_err:.3g})"
 
 
+def _compare_grads(wants, grads, dy, exact, exact_leaves, plain, plain_leaves, check) -> None:
+    """``check(i, got, exact_grad, plain_grad)`` for each gradient of leaf ``i`` in ``wants``
+    against those of the float64 chain and the plain chain (zeros where a chain does not
+    reach the leaf)."""
+    exact_grads = torch.autograd.grad(exact, [exact_leaves[i] for i in wants], dy.double(),
+                                      allow_unused=True)
+    plain_grads = torch.autograd.grad(plain, [plain_leaves[i] for i in wants],
+                                      dy.to(plain.dtype), allow_unused=True)
+    for i, g, e, p in zip(wants, grads, exact_grads, plain_grads):
+        shape = exact_leaves[i].shape
+        check(i, g, torch.zeros(shape, dtype=torch.float64) if e is None else e,
+              torch.zeros(shape, dtype=plain.dtype) if p is None else p)
+
+
 def _check_call(draw: Draw, runner, x, mode: str, context: str) -> None:
     """``_compare``, its failures prefixed with ``context`` and the draw."""
     try:
@@ -192,15 +206,12 @@ def _compare(draw: Draw, runner, x, mode: str) -> None:
         return
     dy = torch.randn_like(y)
     grads = torch.autograd.grad(y, [leaves[i] for i in wants], dy)
-    exact_grads = torch.autograd.grad(exact, [exact_leaves[i] for i in wants], dy.double(),
-                                      allow_unused=True)
-    plain_grads = torch.autograd.grad(plain, [plain_leaves[i] for i in wants], dy,
-                                      allow_unused=True)
-    for i, g, e, p in zip(wants, grads, exact_grads, plain_grads):
+
+    def check(i, g, e, p):
         assert g.dtype == leaves[i].dtype, f"grad {i}: dtype {g.dtype} != {leaves[i].dtype}"
-        e = torch.zeros_like(g, dtype=torch.float64) if e is None else e
-        p = torch.zeros_like(g) if p is None else p
         _assert_close_to_reference(f"grad of leaf {i}", g, e, p, draw.dtype)
+
+    _compare_grads(wants, grads, dy, exact, exact_leaves, plain, plain_leaves, check)
 
 
 LEADS = ((5,), (3, 4), (1,), (0,), (2, 0, 3))
@@ -368,15 +379,10 @@ def test_random_composition_under_a_recipe(seed):
                                 plain.detach(), draw, per_op["forward"])
     if not wants:
         return
-    exact_grads = torch.autograd.grad(exact, [exact_leaves[i] for i in wants], dy.double(),
-                                      allow_unused=True)
-    plain_grads = torch.autograd.grad(plain, [plain_leaves[i] for i in wants], dy,
-                                      allow_unused=True)
-    for i, g, e, p in zip(wants, grads, exact_grads, plain_grads):
-        e = torch.zeros_like(g, dtype=torch.float64) if e is None else e
-        p = torch.zeros_like(e, dtype=draw.dtype) if p is None else p
-        _assert_within_recipe_error(f"{context}: grad of leaf {i}", _dequantized(g), e, p,
-                                    draw, per_op["backward"])
+    _compare_grads(wants, grads, dy, exact, exact_leaves, plain, plain_leaves,
+                   lambda i, g, e, p: _assert_within_recipe_error(
+                       f"{context}: grad of leaf {i}", _dequantized(g), e, p, draw,
+                       per_op["backward"]))
 
 
 SCALED_ACTS = {"ScaledSwiGLU": ref.scaled_swiglu, "ScaledSReLU": ref.scaled_srelu,
@@ -455,11 +461,6 @@ def test_random_grouped_mlp_matches_the_reference(seed):
         return
     dy = torch.randn(y.shape).to(dtype)
     grads = torch.autograd.grad(y, [leaves[i] for i in wants], dy)
-    exact_grads = torch.autograd.grad(exact, [exact_leaves[i] for i in wants], dy.double(),
-                                      allow_unused=True)
-    plain_grads = torch.autograd.grad(plain, [plain_leaves[i] for i in wants], dy,
-                                      allow_unused=True)
-    for i, g, e, p in zip(wants, grads, exact_grads, plain_grads):
-        e = torch.zeros_like(g, dtype=torch.float64) if e is None else e
-        p = torch.zeros_like(g) if p is None else p
-        _assert_close_to_reference(f"{context}: grad of leaf {i}", g, e, p, dtype)
+    _compare_grads(wants, grads, dy, exact, exact_leaves, plain, plain_leaves,
+                   lambda i, g, e, p: _assert_close_to_reference(
+                       f"{context}: grad of leaf {i}", g, e, p, dtype))
