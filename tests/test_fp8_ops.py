@@ -1350,3 +1350,18 @@ def test_quantize_before_a_linear_after_ops_the_backward_does_not_reach(between,
         results.append([y.detach(), run[-1].weight.grad, run[-1].bias.grad])
     for got, expected in zip(*results, strict=True):
         assert torch.equal(got, expected)
+
+
+def test_a_shape_the_recipe_cannot_quantize_under_compile():
+    """docs/quantization.md: the ValueError naming the op and the shape is raised eagerly and
+    without fullgraph; with fullgraph=True Dynamo reports it as an observed exception whose text
+    holds the ValueError."""
+    model = te.ops.Sequential(te.ops.Linear(16, 32))
+    x = torch.randn(32, 16, requires_grad=True)
+    message = r"BasicLinear: MXFP8 needs the last dimension to be a multiple of 32"
+    for fullgraph, error in ((False, ValueError), (True, RuntimeError)):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=fullgraph)
+        with pytest.raises(error, match=message), \
+                te.autocast(recipe=te.recipe.MXFP8BlockScaling()):
+            compiled(x)
