@@ -8,6 +8,8 @@ The ranks run under tests/dist_harness.py (spawned, free port, bounded time, fai
 
 from __future__ import annotations
 
+import copy
+
 import time
 
 import pytest
@@ -120,6 +122,33 @@ def _check_compiled(rank, world, dtype):
         torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
 
 
+def _check_quantized_input(rank, world, single):
+    """A Quantize's tensor: a one-rank group passes it on as it is (the identity, as
+    TransformerEngine's), quantized; a group of several reduces its dequantization."""
+    x = _data(120 + rank, 4, 32, dtype=torch.float32)
+    with te.autocast(recipe=te.recipe.Float8CurrentScaling()):
+        xq = te.ops.Sequential(te.ops.Quantize())(x)
+        y_one = te.ops.Sequential(te.ops.Quantize(), te.ops.AllReduce(single))(x)
+        y_all = te.ops.Sequential(te.ops.Quantize(), te.ops.AllReduce())(x)
+    assert isinstance(y_one, te.Float8Tensor), type(y_one)
+    assert torch.equal(y_one.dequantize(), xq.dequantize())
+    total = xq.dequantize().clone()
+    dist.all_reduce(total)
+    assert type(y_all) is torch.Tensor and torch.equal(y_all, total)
+    # before a trained linear, after an op the backward does not reach: the one-rank group
+    # hands the linear the copies its wgrad reads (as a Quantize does)
+    model = te.ops.Sequential(te.ops.ReLU(), te.ops.Quantize(), te.ops.AllReduce(single),
+                              te.ops.Linear(32, 32))
+    grads = []
+    for input_grad in (False, True):
+        run = copy.deepcopy(model)
+        with te.autocast(recipe=te.recipe.MXFP8BlockScaling()):
+            run(_data(130 + rank, 32, 32, dtype=torch.float32).requires_grad_(input_grad)).sum(
+            ).backward()
+        grads.append(run[-1].weight.grad)
+    assert torch.equal(*grads)
+
+
 def _body_correctness(rank, world):
     singles = [dist.new_group([r]) for r in range(world)]  # every rank creates every group
     done = []
@@ -132,6 +161,8 @@ def _body_correctness(rank, world):
         done.append(f"sequential[{dtype}]")
         _check_compiled(rank, world, dtype)
         done.append(f"compiled[{dtype}]")
+    _check_quantized_input(rank, world, singles[rank])
+    done.append("quantized input")
     return done
 
 
@@ -161,7 +192,7 @@ def _body_rank1_fails(rank, world):
 
 def test_communication_ops_match_single_process():
     done = run_ranks(_body_correctness)
-    assert done[0] == done[1] and len(done[0]) == 10
+    assert done[0] == done[1] and len(done[0]) == 11
 
 
 def test_indivisible_dim0_names_the_op_and_sizes():

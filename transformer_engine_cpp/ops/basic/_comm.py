@@ -27,6 +27,9 @@ class CommunicationOperation(BasicOperation):
     and compiled."""
 
     accepts_forward_kwargs = False
+    # a quantized tensor: passed on as it is by a one-rank group (the identity), its
+    # dequantization communicated otherwise (plain)
+    accepts_quantized_input = accepts_quantized_grad_output = passes_input_on = True
     # the default group, looked up again after a pickle or deepcopy
     _derived_state = (*BasicOperation._derived_state, "_group", "_group_size")
 
