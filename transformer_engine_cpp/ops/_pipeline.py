@@ -285,13 +285,13 @@ def pipeline_backward(func_ctx, grad_output, *grad_public_outputs):
             dx = None
             break
         step_ctxs = ctxs[step.start:step.stop]
+        if view.quantized and step.dequantize_grad_output:
+            dx = as_high_precision(dx)
         grad_extras = step.no_grad_extra_outputs
         if step.has_extra_outputs:
             grad_extras = [tuple(grad_extra_outputs[i]) for i in step.idxs]
             if step.in_place_grad_slots and shared is not None:
                 _mark_writable_grads(step, step_ctxs, grad_extra_outputs, shared, dx, grads)
-        if view.quantized and step.dequantize_grad_output:
-            dx = as_high_precision(dx)
         dx, op_param_grads, op_extra_input_grads = op.fuser_backward(
             step_ctxs, dx, basic_op_grad_extra_outputs=grad_extras)
         _add_param_grads(step, op, op_param_grads, param_pos, grads)
