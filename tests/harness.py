@@ -76,6 +76,11 @@ def build(case, dtype, seed=1234, device="cpu"):
     return seq.to(device)
 
 
+def dequantized(t):
+    """A quantized tensor's values (its dequantization); any other tensor as it is."""
+    return t.dequantize() if isinstance(t, te.QuantizedTensor) else t
+
+
 def as_tuple(out):
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 

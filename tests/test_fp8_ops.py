@@ -22,7 +22,7 @@ from transformer_engine_cpp.ops import _quantized
 from transformer_engine_cpp.quantization.tensor import as_storage
 from transformer_engine_cpp.testing.reference import te_prenorm_mlp
 from test_fp8_quantize import E4M3, E5M2, ref_current, ref_dequant, ref_mx_dequant, ref_mxfp8
-from harness import copy_nodes, eager_and_inductor_grads
+from harness import as_tuple, copy_nodes, dequantized, eager_and_inductor_grads
 from tolerances import COMPILED_VS_EAGER, tols
 
 FP32 = tols(torch.float32)
@@ -1278,8 +1278,15 @@ _AFTER_QUANTIZE = {
 
 
 def _outputs(out) -> list:
-    return [t.dequantize() if isinstance(t, te.QuantizedTensor) else t
-            for t in (out if isinstance(out, tuple) else (out,))]
+    return [dequantized(t) for t in as_tuple(out)]
+
+
+def _recipe_without_draws(recipe_name: str):
+    """The conformance recipe; NVFP4 without stochastic rounding, so that runs that quantize
+    the same gradient get the same codes."""
+    if recipe_name == "nvfp4":
+        return te.recipe.NVFP4BlockScaling(disable_stochastic_rounding=True)
+    return CONFORMANCE_RECIPES[recipe_name]()
 
 
 @pytest.mark.parametrize("recipe_name", list(CONFORMANCE_RECIPES))
@@ -1289,19 +1296,15 @@ def test_quantize_op_next_to_ops_that_take_no_quantized_operand(name, recipe_nam
     another Quantize) hands it the dequantized tensor, and one after it hands its backward the
     dequantized gradient, as TransformerEngine's QuantizedTensor does by falling back to its
     dequantization: the same values as the op on the quantized-dequantized tensor."""
-    make_recipe = CONFORMANCE_RECIPES[recipe_name]
-    if recipe_name == "nvfp4":  # the same gradient codes in every run (no random draws)
-        def make_recipe():
-            return te.recipe.NVFP4BlockScaling(disable_stochastic_rounding=True)
     torch.manual_seed(0)
     ops, extra = _AFTER_QUANTIZE[name]()
     x = torch.randn(64, 128)
-    dy_width = _outputs(te.ops.Sequential(*copy.deepcopy(ops))(x, *extra))[0].shape
+    dy_shape = _outputs(te.ops.Sequential(*copy.deepcopy(ops))(x, *extra))[0].shape
 
     def run(model, inputs, dy=None, seed=1):
         inputs = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
         torch.manual_seed(seed)
-        with te.autocast(recipe=make_recipe()):
+        with te.autocast(recipe=_recipe_without_draws(recipe_name)):
             outs = _outputs(model(*inputs))
         if dy is not None:
             outs[0].backward(dy)
@@ -1315,7 +1318,7 @@ def test_quantize_op_next_to_ops_that_take_no_quantized_operand(name, recipe_nam
         assert torch.equal(g, e), f"{name} after Quantize under {recipe_name}: forward differs"
     # backward: the op then a Quantize of the gradient equals the op's backward of the
     # quantized gradient, dequantized
-    dy = torch.randn(dy_width)
+    dy = torch.randn(dy_shape)
     dyq = run(te.ops.Sequential(te.ops.Quantize(forward=False, backward=True)), [dy], dy)[1][0]
     got = run(te.ops.Sequential(*copy.deepcopy(ops), te.ops.Quantize(forward=False, backward=True)),
               [x, *extra], dy)
@@ -1332,10 +1335,6 @@ def test_quantize_before_a_linear_after_ops_the_backward_does_not_reach(between,
     that linear's wgrad reads: the Quantize passes them on (an input without grad, a ReLU
     before it, ran into a missing columnwise copy under the block formats). The weight's
     gradients equal those of the same model with an input that needs grad."""
-    make_recipe = CONFORMANCE_RECIPES[recipe_name]
-    if recipe_name == "nvfp4":  # the same gradient codes in both runs (no random draws)
-        def make_recipe():
-            return te.recipe.NVFP4BlockScaling(disable_stochastic_rounding=True)
     torch.manual_seed(0)
     mid = [te.ops.Quantize()] + ([te.ops.Identity()] if "Identity" in between else [])
     model = te.ops.Sequential(te.ops.ReLU(), *mid, te.ops.Linear(64, 32))
@@ -1344,7 +1343,7 @@ def test_quantize_before_a_linear_after_ops_the_backward_does_not_reach(between,
     results = []
     for input_grad in (False, True):
         run = copy.deepcopy(model)
-        with te.autocast(recipe=make_recipe()):
+        with te.autocast(recipe=_recipe_without_draws(recipe_name)):
             y = run(x.clone().requires_grad_(input_grad))
         y.backward(dy)
         results.append([y.detach(), run[-1].weight.grad, run[-1].bias.grad])

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 import transformer_engine_cpp as te
 from transformer_engine_cpp.testing import reference as ref
 
-from harness import make_input
+from harness import dequantized, make_input
 from tolerances import COMPILED_VS_EAGER, tols
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -329,10 +329,6 @@ def _recipe_draw(seed: int) -> Draw:
     return Draw(seed, kinds=(*KINDS, "Quantize"), widths=(16, 32, 64), outs=(16, 32, 64))
 
 
-def _dequantized(t):
-    return t.dequantize() if isinstance(t, te.QuantizedTensor) else t
-
-
 def _assert_within_recipe_error(what: str, got, exact, plain, draw: Draw, per_op: float):
     exact = exact.double()
     points = max(1, sum(2 ** sum(isinstance(later, DOUBLING) for later in draw.ops[i + 1:])
@@ -375,13 +371,13 @@ def test_random_composition_under_a_recipe(seed):
         return
     if exact.numel() == 0:
         return
-    _assert_within_recipe_error(f"{context}: output", _dequantized(y).detach(), exact.detach(),
+    _assert_within_recipe_error(f"{context}: output", dequantized(y).detach(), exact.detach(),
                                 plain.detach(), draw, per_op["forward"])
     if not wants:
         return
     _compare_grads(wants, grads, dy, exact, exact_leaves, plain, plain_leaves,
                    lambda i, g, e, p: _assert_within_recipe_error(
-                       f"{context}: grad of leaf {i}", _dequantized(g), e, p, draw,
+                       f"{context}: grad of leaf {i}", dequantized(g), e, p, draw,
                        per_op["backward"]))
 
 

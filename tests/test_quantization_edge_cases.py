@@ -14,6 +14,8 @@ import transformer_engine_cpp as te
 from transformer_engine_cpp import recipe
 from transformer_engine_cpp.quantization import FP8GlobalStateManager, RecipeState
 
+from harness import dequantized
+
 E4M3 = torch.float8_e4m3fn
 
 
@@ -132,7 +134,7 @@ def test_add_extra_input_in_place_into_float8_extra_input():
     y = model(x, extra)
     expected = _fq(before + x)
     assert torch.equal(extra.dequantize(), expected)  # the caller's buffers were written
-    y_values = y.dequantize() if isinstance(y, te.QuantizedTensor) else y
+    y_values = dequantized(y)
     assert torch.equal(y_values, expected)
 
 
@@ -147,7 +149,7 @@ def test_add_extra_input_in_place_under_autocast_with_float8_extra_input():
             y_lin = model[0](x)
             y = model(x, extra)
     assert torch.equal(extra.dequantize(), _fq(before + y_lin))
-    y_values = y.dequantize() if isinstance(y, te.QuantizedTensor) else y
+    y_values = dequantized(y)
     assert torch.equal(y_values, extra.dequantize())
 
 
