@@ -1328,6 +1328,28 @@ def test_quantize_op_next_to_ops_that_take_no_quantized_operand(name, recipe_nam
             f"{name} before a backward Quantize under {recipe_name}: a gradient differs")
 
 
+@pytest.mark.parametrize("name", list(_AFTER_QUANTIZE))
+def test_quantize_next_to_ops_that_take_no_quantized_operand_compiled(name):
+    """The same pipelines (a Quantize before and one after the op, forward and backward)
+    compiled with fullgraph=True equal eager bit for bit (Dropout from the same seed)."""
+    for recipe_name in ("current", "mxfp8"):
+        ops, extra = _AFTER_QUANTIZE[name]()
+        model = te.ops.Sequential(te.ops.Quantize(forward=True, backward=True), *ops,
+                                  te.ops.Quantize(forward=False, backward=True))
+        x = torch.randn(64, 128)
+        results = []
+        for runner in (model, torch.compile(copy.deepcopy(model), backend="aot_eager",
+                                            fullgraph=True)):
+            xi = x.clone().requires_grad_()
+            torch.manual_seed(1)
+            with te.autocast(recipe=_recipe_without_draws(recipe_name)):
+                y = _outputs(runner(xi, *extra))[0]
+            y.backward(torch.ones_like(y))
+            results.append((y.detach(), dequantized(xi.grad)))
+        for got, expected in zip(*results, strict=True):
+            assert torch.equal(got, expected), f"{name} under {recipe_name}"
+
+
 @pytest.mark.parametrize("recipe_name", list(CONFORMANCE_RECIPES))
 @pytest.mark.parametrize("between", ["Quantize", "Quantize+Identity"])
 def test_quantize_before_a_linear_after_ops_the_backward_does_not_reach(between, recipe_name):

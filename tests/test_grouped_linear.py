@@ -329,15 +329,18 @@ def test_grouped_mlp_whose_backward_stops_inside_it(act_cls, reached, fusion_reg
     """The backward reaches only fc2 (an input and scales without grad, fc1 frozen) or only the
     activation and fc2 (scales that need grad): the fused step stops where the unfused ops'
     backward stops, with the same gradients (it ran the unreached ops' backward, which had
-    saved nothing, and failed)."""
+    saved nothing, and failed), eager and compiled."""
     splits = [5, 0, 1, 6]
-    models = [_mlp(act_cls()) for _ in range(2)]
-    models[1].load_state_dict(models[0].state_dict())
+    models = [_mlp(act_cls()) for _ in range(3)]
     for model in models:
+        model.load_state_dict(models[0].state_dict())
         for p in model[0].parameters():
             p.requires_grad_(False)
     step = dict(x_grad=False, probs_grad=reached != "fc2")
     fused = _mlp_step(models[0], splits, **step)
+    compiled = _mlp_step(torch.compile(models[2], fullgraph=True), splits, **step)
+    for a, b in zip(compiled, fused, strict=True):
+        assert (a is None and b is None) or torch.equal(a, b)
     te.ops.fuser.OperationFuser.extension_forward_backward_fusion_functions = ()
     te.ops.fuser.OperationFuser._fusion_registry_version += 1
     plain = _mlp_step(models[1], splits, **step)
